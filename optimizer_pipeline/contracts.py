@@ -8,6 +8,7 @@ import hashlib
 import json
 import math
 import re
+from datetime import datetime, timezone
 from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from pathlib import Path
@@ -685,3 +686,22 @@ class HistorySplit:
     normalisation: Normalisation
     report: Mapping[str, Any]
     data_hash: str
+
+
+# --------------------------------------------------------------------------- time
+
+
+def utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def iso_utc(moment: datetime) -> str:
+    """ISO 8601 in UTC with an explicit offset, seconds precision kept to microseconds."""
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return moment.astimezone(timezone.utc).isoformat()
+
+
+def parse_iso_utc(text: str) -> datetime:
+    moment = datetime.fromisoformat(text)
+    return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment.astimezone(timezone.utc)
