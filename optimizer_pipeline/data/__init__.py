@@ -1,0 +1,42 @@
+"""Plant history: ingest and validation, cleaning onto the sample grid, and the run split.
+
+Typical use: `prepare_history(read_history(path, binding), binding, seed)` -> HistorySplit.
+"""
+
+from dataclasses import replace
+
+import pandas as pd
+
+from optimizer_pipeline.contracts import BindingSpec, HistorySplit
+from optimizer_pipeline.data.clean import clean_runs
+from optimizer_pipeline.data.ingest import HistoryError, read_history, validate_history_frame
+from optimizer_pipeline.data.split import split_runs
+
+__all__ = ["HistoryError", "read_history", "validate_history_frame", "clean_runs", "split_runs",
+           "prepare_history", "default_min_length"]
+
+DEFAULT_MODEL_LAG = 6  # samples of past data a model needs when the binding leaves the orders to the data
+
+
+def default_min_length(binding: BindingSpec) -> int:
+    """One model window (samples): the ARX lag (max(na, nb + delay), or 6 when unset) + horizon P + 1."""
+    m = binding.model
+    lag = max(m.na, m.nb + m.delay) if None not in (m.na, m.nb, m.delay) else DEFAULT_MODEL_LAG
+    return lag + m.horizon + 1
+
+
+def prepare_history(frame: pd.DataFrame, binding: BindingSpec, seed: int = 0,
+                    min_length: int | None = None) -> HistorySplit:
+    """Clean a validated history frame and split it; the cleaning report is report["cleaning"].
+
+    Adds a warning when the live run does not reach the history's latest sample (its newest
+    samples were dropped in cleaning, so "now" is older than the file says).
+    """
+    runs, cleaning = clean_runs(frame, binding, default_min_length(binding) if min_length is None else min_length)
+    split = split_runs(runs, binding, seed=seed)
+    warnings = list(split.report["warnings"])
+    latest = cleaning["latest_timestamp_s"]
+    if split.live is not None and latest is not None and split.live.t[-1] < latest:
+        warnings.append(f"the live run {split.live.run_id!r} ends at {split.live.t[-1]:.3f} s but the history's "
+                        f"latest sample is at {latest:.3f} s: the newest samples were dropped in cleaning")
+    return replace(split, report={**split.report, "warnings": warnings, "cleaning": cleaning})

@@ -1,0 +1,209 @@
+"""Cleaning: turn a validated history frame into RunSeries on the binding's sample grid.
+
+Per run, in this order:
+1. non-finite tag values become missing;
+2. Hampel filter (window 7, |x - median| > 3 * 1.4826 * MAD) on the CV and DV tags: outliers
+   become missing. MVs are exempt: they are commanded values, and a Hampel filter would erase
+   short legitimate moves (a 1-3 sample pulse of a step test) that the identification needs;
+3. grid alignment: t_k = t0 + k * sample_period_s with t0 = the run's first timestamp; each sample
+   goes to the nearest grid point and a grid point takes the mean of its samples;
+4. gaps (missing grid values of a tag) of at most MAX_GAP_SAMPLES are linearly interpolated;
+   grid points still missing a value (longer gaps, or gaps at the start / end of the run) are cut
+   out, which splits the run into pieces `<run_id>#1`, `<run_id>#2`, ... in time order;
+5. pieces shorter than `min_length` samples are dropped.
+Every outlier, split, trim and drop is recorded in the JSON-able report.
+"""
+
+import logging
+import warnings
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from optimizer_pipeline.contracts import BindingSpec, RunSeries
+from optimizer_pipeline.data.ingest import RUN_ID, TIMESTAMP
+
+log = logging.getLogger(__name__)
+
+HAMPEL_WINDOW = 7
+HAMPEL_N_SIGMA = 3.0
+MAD_TO_SIGMA = 1.4826  # sigma of a normal distribution per unit MAD
+# A local MAD of exactly 0 (flat noise-free stretch) would flag float round-off as outliers:
+# the local sigma is floored at this fraction of the tag's range in the run.
+HAMPEL_SIGMA_FLOOR = 1e-6
+MAX_GAP_SAMPLES = 3
+
+
+def clean_runs(frame: pd.DataFrame, binding: BindingSpec, min_length: int) -> tuple[list[RunSeries], dict[str, Any]]:
+    """Clean every run of a validated history frame (see module docstring).
+
+    frame: columns run_id, timestamp (s, UTC), binding.tags (as from read_history / validate_history_frame).
+    Returns the cleaned RunSeries ordered by start time (engineering units, u / y / d in
+    binding.mv_tags / cv_tags / dv_tags order) and the report:
+    {"runs": [{"run_id", "rows_in", "rows_out", "outliers", "action", "reason", ...}],
+     "dropped": [{"run_id", "reason"}], "settings": {...}, "totals": {...}}.
+    `action` is "kept", "trimmed" (edge samples cut), "split" or "dropped".
+    """
+    if min_length < 1:
+        raise ValueError(f"min_length must be >= 1, got {min_length}")
+    tags = binding.tags
+    hampel_tags = binding.cv_tags + binding.dv_tags
+    hampel_columns = np.array([tag in hampel_tags for tag in tags])
+    period = float(binding.sample_period_s)
+
+    starts = frame.groupby(RUN_ID, sort=False)[TIMESTAMP].transform("min")
+    ordered = frame.assign(_start=starts).sort_values(["_start", RUN_ID, TIMESTAMP], kind="stable")
+
+    series: list[RunSeries] = []
+    runs_report: list[dict[str, Any]] = []
+    dropped: list[dict[str, Any]] = []
+    for run_id, run in ordered.groupby(RUN_ID, sort=False):
+        pieces, entry, run_dropped = _clean_run(str(run_id), run[TIMESTAMP].to_numpy(float),
+                                                run[list(tags)].to_numpy(float), tags, hampel_columns,
+                                                period, min_length)
+        runs_report.append(entry)
+        dropped.extend(run_dropped)
+        for name, t, values in pieces:
+            series.append(_run_series(name, t, values, binding))
+
+    report = {
+        "runs": runs_report,
+        "dropped": dropped,
+        "settings": {"sample_period_s": period, "min_length": int(min_length), "max_gap_samples": MAX_GAP_SAMPLES,
+                     "hampel": {"window": HAMPEL_WINDOW, "n_sigma": HAMPEL_N_SIGMA, "tags": list(hampel_tags)}},
+        "totals": {"runs_in": len(runs_report), "series_out": len(series),
+                   "rows_in": int(sum(r["rows_in"] for r in runs_report)),
+                   "rows_out": int(sum(len(s) for s in series)),
+                   "outliers": int(sum(r["outliers"] for r in runs_report)),
+                   "dropped": len(dropped)},
+        "latest_timestamp_s": float(frame[TIMESTAMP].max()) if len(frame) else None,
+    }
+    log.info("cleaned %d runs into %d series (%d dropped, %d outliers)", len(runs_report), len(series),
+             len(dropped), report["totals"]["outliers"])
+    return series, report
+
+
+def _clean_run(run_id: str, t: np.ndarray, values: np.ndarray, tags: tuple[str, ...], hampel_columns: np.ndarray,
+               period: float, min_length: int) -> tuple[list[tuple[str, np.ndarray, np.ndarray]], dict, list[dict]]:
+    """One run: t (n,) seconds, values (n, n_tags). Returns the kept pieces (name, t, values),
+    the run's report entry and its dropped runs / pieces with reasons."""
+    values = np.where(np.isfinite(values), values, np.nan)
+    non_finite = int(np.isnan(values).sum())
+    outliers = _hampel_outliers(values) & hampel_columns
+    values[outliers] = np.nan
+    outliers_by_tag = {tag: int(n) for tag, n in zip(tags, outliers.sum(axis=0)) if n}
+
+    t_grid, grid = _align(t, values, t[0], period)
+    filled, interpolated = _fill_short_gaps(grid)
+    complete = ~np.isnan(filled).any(axis=1)
+
+    entry: dict[str, Any] = {"run_id": run_id, "rows_in": int(t.size), "rows_out": 0,
+                             "outliers": int(outliers.sum()), "outliers_by_tag": outliers_by_tag,
+                             "non_finite": non_finite, "grid_samples": int(t_grid.size),
+                             "interpolated": interpolated, "pieces": []}
+    dropped: list[dict[str, Any]] = []
+    spans = list(zip(*(a.tolist() for a in _true_spans(complete))))
+    if not spans:
+        empty_tags = [tag for j, tag in enumerate(tags) if np.isnan(grid[:, j]).all()]
+        reason = (f"no values of {', '.join(map(repr, empty_tags))} in this run" if empty_tags
+                  else "no grid sample has every tag")
+        entry.update(action="dropped", reason=reason)
+        dropped.append({"run_id": run_id, "reason": reason})
+        return [], entry, dropped
+
+    names = [run_id] if len(spans) == 1 else [f"{run_id}#{i}" for i in range(1, len(spans) + 1)]
+    kept, notes = [], []
+    for name, (a, b) in zip(names, spans):
+        if b - a < min_length:
+            reason = f"{b - a} samples after cleaning < min_length {min_length} (one model window)"
+            dropped.append({"run_id": name, "reason": reason})
+            notes.append(f"{name} dropped: {reason}")
+            continue
+        kept.append((name, t_grid[a:b], filled[a:b]))
+        entry["pieces"].append(name)
+    entry["rows_out"] = int(sum(p[1].size for p in kept))
+
+    if len(spans) > 1:
+        gaps = [_describe_gap(grid, tags, end, start, period) for (_, end), (start, _) in zip(spans, spans[1:])]
+        action, reasons = "split", [f"split into {len(spans)} pieces at {'; '.join(gaps)}"]
+    elif spans[0] != (0, complete.size):
+        action, reasons = "trimmed", [f"cut {spans[0][0]} leading and {complete.size - spans[0][1]} trailing grid "
+                                      "samples with a tag missing (cannot interpolate at the run's edges)"]
+    else:
+        action, reasons = "kept", []
+    if not kept:
+        action = "dropped"
+        if len(spans) == 1:  # the whole run is the one dropped piece: its reason is the run's reason
+            notes = [dropped[0]["reason"]]
+    entry.update(action=action, reason="; ".join(reasons + notes))
+    return kept, entry, dropped
+
+
+def _hampel_outliers(values: np.ndarray) -> np.ndarray:
+    """(n, n_tags) bool: |x - rolling median| > 3 * 1.4826 * rolling MAD (centred window, NaN ignored)."""
+    half = HAMPEL_WINDOW // 2
+    padded = np.pad(values, ((half, half), (0, 0)), constant_values=np.nan)
+    windows = np.lib.stride_tricks.sliding_window_view(padded, HAMPEL_WINDOW, axis=0)  # (n, n_tags, window)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN windows (edges, missing stretches) give NaN
+        median = np.nanmedian(windows, axis=2)
+        mad = np.nanmedian(np.abs(windows - median[..., None]), axis=2)
+        spread = np.nanmax(values, axis=0) - np.nanmin(values, axis=0)
+    sigma = np.maximum(MAD_TO_SIGMA * mad, HAMPEL_SIGMA_FLOOR * np.nan_to_num(spread))
+    return np.abs(values - median) > HAMPEL_N_SIGMA * sigma  # NaN compares False: missing is not an outlier
+
+
+def _align(t: np.ndarray, values: np.ndarray, t0: float, period: float) -> tuple[np.ndarray, np.ndarray]:
+    """Bucket means on the grid t0 + k * period (nearest grid point); empty buckets are NaN."""
+    k = np.floor((t - t0) / period + 0.5).astype(np.int64)
+    m = int(k[-1]) + 1 if k.size else 0
+    sums = np.zeros((m, values.shape[1]))
+    counts = np.zeros((m, values.shape[1]))
+    present = ~np.isnan(values)
+    np.add.at(sums, k, np.where(present, values, 0.0))
+    np.add.at(counts, k, present)
+    with np.errstate(invalid="ignore"):
+        grid = sums / counts
+    return t0 + period * np.arange(m), grid
+
+
+def _fill_short_gaps(grid: np.ndarray) -> tuple[np.ndarray, int]:
+    """Linearly interpolate interior gaps of <= MAX_GAP_SAMPLES per column; returns (filled, cells filled)."""
+    filled = grid.copy()
+    n = grid.shape[0]
+    index = np.arange(n)
+    for j in range(grid.shape[1]):
+        missing = np.isnan(grid[:, j])
+        if not missing.any() or missing.all():
+            continue
+        starts, ends = _true_spans(missing)
+        short = (starts > 0) & (ends < n) & (ends - starts <= MAX_GAP_SAMPLES)
+        marks = np.zeros(n + 1, dtype=np.int64)
+        np.add.at(marks, starts[short], 1)
+        np.add.at(marks, ends[short], -1)
+        fill = np.cumsum(marks[:-1]) > 0
+        filled[fill, j] = np.interp(index[fill], index[~missing], grid[~missing, j])
+    return filled, int((np.isnan(grid) & ~np.isnan(filled)).sum())
+
+
+def _true_spans(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Starts and (exclusive) ends of the stretches where mask is True."""
+    edges = np.diff(np.concatenate(([0], mask.astype(np.int8), [0])))
+    return np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+
+
+def _describe_gap(grid: np.ndarray, tags: tuple[str, ...], a: int, b: int, period: float) -> str:
+    missing = [tag for j, tag in enumerate(tags) if np.isnan(grid[a:b, j]).any()]
+    return (f"a gap of {b - a} samples ({(b - a) * period:g} s) in {', '.join(map(repr, missing))} "
+            f"starting {a * period:g} s into the run")
+
+
+def _run_series(name: str, t: np.ndarray, values: np.ndarray, binding: BindingSpec) -> RunSeries:
+    n_mv, n_cv = len(binding.mvs), len(binding.cvs)
+    arrays = [np.ascontiguousarray(a, dtype=float) for a in
+              (t, values[:, :n_mv], values[:, n_mv:n_mv + n_cv], values[:, n_mv + n_cv:])]
+    for a in arrays:
+        a.setflags(write=False)  # RunSeries is frozen; its arrays are shared by the splits
+    return RunSeries(name, *arrays)
+

@@ -1,0 +1,199 @@
+"""History ingest: read a CSV / Parquet history file (DESIGN.md "History file") and validate it.
+
+The validated frame has the columns `run_id` (str), `timestamp` (float seconds since the epoch,
+UTC), then one float column per tag in `binding.tags` order; extra columns of the file are
+dropped. Every user mistake raises `HistoryError` with a one-line message that names the source
+and, where it applies, the column, the run and the row.
+
+Row numbers are 1-based data rows as in the file; for CSV the text line (header = line 1) is
+given too, e.g. "row 17 (line 18)". Blank CSV lines count as rows and are skipped.
+"""
+
+import csv
+import logging
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from optimizer_pipeline.contracts import BindingSpec, ContractError
+
+log = logging.getLogger(__name__)
+
+RUN_ID = "run_id"
+TIMESTAMP = "timestamp"
+CSV_SUFFIXES = (".csv",)
+PARQUET_SUFFIXES = (".parquet", ".pq")
+# Delimiters people use by mistake (spreadsheet exports in many locales write ';').
+_OTHER_DELIMITERS = {";": "';'", "\t": "tab", "|": "'|'"}
+
+
+class HistoryError(ContractError):
+    """A history file or frame breaks the history contract; the message names file / column / run / row."""
+
+
+def read_history(path: str | Path, binding: BindingSpec) -> pd.DataFrame:
+    """Read and validate a history file for `binding` (format by suffix: .csv, .parquet, .pq)."""
+    path = Path(path)
+    source = str(path)
+    if not path.is_file():
+        raise HistoryError(f"{source}: history file not found" if not path.exists()
+                           else f"{source}: not a file")
+    suffix = path.suffix.lower()
+    if suffix in CSV_SUFFIXES:
+        frame = _read_csv(path, binding)
+        lines = True
+    elif suffix in PARQUET_SUFFIXES:
+        frame = _read_parquet(path)
+        lines = False
+    else:
+        raise HistoryError(f"{source}: unknown history file type {path.suffix!r} (use .csv, .parquet or .pq)")
+    result = _validate(frame, binding, source, lines=lines)
+    log.info("read %s: %d rows, %d runs", source, len(result), result[RUN_ID].nunique())
+    return result
+
+
+def validate_history_frame(frame: pd.DataFrame, binding: BindingSpec, source: str) -> pd.DataFrame:
+    """Validate a frame that did not come from a file (stored samples, observed outcomes).
+
+    Rows are numbered 1-based in the frame's current order. Returns the same normalised frame as
+    `read_history`.
+    """
+    if not isinstance(frame, pd.DataFrame):
+        raise HistoryError(f"{source}: expected a table of samples, got {type(frame).__name__}")
+    if frame.columns.duplicated().any():
+        raise HistoryError(f"{source}: duplicate column(s) {_names(frame.columns[frame.columns.duplicated()])}")
+    return _validate(frame.reset_index(drop=True), binding, source, lines=False)
+
+
+# --------------------------------------------------------------------------- file readers
+
+
+def _read_csv(path: Path, binding: BindingSpec) -> pd.DataFrame:
+    source = str(path)
+    try:
+        with path.open(encoding="utf-8-sig", newline="") as handle:
+            header_line = handle.readline()
+    except UnicodeDecodeError:
+        raise HistoryError(f"{source}: cannot read history file (not UTF-8 text)") from None
+    except OSError as exc:
+        raise HistoryError(f"{source}: cannot read history file ({exc.strerror or exc})") from None
+    if not header_line.strip():
+        raise HistoryError(f"{source}: empty file (no header and no data rows)")
+
+    # Check the header ourselves: pandas would silently rename a duplicate 'x' to 'x.1'.
+    header = [name.strip() for name in next(csv.reader([header_line], skipinitialspace=True))]
+    required = (RUN_ID, TIMESTAMP, *binding.tags)
+    if not set(required) <= set(header):
+        counts = {label: header_line.count(d) for d, label in _OTHER_DELIMITERS.items()}
+        label, count = max(counts.items(), key=lambda item: item[1])
+        if count > 0 and count >= len(header) - 1:
+            raise HistoryError(f"{source}: the header looks like {label}-delimited "
+                               f"({len(header)} column(s) when split on ','); use ','")
+    duplicates = [name for name, n in Counter(header).items() if n > 1]
+    if duplicates:
+        raise HistoryError(f"{source}: duplicate column(s) {_names(duplicates)} in the header")
+
+    try:
+        frame = pd.read_csv(path, encoding="utf-8-sig", skipinitialspace=True, skip_blank_lines=False,
+                            dtype={RUN_ID: str, TIMESTAMP: str}, usecols=lambda c: c.strip() in required)
+    except UnicodeDecodeError:
+        raise HistoryError(f"{source}: cannot read history file (not UTF-8 text)") from None
+    except (pd.errors.ParserError, ValueError, OSError) as exc:
+        detail = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        raise HistoryError(f"{source}: cannot parse CSV ({detail})") from None
+    frame.columns = [c.strip() for c in frame.columns]
+    # Blank lines read as all-missing rows: drop them but keep the index = data row number - 1.
+    return frame[frame.notna().any(axis=1)]
+
+
+def _read_parquet(path: Path) -> pd.DataFrame:
+    try:
+        frame = pd.read_parquet(path)
+    except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise HistoryError(f"{path}: cannot read Parquet file ({detail})") from None
+    if frame.columns.duplicated().any():
+        raise HistoryError(f"{path}: duplicate column(s) {_names(frame.columns[frame.columns.duplicated()])}")
+    return frame.reset_index(drop=True)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _validate(frame: pd.DataFrame, binding: BindingSpec, source: str, *, lines: bool) -> pd.DataFrame:
+    """frame.index holds 0-based data row numbers (used in messages only)."""
+
+    def where(position: int) -> str:
+        row = int(frame.index[position]) + 1
+        return f"row {row} (line {row + 1})" if lines else f"row {row}"
+
+    required = (RUN_ID, TIMESTAMP, *binding.tags)
+    missing = [c for c in required if c not in frame.columns]
+    if missing:
+        raise HistoryError(f"{source}: missing required column(s) {_names(missing)}")
+    if len(frame) == 0:
+        raise HistoryError(f"{source}: empty file (no data rows; at least one run is needed)")
+
+    run_ids = _run_ids(frame[RUN_ID], source, where)
+    timestamps = _timestamps(frame[TIMESTAMP], source, where, run_ids)
+
+    values = {}
+    for tag in binding.tags:
+        column = frame[tag]
+        numbers = pd.to_numeric(column, errors="coerce") if not pd.api.types.is_bool_dtype(column) \
+            else pd.Series(np.nan, index=column.index)
+        bad = np.flatnonzero(numbers.isna().to_numpy() & column.notna().to_numpy())
+        if bad.size:
+            i = bad[0]
+            raise HistoryError(f"{source}: column {tag!r}: non-numeric value {column.iloc[i]!r} "
+                               f"in run {run_ids[i]!r} at {where(i)}")
+        numbers = numbers.to_numpy(dtype=float)
+        if np.isnan(numbers).all():
+            raise HistoryError(f"{source}: column {tag!r} has no values (all empty / NaN)")
+        values[tag] = numbers
+
+    # Strictly increasing time inside each run, in the order the rows are given.
+    ordered = pd.DataFrame({RUN_ID: run_ids, TIMESTAMP: timestamps})
+    step = ordered.groupby(RUN_ID, sort=False)[TIMESTAMP].diff().to_numpy()
+    bad = np.flatnonzero(step <= 0)
+    if bad.size:
+        i = bad[0]
+        raise HistoryError(f"{source}: run {run_ids[i]!r}: timestamp at {where(i)} is not after the previous "
+                           f"sample of the run (timestamps must be strictly increasing inside a run)")
+
+    return pd.DataFrame({RUN_ID: run_ids, TIMESTAMP: timestamps, **values})
+
+
+def _run_ids(column: pd.Series, source: str, where) -> np.ndarray:
+    ids = column.astype("string").str.strip()
+    empty = np.flatnonzero((ids.isna() | (ids == "")).to_numpy(dtype=bool))
+    if empty.size:
+        raise HistoryError(f"{source}: column 'run_id' is empty at {where(empty[0])}")
+    return ids.to_numpy(dtype=object)  # Python str: messages show 'r1', not np.str_('r1')
+
+
+def _timestamps(column: pd.Series, source: str, where, run_ids: np.ndarray) -> np.ndarray:
+    """Seconds since the epoch (UTC) from numbers, ISO 8601 text (naive = UTC) or datetimes."""
+    if isinstance(column.dtype, pd.DatetimeTZDtype) or pd.api.types.is_datetime64_dtype(column):
+        moments = column.dt.tz_localize("UTC") if column.dt.tz is None else column.dt.tz_convert("UTC")
+        seconds = ((moments - pd.Timestamp(0, tz="UTC")) / pd.Timedelta(seconds=1)).to_numpy(dtype=float)
+    else:
+        seconds = pd.to_numeric(column, errors="coerce").to_numpy(dtype=float, copy=True)
+        text = np.isnan(seconds) & column.notna().to_numpy()
+        if text.any():
+            parsed = pd.to_datetime(column[text].astype(str).str.strip(), utc=True, format="ISO8601", errors="coerce")
+            seconds[text] = ((parsed - pd.Timestamp(0, tz="UTC")) / pd.Timedelta(seconds=1)).to_numpy(dtype=float)
+    bad = np.flatnonzero(~np.isfinite(seconds))
+    if bad.size:
+        i = bad[0]
+        value = column.iloc[i]
+        problem = f"is empty at {where(i)}" if pd.isna(value) else \
+            f"{value!r} at {where(i)} is not ISO 8601 text or seconds since the epoch"
+        raise HistoryError(f"{source}: run {run_ids[i]!r}: timestamp {problem}")
+    return seconds
+
+
+def _names(names) -> str:
+    return ", ".join(repr(str(n)) for n in names)
