@@ -1,0 +1,152 @@
+"""The ledger's versioned DuckDB schema; migrations are applied in order, idempotently, on open.
+
+Timestamps are UTC (`TIMESTAMP` without zone); JSON documents are stored as canonical JSON text.
+"""
+
+import duckdb
+
+from optimizer_pipeline.contracts import utc_now
+
+# (version, description, statements). Append new versions; never edit an applied one.
+MIGRATIONS: list[tuple[int, str, list[str]]] = [
+    (1, "initial ledger", [
+        """CREATE TABLE bindings (
+            id VARCHAR PRIMARY KEY,
+            created_at TIMESTAMP NOT NULL
+        )""",
+        """CREATE TABLE binding_revisions (
+            binding_id VARCHAR NOT NULL,
+            revision INTEGER NOT NULL,
+            spec_hash VARCHAR NOT NULL,
+            spec_json VARCHAR NOT NULL,
+            created_at TIMESTAMP NOT NULL,
+            PRIMARY KEY (binding_id, revision)
+        )""",
+        """CREATE TABLE plant_samples (
+            binding_id VARCHAR NOT NULL,
+            run_id VARCHAR NOT NULL,
+            ts DOUBLE NOT NULL,            -- seconds since epoch, UTC
+            tag VARCHAR NOT NULL,
+            value DOUBLE,
+            source VARCHAR NOT NULL,       -- simulation | real
+            ingest_id VARCHAR NOT NULL,
+            ingested_at TIMESTAMP NOT NULL,
+            PRIMARY KEY (binding_id, run_id, ts, tag)
+        )""",
+        """CREATE TABLE model_artifacts (
+            artifact_hash VARCHAR PRIMARY KEY,
+            binding_id VARCHAR NOT NULL,
+            binding_revision INTEGER NOT NULL,
+            gates_passed BOOLEAN NOT NULL,
+            artifact_json VARCHAR NOT NULL,
+            created_at TIMESTAMP NOT NULL
+        )""",
+        """CREATE TABLE uq_block_scores (
+            artifact_hash VARCHAR NOT NULL,
+            binding_id VARCHAR NOT NULL,
+            binding_revision INTEGER NOT NULL,
+            segment VARCHAR NOT NULL,      -- val | test
+            run_id VARCHAR NOT NULL,
+            block_start INTEGER NOT NULL,  -- row index inside the run
+            cv_tag VARCHAR NOT NULL,
+            score DOUBLE,                  -- normalised units
+            created_at TIMESTAMP NOT NULL,
+            PRIMARY KEY (artifact_hash, segment, run_id, block_start, cv_tag)
+        )""",
+        """CREATE TABLE uq_calibrations (
+            id VARCHAR PRIMARY KEY,
+            binding_id VARCHAR NOT NULL,
+            binding_revision INTEGER NOT NULL,
+            artifact_hash VARCHAR NOT NULL,
+            calibrated_at TIMESTAMP NOT NULL,
+            has_evidence BOOLEAN NOT NULL,
+            method VARCHAR,
+            coverage DOUBLE,
+            threshold DOUBLE,
+            evidence_json VARCHAR NOT NULL,
+            reasons_json VARCHAR NOT NULL
+        )""",
+        """CREATE TABLE optimizer_runs (
+            id VARCHAR PRIMARY KEY,
+            binding_id VARCHAR NOT NULL,
+            binding_revision INTEGER NOT NULL,
+            profile_id VARCHAR NOT NULL,
+            profile_version INTEGER NOT NULL,
+            problem_ir_hash VARCHAR,
+            context_json VARCHAR NOT NULL,
+            problem_json VARCHAR,
+            diagnostics_json VARCHAR,
+            status VARCHAR NOT NULL,       -- running | succeeded | failed
+            independent_cost DOUBLE,
+            started_at TIMESTAMP NOT NULL,
+            finished_at TIMESTAMP
+        )""",
+        """CREATE TABLE optimizer_candidates (
+            id VARCHAR PRIMARY KEY,
+            run_id VARCHAR NOT NULL,
+            seq INTEGER NOT NULL,
+            kind VARCHAR NOT NULL,
+            solver_status VARCHAR NOT NULL,
+            controls_json VARCHAR NOT NULL,
+            predicted_json VARCHAR NOT NULL,
+            cost DOUBLE,
+            constraints_json VARCHAR NOT NULL,
+            feasible BOOLEAN NOT NULL,
+            verified BOOLEAN NOT NULL,
+            independent_cost DOUBLE,
+            verify_report_json VARCHAR NOT NULL,
+            model_id VARCHAR NOT NULL,
+            created_at TIMESTAMP NOT NULL
+        )""",
+        """CREATE TABLE optimizer_recommendations (
+            id VARCHAR PRIMARY KEY,
+            run_id VARCHAR NOT NULL,
+            binding_id VARCHAR NOT NULL,
+            binding_revision INTEGER NOT NULL,
+            candidate_id VARCHAR,
+            template VARCHAR NOT NULL,
+            problem_ir_hash VARCHAR NOT NULL,
+            model_artifact_hash VARCHAR NOT NULL,
+            evidence_source VARCHAR NOT NULL,
+            uq_evidence_json VARCHAR NOT NULL,
+            status VARCHAR NOT NULL,
+            status_label VARCHAR NOT NULL,
+            reasons_json VARCHAR NOT NULL,
+            payload_json VARCHAR NOT NULL,  -- the recommendation JSON as created
+            created_at TIMESTAMP NOT NULL,
+            valid_until TIMESTAMP NOT NULL,
+            expired_at TIMESTAMP,
+            expired_reason VARCHAR
+        )""",
+        """CREATE TABLE optimizer_outcomes (
+            id VARCHAR PRIMARY KEY,
+            recommendation_id VARCHAR NOT NULL,
+            binding_id VARCHAR NOT NULL,
+            applied_at TIMESTAMP NOT NULL,
+            observed_json VARCHAR NOT NULL,
+            delta_json VARCHAR NOT NULL,
+            verdict VARCHAR,
+            details_json VARCHAR NOT NULL,
+            created_at TIMESTAMP NOT NULL
+        )""",
+    ]),
+]
+
+SCHEMA_VERSION = MIGRATIONS[-1][0]
+
+
+def apply_schema(conn: duckdb.DuckDBPyConnection) -> list[int]:
+    """Apply the missing migrations inside the caller's transaction; returns the versions applied."""
+    conn.execute("""CREATE TABLE IF NOT EXISTS schema_migrations (
+        version INTEGER PRIMARY KEY, description VARCHAR NOT NULL, applied_at TIMESTAMP NOT NULL)""")
+    done = {row[0] for row in conn.execute("SELECT version FROM schema_migrations").fetchall()}
+    applied = []
+    for version, description, statements in MIGRATIONS:
+        if version in done:
+            continue
+        for statement in statements:
+            conn.execute(statement)
+        conn.execute("INSERT INTO schema_migrations VALUES (?, ?, ?)",
+                     [version, description, utc_now().replace(tzinfo=None)])
+        applied.append(version)
+    return applied

@@ -1,0 +1,26 @@
+"""Shared test fixtures: a valid binding document built in code."""
+
+import copy
+
+import pytest
+
+
+BINDING_DOC = {
+    "id": "tanks-1",
+    "unit": "quadruple tank, line 1",
+    "sample_period_s": 5,
+    "mvs": [{"tag": "v1", "lo": 0.0, "hi": 6.0, "max_move": 0.5},
+            {"tag": "v2", "lo": 0.0, "hi": 6.0, "max_move": 0.5}],
+    "cvs": [{"tag": "y1", "lo": 2.0, "hi": 10.0, "target": 7.0, "weight": 1.0},
+            {"tag": "y2", "lo": 2.0, "hi": 10.0, "target": 7.5, "weight": 1.0}],
+    "dvs": [],
+    "model": {"na": 2, "nb": 2, "delay": 1, "horizon": 10},
+    "profile": {"id": "tanks-track", "version": 1, "template": "linear_mpc_quadratic@1",
+                "horizon": 40, "move_weight": 0.1, "valid_for_s": 3600},
+}
+
+
+@pytest.fixture
+def binding_doc():
+    """A fresh, valid binding document (DESIGN.md example) that a test may modify."""
+    return copy.deepcopy(BINDING_DOC)

@@ -1,0 +1,187 @@
+"""The DuckDB ledger: schema, append-only rules, one-transaction writes, expiry (issue 2, "Ledger")."""
+
+import duckdb
+import pandas as pd
+import pytest
+
+from optimizer_pipeline.contracts import Outcome, OutcomeVerdict, RecommendationStatus, binding_from_dict, iso_utc, \
+    utc_now
+from optimizer_pipeline.ledger import SCHEMA_VERSION, Ledger, LedgerBusyError, RunStateError, new_id
+
+from ledger_helpers import candidates, recommendation, run_row, solve
+
+
+@pytest.fixture
+def ledger(tmp_path):
+    return Ledger(tmp_path / "optimizer.duckdb")
+
+
+def test_schema_is_applied_once_and_reopening_is_idempotent(tmp_path):
+    path = tmp_path / "l.duckdb"
+    Ledger(path)
+    Ledger(path)
+    con = duckdb.connect(str(path))
+    versions = con.execute("SELECT version FROM schema_migrations").fetchall()
+    tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+    con.close()
+    assert versions == [(SCHEMA_VERSION,)]
+    assert {"bindings", "binding_revisions", "plant_samples", "model_artifacts", "uq_block_scores",
+            "uq_calibrations", "optimizer_runs", "optimizer_candidates", "optimizer_recommendations",
+            "optimizer_outcomes"} <= tables
+
+
+def test_run_with_candidates_and_recommendation_is_stored_with_prefixed_ids(ledger):
+    run_id, rec_id = solve(ledger)
+    run = ledger.get_run(run_id)
+    cands = ledger.list_candidates(run_id=run_id)
+    rec = ledger.get_recommendation(rec_id)
+    assert run_id.startswith("or-") and rec_id.startswith("rec-")
+    assert run["status"] == "succeeded" and run["finished_at"] is not None and run["diagnostics"] == {"iterations": 12}
+    assert [c["id"] for c in cands] == [f"oc-{run_id[3:]}-0", f"oc-{run_id[3:]}-1"]
+    assert rec["status"] == "verified" and rec["payload"]["status_label"] == RecommendationStatus.VERIFIED.label
+    assert rec["candidate_id"] == cands[1]["id"]
+
+
+def test_finishing_a_run_twice_is_refused(ledger):
+    run_id = ledger.insert_run(run_row())
+    assert ledger.get_run(run_id)["status"] == "running"
+    ledger.finish_run(run_id, "succeeded", independent_cost=1.5)
+    with pytest.raises(RunStateError, match=f"run {run_id} is already finished \\(succeeded\\)"):
+        ledger.finish_run(run_id, "failed")
+    assert ledger.get_run(run_id)["status"] == "succeeded"
+    assert ledger.get_run(run_id)["independent_cost"] == 1.5
+
+
+def test_candidates_are_inserted_as_one_batch(ledger):
+    run_id = ledger.insert_run(run_row())
+    ids = ledger.insert_candidates(run_id, candidates(), "m" * 64)
+    assert len(ids) == 2 and len(ledger.list_candidates(run_id=run_id)) == 2
+
+
+def test_failed_transaction_leaves_nothing(ledger):
+    run = run_row()
+    run["id"] = new_id("or")
+    rec = recommendation(run["id"])
+    bad = candidates() + candidates()  # duplicate candidate ids violate the primary key mid-transaction
+    with pytest.raises(duckdb.ConstraintException):
+        ledger.record_solve(run, bad, "m" * 64, rec, run_status="succeeded", independent_cost=1.0,
+                            diagnostics={}, evidence_source="simulation")
+    counts = ledger.counts()
+    assert counts["optimizer_runs"] == counts["optimizer_candidates"] == counts["optimizer_recommendations"] == 0
+
+
+def test_exception_inside_a_transaction_rolls_back(ledger):
+    with pytest.raises(RuntimeError):
+        with ledger.transaction() as conn:
+            ledger.insert_run(run_row(), conn)
+            raise RuntimeError("boom")
+    assert ledger.counts()["optimizer_runs"] == 0
+
+
+def test_new_recommendation_supersedes_the_open_one(ledger):
+    _, first = solve(ledger)
+    _, second = solve(ledger)
+    old = ledger.get_recommendation(first)
+    assert old["status"] == "expired" and old["expired_reason"] == f"superseded by {second}"
+    assert ledger.latest_recommendation("tanks-1")["id"] == second
+    assert ledger.get_recommendation(second)["status"] == "verified"
+
+
+def test_expiry_is_idempotent_and_keeps_rows(ledger):
+    solve(ledger, binding_id="a", problem_hash="x" * 64)
+    solve(ledger, binding_id="b", problem_hash="y" * 64)
+    assert ledger.expire(binding_id="a", reason="test") == 1
+    assert ledger.expire(binding_id="a", reason="test") == 0
+    assert ledger.expire(problem_ir_hash="y" * 64, reason="test") == 1
+    rows = ledger.list_recommendations()
+    assert len(rows) == 2 and {r["status"] for r in rows} == {"expired"}
+    assert all(r["payload"]["status"] == "verified" for r in rows)  # what was published is kept
+
+
+def test_expire_by_run(ledger):
+    run_id, rec_id = solve(ledger)
+    assert ledger.expire(run_id=run_id, reason="operator") == 1
+    assert ledger.get_recommendation(rec_id)["expired_reason"] == "operator"
+
+
+def test_past_valid_until_is_expired_in_the_ledger(ledger):
+    _, stale = solve(ledger, binding_id="a", valid_for_s=-1.0)
+    _, fresh = solve(ledger, binding_id="b", valid_for_s=3600.0)
+    assert ledger.expire_past_valid_until() == 1
+    assert ledger.get_recommendation(stale)["status"] == "expired"
+    assert ledger.get_recommendation(fresh)["status"] == "verified"
+
+
+def test_identical_binding_upsert_writes_nothing(ledger, binding_doc):
+    spec = binding_from_dict(binding_doc)
+    first = ledger.upsert_binding(spec)
+    solve(ledger, revision=1)
+    again = ledger.upsert_binding(binding_from_dict(binding_doc))
+    assert (first.revision, first.created, first.changed) == (1, True, True)
+    assert (again.revision, again.changed, again.expired) == (1, False, 0)
+    assert ledger.counts()["binding_revisions"] == 1
+    assert ledger.latest_recommendation("tanks-1")["status"] == "verified"
+
+
+def test_changed_binding_bumps_revision_and_expires_open_recommendations(ledger, binding_doc):
+    ledger.upsert_binding(binding_from_dict(binding_doc))
+    _, rec_id = solve(ledger, revision=1)
+    binding_doc["cvs"][0]["target"] = 6.5
+    bumped = ledger.upsert_binding(binding_from_dict(binding_doc))
+    assert (bumped.revision, bumped.changed, bumped.expired) == (2, True, 1)
+    assert ledger.get_recommendation(rec_id)["status"] == "expired"
+    assert [r[0] for r in ledger.binding_revisions("tanks-1")] == [1, 2]
+    assert ledger.get_binding("tanks-1").spec.cvs[0].target == 6.5
+    assert ledger.get_binding("tanks-1", revision=1).spec.cvs[0].target == 7.0
+
+
+def test_history_round_trips_and_duplicate_samples_are_skipped(ledger, binding_doc):
+    spec = binding_from_dict(binding_doc)
+    frame = pd.DataFrame({"run_id": ["r1"] * 3 + ["r2"] * 2, "timestamp": [0.0, 5.0, 10.0, 100.0, 105.0],
+                          "v1": [1, 2, 3, 4, 5], "v2": [1.0] * 5, "y1": [7.0] * 5, "y2": [7.5, None, 7.5, 7.5, 7.5]})
+    upsert, rows = ledger.ingest(spec, frame, "real")
+    assert upsert.revision == 1 and rows == 19  # one NaN not stored
+    assert ledger.ingest(spec, frame, "real")[1] == 0
+    back = ledger.history_frame("tanks-1", spec.tags)
+    assert list(back.columns) == ["run_id", "timestamp", "v1", "v2", "y1", "y2"]
+    pd.testing.assert_frame_equal(back[["run_id", "timestamp", "v1"]], frame[["run_id", "timestamp", "v1"]]
+                                  .astype({"v1": float}), check_dtype=False)
+    assert back["y2"].isna().sum() == 1 and ledger.sample_source("tanks-1") == "real"
+
+
+def test_outcomes_are_appended(ledger):
+    _, rec_id = solve(ledger)
+    for verdict in (OutcomeVerdict.CONFIRMED, OutcomeVerdict.DEVIATED):
+        ledger.insert_outcome(Outcome(id=new_id("out"), recommendation_id=rec_id, binding_id="tanks-1",
+                                      applied_at=iso_utc(utc_now()), observed={"y1": [7.0]}, delta={"y1": [0.1]},
+                                      verdict=verdict))
+    assert [o["verdict"] for o in ledger.list_outcomes(recommendation_id=rec_id)] == ["confirmed", "deviated"]
+
+
+def test_lock_held_past_the_bound_gives_a_clear_error(tmp_path):
+    from filelock import FileLock
+
+    path = tmp_path / "l.duckdb"
+    Ledger(path)
+    impatient = Ledger(path, lock_timeout_s=0.2)
+    with FileLock(str(path) + ".lock"):
+        with pytest.raises(LedgerBusyError, match=r"stayed locked for 0\.2 s"):
+            impatient.counts()
+
+
+def test_duckdb_lock_from_outside_our_lock_is_retried_then_reported(tmp_path):
+    path = tmp_path / "l.duckdb"
+    Ledger(path)
+    ledger = Ledger(path, connect_attempts=3)
+    import subprocess
+    import sys
+    holder = subprocess.Popen([sys.executable, "-c", f"import duckdb,time; c=duckdb.connect({str(path)!r}); "
+                               "print('held', flush=True); time.sleep(30)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(LedgerBusyError, match="cannot be opened"):
+            ledger.counts()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert ledger.counts()["optimizer_runs"] == 0

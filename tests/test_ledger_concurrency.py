@@ -1,0 +1,40 @@
+"""Several OS processes writing the same ledger lose nothing (issue 2, "Many writers")."""
+
+import multiprocessing as mp
+
+from optimizer_pipeline.ledger import Ledger
+
+from ledger_helpers import solve
+
+PROCESSES = 4
+RUNS_EACH = 6
+
+
+def _writer(path: str, index: int, queue) -> None:
+    ledger = Ledger(path)
+    ids = [solve(ledger, binding_id=f"b{index}", problem_hash=f"{index:064d}")[0] for _ in range(RUNS_EACH)]
+    queue.put(ids)
+
+
+def test_concurrent_writer_processes_keep_every_row(tmp_path):
+    path = str(tmp_path / "shared.duckdb")
+    Ledger(path)
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_writer, args=(path, i, queue)) for i in range(PROCESSES)]
+    for p in procs:
+        p.start()
+    written = [run_id for _ in procs for run_id in queue.get(timeout=120)]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    ledger = Ledger(path)
+    runs = ledger.list_runs()
+    assert sorted(r["id"] for r in runs) == sorted(written)
+    assert len(runs) == PROCESSES * RUNS_EACH
+    assert ledger.counts()["optimizer_candidates"] == 2 * PROCESSES * RUNS_EACH
+    recs = ledger.list_recommendations()
+    # per binding exactly one open recommendation: every later one superseded the earlier
+    for i in range(PROCESSES):
+        statuses = [r["status"] for r in recs if r["binding_id"] == f"b{i}"]
+        assert statuses.count("verified") == 1 and statuses.count("expired") == RUNS_EACH - 1

@@ -1,0 +1,64 @@
+"""Home resolution and settings precedence / validation (issue 2, "Home and settings")."""
+
+
+import pytest
+
+from optimizer_pipeline.settings import Settings, SettingsError, load_settings, resolve_home
+
+
+def test_home_precedence_cli_over_env_over_default(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert resolve_home(None, {}) == tmp_path / ".optimizer"
+    assert resolve_home(None, {"OPTIMIZER_HOME": "env-home"}) == tmp_path / "env-home"
+    assert resolve_home("cli-home", {"OPTIMIZER_HOME": "env-home"}) == tmp_path / "cli-home"
+
+
+def test_defaults_without_file_or_environment(tmp_path):
+    settings = load_settings(tmp_path, {})
+    assert settings == Settings()
+    assert (settings.uq_fresh_days, settings.uq_max_input_distance, settings.uq_alpha, settings.uq_gate) == \
+        (7.0, 4.0, 0.1, "seed")
+
+
+def test_file_overrides_defaults_and_environment_overrides_file(tmp_path):
+    (tmp_path / "settings.yaml").write_text("uq: {fresh_days: 3, gate: strict}\nsolver: {pool_size: 3}\n")
+    settings = load_settings(tmp_path, {"OPTIMIZER_SOLVER_POOL_SIZE": "4"})
+    assert settings.uq_fresh_days == 3.0 and settings.uq_gate == "strict" and settings.solver_pool_size == 4
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"OPTIMIZER_SOLVER_POOL_SIZE": "5"}, "OPTIMIZER_SOLVER_POOL_SIZE: solver.pool_size must be an integer from 1 to 4"),
+    ({"OPTIMIZER_SOLVER_THREADS": "0"}, "solver.threads must be an integer from 1 to 16, got '0'"),
+    ({"OPTIMIZER_SOLVER_THREADS": "2.5"}, "solver.threads must be an integer from 1 to 16"),
+    ({"OPTIMIZER_UQ_GATE": "loose"}, "uq.gate must be 'seed' or 'strict', got 'loose'"),
+    ({"OPTIMIZER_UQ_ALPHA": "1.5"}, "uq.alpha must be a number in (0, 1)"),
+    ({"OPTIMIZER_UQ_FRESH_DAYS": "nan"}, "uq.fresh_days must be a number > 0"),
+    ({"OPTIMIZER_SCHEDULE_TIMEZONE": "Mars/Olympus"}, "schedule.timezone must be an IANA time zone"),
+])
+def test_bad_environment_setting_is_named(tmp_path, env, message):
+    with pytest.raises(SettingsError) as err:
+        load_settings(tmp_path, env)
+    assert message in str(err.value)
+
+
+def test_unknown_key_in_file_is_refused_with_the_known_ones(tmp_path):
+    (tmp_path / "settings.yaml").write_text("uq: {fresh_dayz: 3}\n")
+    with pytest.raises(SettingsError, match=r"settings\.yaml: unknown setting 'uq\.fresh_dayz' \(known: "):
+        load_settings(tmp_path, {})
+
+
+def test_malformed_settings_file_is_named(tmp_path):
+    (tmp_path / "settings.yaml").write_text("uq: [\n")
+    with pytest.raises(SettingsError, match=r"settings\.yaml: not valid YAML"):
+        load_settings(tmp_path, {})
+    (tmp_path / "settings.yaml").write_text("uq: 3\n")
+    with pytest.raises(SettingsError, match=r"section 'uq' must be a mapping"):
+        load_settings(tmp_path, {})
+
+
+def test_every_setting_key_maps_to_a_field():
+    from dataclasses import fields
+
+    from optimizer_pipeline.settings import _SPEC
+
+    assert {f.name for f in fields(Settings)} == {spec[0] for spec in _SPEC.values()}
