@@ -1,0 +1,235 @@
+"""The model artifact of one binding revision: `identify` (orders and ridge chosen by validation
+rollout, multi-step refinement), quality gates G1..G4, steady-gain conditioning, and the measured
+state / output bias of a run for the MPC (`current_state`).
+
+Gate rules (values are worst-CV NRMSE = RMSE / std of the measured CV, normalised units):
+  G1 one-step NRMSE on the test runs        <= G1_MAX
+  G2 P-step open-loop rollout NRMSE on test <= G2_MAX   (residuals of all steps 1..P of every window)
+  G3 |G2(test) - G2(val)| / G2(val)         <= G3_MAX   (val and test must agree: no overfit to val)
+  G4 train rows used by the regression      >= G4_ROWS_PER_PARAM * n_params, and >= G4_MIN_RUNS train runs
+A gate that cannot be measured (no test / val runs, no window fits) fails with value None and says why.
+"""
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from optimizer_pipeline.contracts import (BindingSpec, ContractError, Gate, HistorySplit, ModelArtifact, RunSeries)
+from optimizer_pipeline.model.arx import (ArxModel, Orders, RidgeProblem, Stacked, refine_multistep,
+                                          rollout_nrmse, spectral_radius, stack_runs, state_and_bias)
+from optimizer_pipeline.model.statespace import steady_state
+
+log = logging.getLogger(__name__)
+
+G1_MAX = 0.5
+G2_MAX = 0.8
+G3_MAX = 0.5
+G4_ROWS_PER_PARAM = 10
+G4_MIN_RUNS = 2
+
+# Order grid when the binding leaves an order unset, and the ridge grid (always searched).
+NA_GRID = (1, 2, 3)
+NB_GRID = (1, 2, 3)
+DELAY_GRID = (1, 2, 3, 4, 5, 6)
+RIDGE_GRID = (1e-6, 1e-3, 1e-1)
+SELECTION_WINDOWS = 600  # val windows per candidate score (evenly strided)
+STABLE_RADIUS = 1.0  # realisations with spectral radius >= this are unstable
+# Parsimony: among candidates within this relative margin of the best val score, the one with the
+# fewest parameters wins (a larger model that is not clearly better only adds variance to the MPC).
+SCORE_MARGIN = 0.01
+
+
+@dataclass(frozen=True)
+class _Scored:
+    model: ArxModel
+    ridge: float
+    score: float  # mean over CVs of val rollout NRMSE at P (inf when not finite)
+    radius: float
+
+    @property
+    def stable(self) -> bool:
+        return self.radius < STABLE_RADIUS
+
+    def record(self) -> dict[str, Any]:
+        o = self.model.orders
+        return {"na": o.na, "nb": o.nb, "delay": o.delay, "ridge": self.ridge,
+                "val_rollout_nrmse": _finite_or_none(self.score), "spectral_radius": _finite_or_none(self.radius)}
+
+
+def _finite_or_none(value: float) -> float | None:
+    return float(value) if np.isfinite(value) else None
+
+
+def _candidates(binding: BindingSpec) -> list[Orders]:
+    m = binding.model
+    return [Orders(na, nb, delay)
+            for na in ((m.na,) if m.na is not None else NA_GRID)
+            for nb in ((m.nb,) if m.nb is not None else NB_GRID)
+            for delay in ((m.delay,) if m.delay is not None else DELAY_GRID)]
+
+
+def _score(model: ArxModel, data: Stacked, horizon: int, first_row: int) -> float:
+    values = rollout_nrmse(model, data, horizon, SELECTION_WINDOWS, first_row)
+    score = float(np.mean(values))
+    return score if np.isfinite(score) else np.inf
+
+
+def _best(scored: Sequence[_Scored]) -> _Scored:
+    """Fewest parameters within SCORE_MARGIN of the lowest score, among stable candidates when any is."""
+    stable = [s for s in scored if s.stable and np.isfinite(s.score)]
+    pool = stable or [s for s in scored if np.isfinite(s.score)] or list(scored)
+    lowest = min(s.score for s in pool)
+    near = [s for s in pool if s.score <= lowest * (1 + SCORE_MARGIN)] or pool
+    return min(near, key=lambda s: (s.model.orders.n_params(*s.model.dims), s.score))
+
+
+def _steady_gain_record(model: ArxModel) -> dict[str, Any]:
+    gain = steady_state(model.realise())[0]
+    sv = np.linalg.svd(gain, compute_uv=False)
+    condition = float(sv[0] / sv[-1]) if sv.size and sv[-1] > 0 else None
+    return {"gain": gain.tolist(), "singular_values": sv.tolist(), "condition": condition}
+
+
+def _worst(values: np.ndarray) -> float | None:
+    """Worst CV of a per-CV NRMSE; None when it was not measurable or diverged."""
+    if values.size == 0 or np.any(np.isnan(values)) or not np.all(np.isfinite(values)):
+        return None
+    return float(np.max(values))
+
+
+def _nrmse_gate(name: str, what: str, value: float | None, threshold: float, why_missing: str) -> Gate:
+    if value is None:
+        return Gate(name, f"{what}: not measurable ({why_missing})", None, threshold, False)  # type: ignore[arg-type]
+    return Gate(name, f"{what} (worst CV) <= {threshold:g}", value, threshold, value <= threshold)
+
+
+def quality_gates(model: ArxModel, train: Stacked, val: Stacked, test: Stacked, horizon: int,
+                  regression_rows: int) -> tuple[Gate, ...]:
+    """G1..G4 of the module docstring for a fitted model."""
+    ny, nu, nd = model.dims
+    no_test = "no test runs" if len(test.run_ids) == 0 else "no test run is long enough"
+    g1 = _worst(rollout_nrmse(model, test, 1, max_windows=20000))
+    g2 = _worst(rollout_nrmse(model, test, horizon, max_windows=20000))
+    val_p = _worst(rollout_nrmse(model, val, horizon, max_windows=20000))
+    gates = [
+        _nrmse_gate("G1", "one-step NRMSE on test", g1, G1_MAX, no_test + " or the prediction diverged"),
+        _nrmse_gate("G2", f"{horizon}-step rollout NRMSE on test", g2, G2_MAX, no_test + " or the rollout diverged"),
+    ]
+    if g2 is None or val_p is None or val_p <= 0:
+        why = "no val runs or val rollout not measurable" if val_p is None else (
+            "test rollout not measurable" if g2 is None else "val rollout NRMSE is 0")
+        gates.append(Gate("G3", f"|test - val| / val of the {horizon}-step rollout NRMSE: not measurable ({why})",
+                          None, G3_MAX, False))  # type: ignore[arg-type]
+    else:
+        g3 = abs(g2 - val_p) / val_p
+        gates.append(Gate("G3", f"|test - val| / val of the {horizon}-step rollout NRMSE <= {G3_MAX:g}",
+                          g3, G3_MAX, g3 <= G3_MAX))
+    n_params = model.orders.n_params(ny, nu, nd)
+    need = G4_ROWS_PER_PARAM * n_params
+    n_runs = len(train.run_ids)
+    gates.append(Gate("G4", f"train regression rows >= {G4_ROWS_PER_PARAM} x {n_params} parameters = {need} "
+                            f"and train runs >= {G4_MIN_RUNS} (train runs: {n_runs})",
+                      float(regression_rows), float(need), regression_rows >= need and n_runs >= G4_MIN_RUNS))
+    return tuple(gates)
+
+
+def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -> ModelArtifact:
+    """Identify the ARX model of a binding revision from its train runs (module docstring).
+
+    Unset orders come from a grid; orders and ridge are chosen by the val P-step rollout NRMSE
+    (train rollouts when there are no val runs, recorded). The chosen model is then refined for the
+    P-step simulation error and kept only when the val score improves and stability is not lost.
+    """
+    started = time.perf_counter()
+    tags = (binding.mv_tags, binding.cv_tags, binding.dv_tags)
+    horizon = binding.model.horizon
+    train, val, test = (stack_runs(runs, split.normalisation, *tags) for runs in (split.train, split.val, split.test))
+    if not split.train:
+        raise ContractError(f"binding {binding.id}: no train runs to identify a model from")
+    candidates = _candidates(binding)
+    problem = RidgeProblem(train, candidates)
+    ny, nu, nd = problem.dims
+    smallest = min(o.n_params(ny, nu, nd) for o in candidates)
+    if problem.n_rows < smallest:
+        raise ContractError(f"binding {binding.id}: the train runs give {problem.n_rows} usable rows; "
+                            f"the smallest model needs at least {smallest}")
+    selection_data, data = ("val", val) if int(val.lengths.sum()) else ("train (no val runs)", train)
+    first_common = max(o.first_state_row for o in candidates)
+    scored = []
+    for orders in candidates:
+        for ridge in RIDGE_GRID:
+            model = problem.fit(orders, ridge)
+            scored.append(_Scored(model, ridge, _score(model, data, horizon, first_common),
+                                  spectral_radius(model.realise())))
+    best = _best(scored)
+    if not best.stable:
+        log.warning("binding %s: no stable candidate; best has spectral radius %.4f", binding.id, best.radius)
+
+    refined, refinement = refine_multistep(best.model, train, horizon, best.ridge)
+    final = best
+    if refinement["tried"] and refined is not best.model:
+        candidate = _Scored(refined, best.ridge, _score(refined, data, horizon, first_common),
+                            spectral_radius(refined.realise()))
+        keep = candidate.score < best.score and (candidate.stable or not best.stable)
+        refinement.update(val_score_before=_finite_or_none(best.score), val_score_after=_finite_or_none(candidate.score),
+                          spectral_radius_after=_finite_or_none(candidate.radius), kept=keep)
+        final = candidate if keep else best
+    else:
+        refinement["kept"] = False
+    model = final.model
+    selection = {
+        "data": selection_data,
+        "score": f"mean over CVs of the {horizon}-step open-loop rollout NRMSE",
+        "grid": {"na": sorted({o.na for o in candidates}), "nb": sorted({o.nb for o in candidates}),
+                 "delay": sorted({o.delay for o in candidates}), "ridge": list(RIDGE_GRID)},
+        "fixed_by_binding": {k: getattr(binding.model, k) for k in ("na", "nb", "delay")
+                             if getattr(binding.model, k) is not None},
+        "scores": [s.record() for s in scored],
+        "chosen": best.record(),
+        "refinement": refinement,
+        "final": final.record(),
+        "stable": final.stable,
+        "steady_gain": _steady_gain_record(model),
+        "regression_rows": problem.n_rows,
+        "seconds": round(time.perf_counter() - started, 4),
+    }
+    artifact = ModelArtifact(
+        binding_id=binding.id, binding_revision=binding_revision,
+        mv_tags=binding.mv_tags, cv_tags=binding.cv_tags, dv_tags=binding.dv_tags,
+        na=model.orders.na, nb=model.orders.nb, delay=model.orders.delay, horizon=horizon,
+        sample_period_s=binding.sample_period_s, coefficients=model.to_dict(), state_space=model.realise(),
+        normalisation=split.normalisation,
+        gates=quality_gates(model, train, val, test, horizon, problem.n_rows),
+        splits={"train": tuple(r.run_id for r in split.train), "val": tuple(r.run_id for r in split.val),
+                "test": tuple(r.run_id for r in split.test),
+                "live": () if split.live is None else (split.live.run_id,)},
+        training_data_hash=split.data_hash, selection=selection)
+    log.info("binding %s rev %d: ARX na=%d nb=%d delay=%d ridge=%g, val score %.4f, gates %s, %.3f s",
+             binding.id, binding_revision, model.orders.na, model.orders.nb, model.orders.delay, final.ridge,
+             final.score, "".join("P" if g.passed else "F" for g in artifact.gates), selection["seconds"])
+    return artifact
+
+
+def arx_of(artifact: ModelArtifact) -> ArxModel:
+    """The artifact's ARX coefficients as arrays."""
+    return ArxModel.from_dict(Orders(artifact.na, artifact.nb, artifact.delay), artifact.coefficients,
+                              len(artifact.mv_tags), len(artifact.dv_tags))
+
+
+def stack_for(artifact: ModelArtifact, runs: Sequence[RunSeries]) -> Stacked:
+    """Runs normalised with the artifact's train statistics, in its tag order."""
+    return stack_runs(runs, artifact.normalisation, artifact.mv_tags, artifact.cv_tags, artifact.dv_tags)
+
+
+def current_state(artifact: ModelArtifact, run: RunSeries) -> tuple[np.ndarray, np.ndarray]:
+    """x0 (nx,) at the run's last row from measured data, and the output bias (ny,), normalised.
+
+    bias = mean of (measured - one-step predicted) y over the last W = min(P, available) rows
+    (the MPC adds it to every predicted y: offset-free tracking). ContractError when the run is
+    too short for the state.
+    """
+    orders = Orders(artifact.na, artifact.nb, artifact.delay)
+    return state_and_bias(artifact.state_space, orders, stack_for(artifact, [run]), artifact.horizon)
