@@ -1,0 +1,121 @@
+"""linear_mpc_quadratic@1: the sparse OSQP formulation of the move-plan problem (states as variables).
+
+Everything is in normalised model units. With horizon N, the QP variable is
+
+    z = [x_1 .. x_N (N*nx),  u_0 .. u_{N-1} (N*nu),  s_1 .. s_N (N*ny)]
+
+and the problem (minimise 1/2 z'Pz + q'z, plus the constant `constant`, subject to l <= A z <= u) is
+
+    sum_k sum_j w_j (y_kj - target_j)^2  +  move_weight * sum_k ||du_k||^2  +  slack_weight * sum_kj (s_kj + s_kj^2)
+    x_{k+1} = Ad x_k + Bd u_k + E d + f      (x_0 = current state, d held)
+    y_k     = C x_k + bias                   (output bias held: offset-free tracking)
+    du_k    = u_k - u_{k-1},  u_{-1} = u_prev
+    u_lo <= u_k <= u_hi,  |du_k| <= du_max   (hard)
+    lo - s_k <= y_k <= hi + s_k,  s_k >= 0   (soft CV limits, one slack per step and CV)
+
+The slack penalty is linear plus quadratic: the linear part makes it exact (no violation when the
+limits can be met, for a large enough weight), the quadratic part keeps the Hessian definite in s
+and spreads an unavoidable violation. P and A depend only on the structure (`structure_key`);
+x0, u_prev, d, bias, limits and targets enter only q, l, u, so a receding-horizon re-solve
+updates vectors and never refactorises.
+"""
+
+from typing import Hashable
+
+import numpy as np
+import scipy.sparse as sparse
+import scipy.sparse.linalg
+
+from optimizer_pipeline.contracts import ProblemIR, Template
+
+
+def structure_key(problem: ProblemIR) -> Hashable:
+    """Everything that enters P or A (a new value needs a new factorisation)."""
+    m = problem.model
+    return (Template.LINEAR_MPC.value, problem.horizon, m.A, m.B, m.C, problem.y_weight,
+            problem.move_weight, problem.slack_weight)
+
+
+def _difference(N: int, nu: int) -> sparse.csc_matrix:
+    """D (N*nu, N*nu) with D u = [u_0, u_1 - u_0, ..., u_{N-1} - u_{N-2}]; du = D u - e, e = [u_prev, 0..]."""
+    return sparse.kron(sparse.eye(N) - sparse.eye(N, k=-1), sparse.eye(nu), format="csc")
+
+
+def matrices(problem: ProblemIR) -> tuple[sparse.csc_matrix, sparse.csc_matrix]:
+    """(P, A): the full symmetric Hessian and the constraint matrix (rows: dynamics, MV bounds,
+    MV rates, CV low, CV high, slack sign)."""
+    Ad, Bd, _, _, C = problem.model.arrays()
+    N, nx, nu, ny = problem.horizon, Ad.shape[0], Bd.shape[1], C.shape[0]
+    W = np.diag(problem.y_weight)
+    Q = C.T @ W @ C
+    D = _difference(N, nu)
+    IN = sparse.eye(N)
+    P = sparse.block_diag([sparse.kron(IN, 2 * Q), 2 * problem.move_weight * (D.T @ D),
+                           2 * problem.slack_weight * sparse.eye(N * ny)], format="csc")
+
+    Ax = sparse.kron(IN, -sparse.eye(nx)) + sparse.kron(sparse.eye(N, k=-1), Ad)
+    Bu = sparse.kron(IN, Bd)
+    Cx = sparse.kron(IN, C)
+    Is = sparse.eye(N * ny)
+    Iu = sparse.eye(N * nu)
+    zx, zu, zs = (None,) * 3  # empty blocks of sparse.bmat
+    A = sparse.bmat([
+        [Ax, Bu, zs],          # dynamics (equality)
+        [zx, Iu, zs],          # MV bounds
+        [zx, D, zs],           # MV rates
+        [Cx, zu, Is],          # C x + s >= lo - bias
+        [Cx, zu, -Is],         # C x - s <= hi - bias
+        [zx, zu, Is],          # s >= 0
+    ], format="csc")
+    return P, A
+
+
+def vectors(problem: ProblemIR, y_lo: np.ndarray, y_hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """(q, l, u, constant) for CV limits y_lo / y_hi (normalised, (ny,)); constant makes the
+    QP objective equal the full cost above."""
+    Ad, Bd, E, f, C = problem.model.arrays()
+    N, nu, ny = problem.horizon, Bd.shape[1], C.shape[0]
+    x0, u_prev, d = np.asarray(problem.x0), np.asarray(problem.u_prev), np.asarray(problem.d)
+    bias, target, w = np.asarray(problem.bias), np.asarray(problem.y_target), np.asarray(problem.y_weight)
+    mw, sw = problem.move_weight, problem.slack_weight
+    drive = E @ d + f if E.shape[1] else f
+
+    offset = bias - target  # y_k - target = C x_k + offset
+    e = np.zeros(N * nu)
+    e[:nu] = u_prev
+    q = np.concatenate([np.tile(2 * C.T @ (w * offset), N), -2 * mw * e, np.full(N * ny, sw)])
+    # D'e = e for this D (only its first block column meets u_prev), hence -2 mw e above.
+    constant = N * float(w @ offset ** 2) + mw * float(u_prev @ u_prev)
+
+    beq = -np.concatenate([Ad @ x0 + drive, np.tile(drive, N - 1)])
+    du = np.tile(problem.du_max, N)
+    inf = np.full(N * ny, np.inf)
+    l = np.concatenate([beq, np.tile(problem.u_lo, N), e - du, np.tile(y_lo - bias, N), -inf, np.zeros(N * ny)])
+    u = np.concatenate([beq, np.tile(problem.u_hi, N), e + du, inf, np.tile(y_hi - bias, N), inf])
+    return q, l, u, constant
+
+
+def plan(problem: ProblemIR, z: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Split z into (u (N, nu), y (N, ny), s (N, ny)), normalised; y = C x + bias."""
+    _, Bd, _, _, C = problem.model.arrays()
+    N, nx, nu, ny = problem.horizon, C.shape[1], Bd.shape[1], C.shape[0]
+    x = z[:N * nx].reshape(N, nx)
+    u = z[N * nx:N * (nx + nu)].reshape(N, nu)
+    s = z[N * (nx + nu):].reshape(N, ny)
+    return u, x @ C.T + np.asarray(problem.bias), s
+
+
+def hold_point(problem: ProblemIR, A: sparse.csc_matrix, l: np.ndarray, y_lo: np.ndarray,
+               y_hi: np.ndarray) -> np.ndarray:
+    """z of the baseline "hold u_prev over the horizon": states from the QP's own dynamics rows,
+    slacks at their smallest admissible value (so the objective is the hold's cost)."""
+    _, Bd, _, _, C = problem.model.arrays()
+    N, nx, nu = problem.horizon, C.shape[1], Bd.shape[1]
+    u_hold = np.tile(problem.u_prev, N)
+    rows = A[:N * nx]
+    Ax, Bu = rows[:, :N * nx], rows[:, N * nx:N * (nx + nu)]
+    # Ax is block lower-bidiagonal with -I on the diagonal: one triangular solve gives the states.
+    x = scipy.sparse.linalg.spsolve_triangular(Ax.tocsr(), l[:N * nx] - Bu @ u_hold, lower=True)
+    y = x.reshape(N, nx) @ C.T + np.asarray(problem.bias)
+    s = np.maximum(0.0, np.maximum(y_lo - y, y - y_hi))
+    return np.concatenate([x, u_hold, s.reshape(-1)])
