@@ -609,6 +609,18 @@ class SolveCandidate:
     independent_cost: float | None = None
     verify_report: Mapping[str, Any] = field(default_factory=dict)
 
+    @staticmethod
+    def from_dict(doc: Mapping[str, Any]) -> "SolveCandidate":
+        def opt(v: Any) -> float | None:
+            return None if v is None else float(v)
+
+        return SolveCandidate(
+            seq=int(doc["seq"]), kind=CandidateKind(doc["kind"]), solver_status=doc["solver_status"],
+            controls=_tuple2(doc["controls"]), predicted=_tuple2(doc["predicted"]), cost=opt(doc.get("cost")),
+            constraints=doc.get("constraints", {}), feasible=bool(doc.get("feasible", False)),
+            verified=bool(doc.get("verified", False)), independent_cost=opt(doc.get("independent_cost")),
+            verify_report=doc.get("verify_report", {}))
+
 
 @dataclass(frozen=True)
 class SolveResult:
@@ -618,6 +630,15 @@ class SolveResult:
     diagnostics: Mapping[str, Any]
     error_code: str | None = None
     error_message: str | None = None
+
+    @staticmethod
+    def from_dict(doc: Mapping[str, Any]) -> "SolveResult":
+        """The inverse of canonical_json(result) (what a solver worker sends back)."""
+        return SolveResult(
+            problem_ir_hash=doc["problem_ir_hash"], ok=bool(doc["ok"]),
+            candidates=tuple(SolveCandidate.from_dict(c) for c in doc.get("candidates", ())),
+            diagnostics=doc.get("diagnostics", {}), error_code=doc.get("error_code"),
+            error_message=doc.get("error_message"))
 
 
 # --------------------------------------------------------------------------- recommendation / outcome
