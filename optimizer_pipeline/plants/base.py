@@ -94,6 +94,7 @@ class Plant(ABC):
     name: ClassVar[str]
     binding: ClassVar[dict[str, Any]]  # the binding document (DESIGN.md "Binding file")
     n_cont: ClassVar[int]  # continuous ODE states
+    settling_time_s: ClassVar[float]  # from anywhere in the excitation band to within ~1e-5 of steady state
     delay_samples: ClassVar[int] = 0  # transport delay between process and sensor, samples
     substeps: ClassVar[int]  # fixed RK4 steps per sample period
     cv_noise: ClassVar[tuple[float, ...]]  # measurement noise std per CV, engineering units

@@ -45,6 +45,7 @@ class BlendTank(Plant):
     name: ClassVar[str] = "blend"
     binding: ClassVar[dict[str, Any]] = BINDING
     n_cont: ClassVar[int] = 2
+    settling_time_s: ClassVar[float] = 11000.0  # level ~900 s at the top of the band
     substeps: ClassVar[int] = 5
     cv_noise: ClassVar[tuple[float, ...]] = (0.03, 0.005)
     excitation: ClassVar[Excitation] = Excitation(

@@ -48,6 +48,7 @@ class DeadTimeHeater(Plant):
     name: ClassVar[str] = "heater"
     binding: ClassVar[dict[str, Any]] = BINDING
     n_cont: ClassVar[int] = 1
+    settling_time_s: ClassVar[float] = 800.0  # ~65 s time constant plus the 40 s pipe
     delay_samples: ClassVar[int] = 4
     substeps: ClassVar[int] = 5
     cv_noise: ClassVar[tuple[float, ...]] = (0.1,)

@@ -47,6 +47,7 @@ class QuadrupleTank(Plant):
     name: ClassVar[str] = "tanks"
     binding: ClassVar[dict[str, Any]] = BINDING
     n_cont: ClassVar[int] = 4
+    settling_time_s: ClassVar[float] = 1500.0  # slowest tank ~115 s at the top of the band
     substeps: ClassVar[int] = 10  # 1 s RK4 steps; fastest tank ~23 s
     cv_noise: ClassVar[tuple[float, ...]] = (0.02, 0.02)
     excitation: ClassVar[Excitation] = Excitation(
