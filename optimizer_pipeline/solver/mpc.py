@@ -106,16 +106,21 @@ def plan(problem: ProblemIR, z: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.
 
 
 def hold_point(problem: ProblemIR, A: sparse.csc_matrix, l: np.ndarray, y_lo: np.ndarray,
-               y_hi: np.ndarray) -> np.ndarray:
+               y_hi: np.ndarray, memo: dict) -> np.ndarray:
     """z of the baseline "hold u_prev over the horizon": states from the QP's own dynamics rows,
-    slacks at their smallest admissible value (so the objective is the hold's cost)."""
+    slacks at their smallest admissible value (so the objective is the hold's cost).
+
+    memo: a per-structure dict (the solver cache entry's) keeping the LU factors of the dynamics block.
+    """
     _, Bd, _, _, C = problem.model.arrays()
     N, nx, nu = problem.horizon, C.shape[1], Bd.shape[1]
+    if "dynamics" not in memo:
+        rows = A[:N * nx]
+        # Ax is block lower-bidiagonal with -I on its diagonal: always invertible.
+        memo["dynamics"] = (scipy.sparse.linalg.splu(rows[:, :N * nx].tocsc()), rows[:, N * nx:N * (nx + nu)].tocsr())
+    Ax_lu, Bu = memo["dynamics"]
     u_hold = np.tile(problem.u_prev, N)
-    rows = A[:N * nx]
-    Ax, Bu = rows[:, :N * nx], rows[:, N * nx:N * (nx + nu)]
-    # Ax is block lower-bidiagonal with -I on the diagonal: one triangular solve gives the states.
-    x = scipy.sparse.linalg.spsolve_triangular(Ax.tocsr(), l[:N * nx] - Bu @ u_hold, lower=True)
+    x = Ax_lu.solve(l[:N * nx] - Bu @ u_hold)
     y = x.reshape(N, nx) @ C.T + np.asarray(problem.bias)
     s = np.maximum(0.0, np.maximum(y_lo - y, y - y_hi))
     return np.concatenate([x, u_hold, s.reshape(-1)])

@@ -21,7 +21,7 @@ process's stdout (fd 1) even with verbose=False.
 import logging
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Callable, Hashable
 
@@ -53,6 +53,7 @@ class _Entry:
     solver: osqp.OSQP
     P: sparse.csc_matrix  # full symmetric Hessian (OSQP gets its upper triangle)
     A: sparse.csc_matrix
+    memo: dict = field(default_factory=dict)  # per-structure helpers of the template (hold-point factors)
     solves: int = 0
 
 
@@ -167,7 +168,7 @@ def solve_problem(problem: ProblemIR, cache: SolverCache, time_limit_s: float | 
     entry, hit = cache.entry(problem, q, l, u)
     diagnostics.update(cache_hit=hit, cache_size=len(cache), osqp_setups=cache.setups)
 
-    hold = builder.hold_point(problem, entry.A, l, y_lo, y_hi)
+    hold = builder.hold_point(problem, entry.A, l, y_lo, y_hi, entry.memo)
     candidates = [_candidate(problem, 0, CandidateKind.HOLD, "hold", hold, _objective(entry, q, constant, hold),
                              y_lo, y_hi, {})]
     runs = [(1, CandidateKind.NOMINAL, y_lo, y_hi, (q, l, u, constant))]

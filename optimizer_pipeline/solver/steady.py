@@ -87,7 +87,7 @@ def plan(problem: ProblemIR, z: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.
 
 
 def hold_point(problem: ProblemIR, A: sparse.csc_matrix, l: np.ndarray, y_lo: np.ndarray,
-               y_hi: np.ndarray) -> np.ndarray:
+               y_hi: np.ndarray, memo: dict) -> np.ndarray:
     """z of the baseline "stay at u_prev", slacks at their smallest admissible value."""
     u = np.asarray(problem.u_prev, float)
     y = np.asarray(problem.steady_gain, float) @ u + _offset(problem)

@@ -38,25 +38,17 @@ class Tolerances:
 
 
 def independent_cost(problem: ProblemIR, u: np.ndarray, y: np.ndarray, y_lo: np.ndarray, y_hi: np.ndarray) -> float:
-    """The template's cost of a plan, by a plain loop (normalised units).
+    """The template's cost of a plan, term by term (normalised units).
 
     u (rows, nu), y (rows, ny): MVs held and CVs predicted per step; y_lo / y_hi the CV limits the
     slack penalty is measured against; the slack is the smallest admissible one per step and CV.
     """
-    w, target, u_prev = problem.y_weight, problem.y_target, problem.u_prev
+    w, target = np.asarray(problem.y_weight), np.asarray(problem.y_target)
     move_weight = problem.move_weight * (STEADY_MOVE_SCALE if problem.template is Template.STEADY_RESPONSE else 1.0)
-    total = 0.0
-    previous = [float(v) for v in u_prev]
-    for k in range(u.shape[0]):
-        for j in range(y.shape[1]):
-            value = float(y[k, j])
-            total += w[j] * (value - target[j]) ** 2
-            slack = max(0.0, float(y_lo[j]) - value, value - float(y_hi[j]))
-            total += problem.slack_weight * (slack + slack * slack)
-        for i in range(u.shape[1]):
-            total += move_weight * (float(u[k, i]) - previous[i]) ** 2
-        previous = [float(v) for v in u[k]]
-    return total
+    tracking = np.sum(w * (y - target) ** 2)
+    moves = np.diff(np.vstack([np.asarray(problem.u_prev), u]), axis=0)
+    slack = np.maximum(0.0, np.maximum(np.asarray(y_lo) - y, y - np.asarray(y_hi)))
+    return float(tracking + move_weight * np.sum(moves ** 2) + problem.slack_weight * np.sum(slack + slack ** 2))
 
 
 def _simulate(problem: ProblemIR, u: np.ndarray) -> np.ndarray:

@@ -1,0 +1,134 @@
+"""Specification of problem compilation: units, steady-state fields, validation, robust limits, hash."""
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from optimizer_pipeline.contracts import ContractError, Template
+from optimizer_pipeline.model.statespace import steady_state
+from optimizer_pipeline.problem import (
+    ProblemError,
+    compile_problem,
+    problem_from_dict,
+    robust_limits,
+    validate_problem,
+)
+from test_solver_qp_support import tank_artifact, tank_binding, tank_problem
+
+
+def test_mv_bounds_and_max_move_are_scaled_by_the_mv_std():
+    p = tank_problem(u_now=(4.5, 1.8))
+    # artifact: v1 mean 3.0 std 1.5, v2 mean 3.0 std 1.2; binding: lo 0, hi 6, max_move 0.5
+    assert p.u_lo == pytest.approx(((0 - 3.0) / 1.5, (0 - 3.0) / 1.2))
+    assert p.u_hi == pytest.approx(((6 - 3.0) / 1.5, (6 - 3.0) / 1.2))
+    assert p.du_max == pytest.approx((0.5 / 1.5, 0.5 / 1.2))
+    assert p.u_prev == pytest.approx(((4.5 - 3.0) / 1.5, (1.8 - 3.0) / 1.2))
+
+
+def test_cv_limits_targets_and_weights_are_normalised_from_the_binding():
+    p = tank_problem()
+    # y1 mean 6.0 std 2.0, y2 mean 6.5 std 1.8; limits 2..10, targets 7 / 7.5, weights 1 / 2
+    assert p.y_lo == pytest.approx(((2 - 6.0) / 2.0, (2 - 6.5) / 1.8))
+    assert p.y_hi == pytest.approx(((10 - 6.0) / 2.0, (10 - 6.5) / 1.8))
+    assert p.y_target == pytest.approx(((7 - 6.0) / 2.0, (7.5 - 6.5) / 1.8))
+    assert p.y_weight == (1.0, 2.0)
+    assert (p.horizon, p.move_weight, p.template) == (20, 0.1, Template.LINEAR_MPC)
+
+
+def test_disturbances_are_normalised_with_their_own_statistics():
+    p = tank_problem(with_dv=True)
+    assert p.dv_tags == ("f1",)
+    assert p.d == pytest.approx(((1.4 - 1.0) / 0.5,))
+
+
+def test_steady_template_carries_the_model_steady_state_map():
+    p = tank_problem(template="steady_response@1", horizon=1)
+    G, Gd, y0 = steady_state(tank_artifact().state_space)
+    np.testing.assert_allclose(np.asarray(p.steady_gain), G)
+    assert np.asarray(p.steady_dv_gain).size == 0
+    np.testing.assert_allclose(np.asarray(p.steady_offset), y0)
+
+
+def test_mpc_template_has_no_steady_fields():
+    p = tank_problem()
+    assert p.steady_gain is None and p.steady_offset is None
+
+
+def test_compiling_twice_gives_the_same_hash():
+    assert tank_problem(band=(0.1, 0.2)).hash == tank_problem(band=(0.1, 0.2)).hash
+
+
+def test_changing_one_number_changes_the_hash():
+    assert tank_problem(u_now=(3.0, 3.0)).hash != tank_problem(u_now=(3.0, 3.000001)).hash
+
+
+def test_json_round_trip_keeps_the_hash():
+    p = tank_problem(band=(0.1, 0.2), template="steady_response@1", horizon=3)
+    assert problem_from_dict(p.to_dict()).hash == p.hash
+
+
+@pytest.mark.parametrize("field, kwargs", [
+    ("x0", {"x0": (0.0, 0.0, 0.0)}),
+    ("bias", {"bias": (0.0,)}),
+    ("u_now", {"u_now": (3.0,)}),
+    ("band", {"band": (0.1, 0.1, 0.1)}),
+])
+def test_wrong_length_input_names_the_field(field, kwargs):
+    with pytest.raises(ProblemError, match=rf"\.{field}: expected length"):
+        tank_problem(**kwargs)
+
+
+def test_non_finite_input_names_the_field_and_index():
+    with pytest.raises(ProblemError, match=r"\.u_now\[1\]: expected a finite number"):
+        tank_problem(u_now=(3.0, math.nan))
+
+
+def test_negative_band_is_rejected():
+    with pytest.raises(ProblemError, match=r"band\[0\]: a half-width must be >= 0"):
+        tank_problem(band=(-0.1, 0.1))
+
+
+def test_artifact_for_other_tags_is_rejected_naming_the_tags():
+    artifact = replace(tank_artifact(), mv_tags=("v2", "v1"))
+    with pytest.raises(ProblemError, match=r"mv_tags: artifact has \['v2', 'v1'\]"):
+        compile_problem(tank_binding(), artifact, np.zeros(4), np.zeros(2), [3.0, 3.0], [])
+
+
+def test_problem_error_is_a_contract_error():
+    assert issubclass(ProblemError, ContractError)
+
+
+def test_validate_problem_names_a_bad_rate_limit():
+    p = replace(tank_problem(), du_max=(0.3, 0.0))
+    with pytest.raises(ProblemError, match=r"problem\.du_max\[1\]: must be > 0"):
+        validate_problem(p)
+
+
+def test_problem_from_dict_names_a_missing_field():
+    doc = tank_problem().to_dict()
+    del doc["y_target"]
+    with pytest.raises(ProblemError, match=r"problem\.y_target: required field is missing"):
+        problem_from_dict(doc)
+
+
+def test_robust_limits_are_nominal_limits_tightened_by_the_band():
+    p = tank_problem(band=(0.25, 0.5))
+    lo, hi = robust_limits(p)
+    np.testing.assert_allclose(lo, np.asarray(p.y_lo) + (0.25, 0.5))
+    np.testing.assert_allclose(hi, np.asarray(p.y_hi) - (0.25, 0.5))
+
+
+def test_robust_limits_collapse_to_the_midpoint_when_the_band_is_wider_than_the_interval():
+    p = tank_problem(band=(10.0, 0.5))
+    lo, hi = robust_limits(p)
+    mid = 0.5 * (p.y_lo[0] + p.y_hi[0])
+    assert lo[0] == pytest.approx(mid) and hi[0] == pytest.approx(mid)
+    assert hi[1] - lo[1] == pytest.approx(p.y_hi[1] - p.y_lo[1] - 1.0)
+
+
+def test_robust_limits_without_band_are_the_nominal_limits():
+    p = tank_problem()
+    lo, hi = robust_limits(p)
+    assert tuple(lo) == p.y_lo and tuple(hi) == p.y_hi
