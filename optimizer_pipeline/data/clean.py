@@ -2,9 +2,14 @@
 
 Per run, in this order:
 1. non-finite tag values become missing;
-2. Hampel filter (window 7, |x - median| > 3 * 1.4826 * MAD) on the CV and DV tags: outliers
-   become missing. MVs are exempt: they are commanded values, and a Hampel filter would erase
-   short legitimate moves (a 1-3 sample pulse of a step test) that the identification needs;
+2. Hampel filter on the CV and DV tags: |x - median| > 3 * sigma over a centred window of 7, with
+   sigma = max(1.4826 * MAD of the window, the tag's noise level in the run); outliers become
+   missing. The noise floor (1.4826 * median |x[k+1] - x[k]| / sqrt 2, the sigma of white noise)
+   is ours: a 7-sample MAD is so noisy that the plain rule flags 4.7 % of pure Gaussian noise
+   samples (measured), which would shave the noise tails the UQ band must cover; with the floor
+   it flags 0.26 % (the nominal 3-sigma rate is 0.27 %). MVs are exempt: they are commanded
+   values, and a Hampel filter would erase short legitimate moves (a 1-3 sample pulse of a step
+   test) that the identification needs;
 3. grid alignment: t_k = t0 + k * sample_period_s with t0 = the run's first timestamp; each sample
    goes to the nearest grid point and a grid point takes the mean of its samples;
 4. gaps (missing grid values of a tag) of at most MAX_GAP_SAMPLES are linearly interpolated;
@@ -29,9 +34,9 @@ log = logging.getLogger(__name__)
 HAMPEL_WINDOW = 7
 HAMPEL_N_SIGMA = 3.0
 MAD_TO_SIGMA = 1.4826  # sigma of a normal distribution per unit MAD
-# A local MAD of exactly 0 (flat noise-free stretch) would flag float round-off as outliers:
-# the local sigma is floored at this fraction of the tag's range in the run.
-HAMPEL_SIGMA_FLOOR = 1e-6
+# A local MAD and a noise level of exactly 0 (noise-free data) would flag float round-off as
+# outliers: sigma is also floored at this fraction of the tag's range in the run.
+HAMPEL_RANGE_FLOOR = 1e-6
 MAX_GAP_SAMPLES = 3
 
 
@@ -141,30 +146,39 @@ def _clean_run(run_id: str, t: np.ndarray, values: np.ndarray, tags: tuple[str, 
 
 
 def _hampel_outliers(values: np.ndarray) -> np.ndarray:
-    """(n, n_tags) bool: |x - rolling median| > 3 * 1.4826 * rolling MAD (centred window, NaN ignored)."""
+    """(n, n_tags) bool: |x - rolling median| > 3 * sigma (module docstring; centred window, NaN ignored)."""
     half = HAMPEL_WINDOW // 2
     padded = np.pad(values, ((half, half), (0, 0)), constant_values=np.nan)
     windows = np.lib.stride_tricks.sliding_window_view(padded, HAMPEL_WINDOW, axis=0)  # (n, n_tags, window)
+    median = _window_nanmedian(windows)
+    mad = _window_nanmedian(np.abs(windows - median[..., None]))
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN windows (edges, missing stretches) give NaN
-        median = np.nanmedian(windows, axis=2)
-        mad = np.nanmedian(np.abs(windows - median[..., None]), axis=2)
+        warnings.simplefilter("ignore", RuntimeWarning)  # a tag with no values in the run gives NaN
+        noise = MAD_TO_SIGMA * np.nanmedian(np.abs(np.diff(values, axis=0)), axis=0) / np.sqrt(2.0)
         spread = np.nanmax(values, axis=0) - np.nanmin(values, axis=0)
-    sigma = np.maximum(MAD_TO_SIGMA * mad, HAMPEL_SIGMA_FLOOR * np.nan_to_num(spread))
+    floor = np.maximum(np.nan_to_num(noise), HAMPEL_RANGE_FLOOR * np.nan_to_num(spread))
+    sigma = np.maximum(MAD_TO_SIGMA * mad, floor)
     return np.abs(values - median) > HAMPEL_N_SIGMA * sigma  # NaN compares False: missing is not an outlier
+
+
+def _window_nanmedian(windows: np.ndarray) -> np.ndarray:
+    """Median over the last axis ignoring NaN (NaN when all are NaN); np.nanmedian is ~20x slower here."""
+    ordered = np.sort(windows, axis=-1)  # NaN sort last
+    count = np.count_nonzero(~np.isnan(windows), axis=-1)[..., None]
+    lo = np.take_along_axis(ordered, np.maximum(count - 1, 0) // 2, axis=-1)
+    hi = np.take_along_axis(ordered, count // 2, axis=-1)
+    return ((lo + hi) / 2)[..., 0]
 
 
 def _align(t: np.ndarray, values: np.ndarray, t0: float, period: float) -> tuple[np.ndarray, np.ndarray]:
     """Bucket means on the grid t0 + k * period (nearest grid point); empty buckets are NaN."""
     k = np.floor((t - t0) / period + 0.5).astype(np.int64)
     m = int(k[-1]) + 1 if k.size else 0
-    sums = np.zeros((m, values.shape[1]))
-    counts = np.zeros((m, values.shape[1]))
     present = ~np.isnan(values)
-    np.add.at(sums, k, np.where(present, values, 0.0))
-    np.add.at(counts, k, present)
+    sums = np.column_stack([np.bincount(k, np.where(p, v, 0.0), m) for v, p in zip(values.T, present.T)])
+    counts = np.column_stack([np.bincount(k, p, m) for p in present.T])
     with np.errstate(invalid="ignore"):
-        grid = sums / counts
+        grid = sums / counts  # 0 / 0 = NaN: an empty bucket
     return t0 + period * np.arange(m), grid
 
 

@@ -1,0 +1,228 @@
+"""History ingest: the file contract (DESIGN.md "History file") and one specific error per user mistake."""
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from optimizer_pipeline.contracts import ContractError, binding_from_dict
+from optimizer_pipeline.data import HistoryError, read_history, validate_history_frame
+
+JAN1_2024 = 1704067200.0  # 2024-01-01T00:00:00Z in seconds since the epoch
+
+
+def _binding(dvs=()):
+    return binding_from_dict({
+        "id": "t1", "sample_period_s": 5,
+        "mvs": [{"tag": "v1", "lo": 0, "hi": 6, "max_move": 0.5}],
+        "cvs": [{"tag": "y1", "lo": 0, "hi": 10, "target": 5}, {"tag": "y2", "lo": 0, "hi": 10, "target": 5}],
+        "dvs": [{"tag": t} for t in dvs],
+        "profile": {"id": "p", "template": "linear_mpc_quadratic@1"},
+    })
+
+
+def _write(tmp_path: Path, text: str, name: str = "history.csv") -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+GOOD = ("run_id,timestamp,v1,y1,y2,note\n"
+        "r1,0,1.0,2.0,3.0,a\n"
+        "r1,5,1.5,2.5,3.5,b\n"
+        "r2,100,2.0,3.0,4.0,c\n")
+
+
+def test_csv_returns_contract_columns_in_binding_order_and_drops_extras(tmp_path):
+    frame = read_history(_write(tmp_path, GOOD), _binding())
+    assert list(frame.columns) == ["run_id", "timestamp", "v1", "y1", "y2"]
+    assert frame["run_id"].tolist() == ["r1", "r1", "r2"]
+    assert frame["timestamp"].tolist() == [0.0, 5.0, 100.0]
+    np.testing.assert_array_equal(frame[["v1", "y1", "y2"]].to_numpy(), [[1.0, 2.0, 3.0], [1.5, 2.5, 3.5], [2.0, 3.0, 4.0]])
+    assert all(frame[c].dtype == np.float64 for c in ["timestamp", "v1", "y1", "y2"])
+
+
+def test_parquet_round_trip_equals_csv(tmp_path):
+    csv_frame = read_history(_write(tmp_path, GOOD), _binding())
+    raw = pd.read_csv(tmp_path / "history.csv")
+    for name in ("history.parquet", "history.pq"):
+        raw.to_parquet(tmp_path / name)
+        pd.testing.assert_frame_equal(read_history(tmp_path / name, _binding()), csv_frame)
+
+
+def test_iso_timestamps_with_offsets_become_utc_seconds(tmp_path):
+    text = ("run_id,timestamp,v1,y1,y2\n"
+            "r1,2024-01-01T00:00:00Z,1,2,3\n"
+            "r1,2024-01-01T01:00:05+01:00,1,2,3\n"  # = 00:00:05Z
+            "r1,2024-01-01 00:00:10,1,2,3\n")  # no offset: UTC
+    frame = read_history(_write(tmp_path, text), _binding())
+    assert frame["timestamp"].tolist() == [JAN1_2024, JAN1_2024 + 5, JAN1_2024 + 10]
+
+
+def test_numeric_seconds_timestamps_are_kept(tmp_path):
+    text = "run_id,timestamp,v1,y1,y2\nr1,1704067200.5,1,2,3\nr1,1704067205.25,1,2,3\n"
+    frame = read_history(_write(tmp_path, text), _binding())
+    assert frame["timestamp"].tolist() == [JAN1_2024 + 0.5, JAN1_2024 + 5.25]
+
+
+def test_parquet_datetime_column_becomes_utc_seconds(tmp_path):
+    raw = pd.DataFrame({"run_id": ["r1", "r1"],
+                        "timestamp": pd.to_datetime(["2024-01-01T00:00:00", "2024-01-01T00:00:05"]),
+                        "v1": [1.0, 1.0], "y1": [2.0, 2.0], "y2": [3.0, 3.0]})
+    raw.to_parquet(tmp_path / "h.parquet")
+    assert read_history(tmp_path / "h.parquet", _binding())["timestamp"].tolist() == [JAN1_2024, JAN1_2024 + 5]
+
+
+def test_numeric_run_ids_are_text_and_keep_leading_zeros(tmp_path):
+    text = "run_id,timestamp,v1,y1,y2\n007,0,1,2,3\n8,0,1,2,3\n"
+    assert read_history(_write(tmp_path, text), _binding())["run_id"].tolist() == ["007", "8"]
+
+
+def test_interleaved_runs_are_valid_when_each_run_increases(tmp_path):
+    text = "run_id,timestamp,v1,y1,y2\nr1,0,1,2,3\nr2,0,1,2,3\nr1,5,1,2,3\nr2,5,1,2,3\n"
+    assert len(read_history(_write(tmp_path, text), _binding())) == 4
+
+
+def test_empty_cells_are_missing_values_not_errors(tmp_path):
+    text = "run_id,timestamp,v1,y1,y2\nr1,0,1,,3\nr1,5,1,2,3\n"
+    frame = read_history(_write(tmp_path, text), _binding())
+    assert np.isnan(frame["y1"].iloc[0]) and frame["y1"].iloc[1] == 2.0
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def test_missing_file_names_the_file(tmp_path):
+    path = tmp_path / "nope.csv"
+    with pytest.raises(HistoryError, match=rf"{path}: history file not found"):
+        read_history(path, _binding())
+
+
+def test_history_error_is_a_contract_error():
+    assert issubclass(HistoryError, ContractError)
+
+
+def test_unknown_suffix_is_rejected(tmp_path):
+    with pytest.raises(HistoryError, match=r"history\.xlsx: unknown history file type '\.xlsx'"):
+        read_history(_write(tmp_path, GOOD, "history.xlsx"), _binding())
+
+
+def test_non_utf8_file_is_unreadable(tmp_path):
+    path = tmp_path / "latin.csv"
+    path.write_bytes("run_id,timestamp,v1,y1,y2\nr\xe9,0,1,2,3\n".encode("latin-1"))
+    with pytest.raises(HistoryError, match=r"latin\.csv: cannot read history file \(not UTF-8 text\)"):
+        read_history(path, _binding())
+
+
+def test_corrupt_parquet_is_unreadable(tmp_path):
+    path = tmp_path / "broken.parquet"
+    path.write_bytes(b"this is not parquet")
+    with pytest.raises(HistoryError, match=r"broken\.parquet: cannot read Parquet file"):
+        read_history(path, _binding())
+
+
+def test_zero_byte_file_is_empty(tmp_path):
+    with pytest.raises(HistoryError, match=r"history\.csv: empty file"):
+        read_history(_write(tmp_path, ""), _binding())
+
+
+def test_header_without_rows_is_empty(tmp_path):
+    with pytest.raises(HistoryError, match=r"history\.csv: empty file \(no data rows; at least one run is needed\)"):
+        read_history(_write(tmp_path, "run_id,timestamp,v1,y1,y2\n\n"), _binding())
+
+
+def test_semicolon_delimiter_is_detected(tmp_path):
+    text = "run_id;timestamp;v1;y1;y2\nr1;0;1,5;2;3\n"
+    with pytest.raises(HistoryError, match=r"history\.csv: the header looks like ';'-delimited .*; use ','"):
+        read_history(_write(tmp_path, text), _binding())
+
+
+def test_tab_delimiter_is_detected(tmp_path):
+    text = "run_id\ttimestamp\tv1\ty1\ty2\nr1\t0\t1\t2\t3\n"
+    with pytest.raises(HistoryError, match=r"looks like tab-delimited"):
+        read_history(_write(tmp_path, text), _binding())
+
+
+def test_duplicate_columns_are_named_from_the_header(tmp_path):
+    text = "run_id,timestamp,v1,y1,y2,y1\nr1,0,1,2,3,4\n"
+    with pytest.raises(HistoryError, match=r"history\.csv: duplicate column\(s\) 'y1' in the header"):
+        read_history(_write(tmp_path, text), _binding())
+
+
+def test_duplicate_columns_in_a_frame_are_named():
+    frame = pd.DataFrame([["r1", 0, 1, 2, 3, 4]], columns=["run_id", "timestamp", "v1", "y1", "y2", "v1"])
+    with pytest.raises(HistoryError, match=r"stored: duplicate column\(s\) 'v1'"):
+        validate_history_frame(frame, _binding(), "stored")
+
+
+def test_every_missing_column_is_named(tmp_path):
+    text = "run_id,v1,y2,extra\nr1,1,3,x\n"
+    with pytest.raises(HistoryError, match=r"history\.csv: missing required column\(s\) 'timestamp', 'y1', 'f1'"):
+        read_history(_write(tmp_path, text), _binding(dvs=["f1"]))
+
+
+def test_non_numeric_value_names_column_run_row_line_and_value(tmp_path):
+    text = "run_id,timestamp,v1,y1,y2\nr1,0,1,2,3\nr1,5,1,2,3\nr2,0,1,2,3\nr2,5,1,2.0.1,3\n"
+    with pytest.raises(HistoryError, match=r"history\.csv: column 'y1': non-numeric value '2\.0\.1' "
+                                           r"in run 'r2' at row 4 \(line 5\)"):
+        read_history(_write(tmp_path, text), _binding())
+
+
+def test_blank_lines_keep_row_and_line_numbers_true_to_the_file(tmp_path):
+    text = "run_id,timestamp,v1,y1,y2\nr1,0,1,2,3\n\nr1,5,1,oops,3\n"
+    with pytest.raises(HistoryError, match=r"at row 3 \(line 4\)"):
+        read_history(_write(tmp_path, text), _binding())
+
+
+def test_all_nan_tag_is_named(tmp_path):
+    text = "run_id,timestamp,v1,y1,y2\nr1,0,1,2,\nr1,5,1,2,NaN\n"
+    with pytest.raises(HistoryError, match=r"history\.csv: column 'y2' has no values"):
+        read_history(_write(tmp_path, text), _binding())
+
+
+def test_unparseable_timestamp_names_run_row_and_value(tmp_path):
+    text = "run_id,timestamp,v1,y1,y2\nr1,2024-01-01T00:00:00Z,1,2,3\nr1,yesterday,1,2,3\n"
+    with pytest.raises(HistoryError, match=r"history\.csv: run 'r1': timestamp 'yesterday' at row 2 \(line 3\) "
+                                           r"is not ISO 8601"):
+        read_history(_write(tmp_path, text), _binding())
+
+
+def test_empty_timestamp_names_the_row(tmp_path):
+    text = "run_id,timestamp,v1,y1,y2\nr1,0,1,2,3\nr1,,1,2,3\n"
+    with pytest.raises(HistoryError, match=r"run 'r1': timestamp is empty at row 2 \(line 3\)"):
+        read_history(_write(tmp_path, text), _binding())
+
+
+def test_repeated_timestamp_in_a_run_names_run_and_row(tmp_path):
+    text = "run_id,timestamp,v1,y1,y2\nr1,0,1,2,3\nr2,0,1,2,3\nr2,5,1,2,3\nr2,5,1,2,3\n"
+    with pytest.raises(HistoryError, match=r"history\.csv: run 'r2': timestamp at row 4 \(line 5\) is not after "
+                                           r"the previous sample of the run"):
+        read_history(_write(tmp_path, text), _binding())
+
+
+def test_decreasing_timestamp_in_a_run_is_rejected(tmp_path):
+    text = "run_id,timestamp,v1,y1,y2\nr1,10,1,2,3\nr1,5,1,2,3\n"
+    with pytest.raises(HistoryError, match=r"run 'r1': timestamp at row 2 \(line 3\) is not after"):
+        read_history(_write(tmp_path, text), _binding())
+
+
+def test_empty_run_id_names_the_row(tmp_path):
+    text = "run_id,timestamp,v1,y1,y2\nr1,0,1,2,3\n,5,1,2,3\n"
+    with pytest.raises(HistoryError, match=r"history\.csv: column 'run_id' is empty at row 2 \(line 3\)"):
+        read_history(_write(tmp_path, text), _binding())
+
+
+def test_frame_errors_give_rows_without_lines():
+    frame = pd.DataFrame({"run_id": ["a", "a"], "timestamp": [0.0, 5.0], "v1": [1.0, "x"], "y1": [1.0, 1.0],
+                          "y2": [1.0, 1.0]})
+    with pytest.raises(HistoryError, match=r"^observed\.csv: column 'v1': non-numeric value 'x' in run 'a' at row 2$"):
+        validate_history_frame(frame, _binding(), "observed.csv")
+
+
+def test_frame_validation_returns_the_same_shape_as_files():
+    frame = pd.DataFrame({"y2": [3.0], "y1": [2.0], "v1": [1], "timestamp": ["2024-01-01T00:00:00Z"], "run_id": [7]},
+                         index=[42])
+    result = validate_history_frame(frame, _binding(), "stored")
+    assert list(result.columns) == ["run_id", "timestamp", "v1", "y1", "y2"]
+    assert result.iloc[0].tolist() == ["7", JAN1_2024, 1.0, 2.0, 3.0]
