@@ -253,6 +253,15 @@ def test_history_split_gives_enough_val_and_test_runs_for_uq_evidence(name, hist
     assert split.live.run_id == f"{name}-run-11"
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_history_cvs_carry_the_stated_measurement_noise(name, histories):
+    """The live run ends settling at fixed inputs: sample-to-sample differences there are noise
+    (std sqrt(2) sigma); the slow remaining transient adds almost nothing to them."""
+    plant, frame = get_plant(name), histories[name].frame
+    settling = frame[list(plant.spec.cv_tags)].to_numpy()[-100:]
+    np.testing.assert_allclose(np.diff(settling, axis=0).std(axis=0, ddof=1) / np.sqrt(2), plant.cv_noise, rtol=0.25)
+
+
 def test_history_rejects_a_run_count_below_one():
     with pytest.raises(PlantInputError, match="n_runs"):
         get_plant("tanks").history(SEED, n_runs=0)

@@ -258,9 +258,10 @@ class Plant(ABC):
         """
         if isinstance(n_runs, bool) or not isinstance(n_runs, (int, np.integer)) or n_runs < 1:
             raise PlantInputError(f"plant {self.name}: n_runs must be an integer >= 1, got {n_runs!r}")
-        tail_min = 3 * max(self.excitation.mv_hold[1], self.excitation.dv_hold[1])
-        if isinstance(run_length, bool) or not isinstance(run_length, (int, np.integer)) or run_length < tail_min:
-            raise PlantInputError(f"plant {self.name}: run_length must be an integer >= {tail_min}, got {run_length!r}")
+        # a run shorter than this would be one or two input levels: too little excitation to identify
+        min_length = 3 * max(self.excitation.mv_hold[1], self.excitation.dv_hold[1])
+        if isinstance(run_length, bool) or not isinstance(run_length, (int, np.integer)) or run_length < min_length:
+            raise PlantInputError(f"plant {self.name}: run_length must be an integer >= {min_length}, got {run_length!r}")
         rng = np.random.default_rng(seed)
         ex, spec = self.excitation, self.spec
         n = int(run_length)

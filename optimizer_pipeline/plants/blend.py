@@ -29,7 +29,7 @@ BINDING: dict[str, Any] = {
     ],
     "cvs": [
         {"tag": "conc", "lo": 3.0, "hi": 9.0, "target": 7.0, "weight": 1.0},
-        {"tag": "level", "lo": 0.3, "hi": 2.5, "target": 1.2, "weight": 1.0},
+        {"tag": "level", "lo": 0.2, "hi": 2.5, "target": 1.2, "weight": 1.0},
     ],
     "dvs": [],
     "model": {"na": 2, "nb": 2, "delay": 1, "horizon": 10},
@@ -52,6 +52,7 @@ class BlendTank(Plant):
         mv_band=((1.5, 4.5), (1.5, 4.5)),
         mv_hold=(5, 40),
         mv_live=(3.0, 3.0),  # conc 6 g/L, level 1 m; targets 7 g/L, 1.2 m
+        live_hold_fraction=0.5,  # the level settles slowly (~12 min time constant high in the band)
     )
 
     def _rhs(self, xc: np.ndarray, u: np.ndarray, d: np.ndarray) -> np.ndarray:

@@ -51,7 +51,7 @@ class QuadrupleTank(Plant):
     substeps: ClassVar[int] = 10  # 1 s RK4 steps; fastest tank ~23 s
     cv_noise: ClassVar[tuple[float, ...]] = (0.02, 0.02)
     excitation: ClassVar[Excitation] = Excitation(
-        mv_band=((2.2, 3.8), (2.2, 3.8)),  # keeps every level below the 20 cm tank height
+        mv_band=((2.2, 3.6), (2.2, 3.6)),  # keeps both lower levels below 19 cm (tanks are 20 cm tall)
         mv_hold=(4, 30),
         mv_live=(3.0, 3.0),  # Johansson's operating point: y ~ (6.1, 6.4) V, targets (7.0, 7.5)
     )
