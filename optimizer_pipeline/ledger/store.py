@@ -64,6 +64,10 @@ class NotFoundError(LedgerError):
     pass
 
 
+# ledger files whose schema this process has already brought up to date
+_SCHEMA_CHECKED: set[str] = set()
+
+
 def _now() -> datetime:
     return utc_now().replace(tzinfo=None)
 
@@ -103,10 +107,13 @@ class Ledger:
         self.connect_attempts = connect_attempts
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = FileLock(str(self.path) + ".lock", timeout=lock_timeout_s)
-        with self.transaction() as conn:
-            applied = apply_schema(conn)
-        if applied:
-            log.info("ledger %s: applied schema versions %s", self.path, applied)
+        key = str(self.path.resolve())
+        if key not in _SCHEMA_CHECKED:
+            with self.transaction() as conn:
+                applied = apply_schema(conn)
+            if applied:
+                log.info("ledger %s: applied schema versions %s", self.path, applied)
+            _SCHEMA_CHECKED.add(key)
 
     # ------------------------------------------------------------------ connections
 

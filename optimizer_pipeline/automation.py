@@ -1,0 +1,117 @@
+"""Jobs, the recalibration schedule and the sensors of the pipeline (Dagster layer)."""
+
+import json
+from datetime import timedelta
+
+from dagster import (
+    AssetSelection,
+    DefaultScheduleStatus,
+    DefaultSensorStatus,
+    RunRequest,
+    ScheduleEvaluationContext,
+    SensorEvaluationContext,
+    SensorResult,
+    SkipReason,
+    define_asset_job,
+    schedule,
+    sensor,
+)
+
+from assets.partitions import BINDINGS, CALIBRATION_GROUP, RECOMMENDATION_GROUP
+from optimizer_pipeline.contracts import parse_iso_utc, utc_now
+from optimizer_pipeline.settings import Settings
+from resources.ledger import LedgerResource
+
+
+recalibrate_job = define_asset_job(
+    "recalibrate", selection=AssetSelection.groups(CALIBRATION_GROUP),
+    description="History -> model artifact -> UQ block scores -> calibration, for one binding partition.")
+solve_job = define_asset_job(
+    "solve", selection=AssetSelection.groups(RECOMMENDATION_GROUP),
+    description="Compile, solve, verify and publish the recommendation of one binding partition.")
+refresh_job = define_asset_job(
+    "refresh", selection=AssetSelection.groups(CALIBRATION_GROUP, RECOMMENDATION_GROUP),
+    description="Recalibrate and re-solve one binding partition.")
+
+
+def binding_changes_sensor():
+    """Fires on a new binding or a new revision of one (cursor: binding -> revision seen).
+
+    A new binding adds its partition; a new or changed revision without a recommendation yet
+    requests `refresh` for that partition with run key `<binding>@r<revision>`, so one change
+    gives exactly one run. No change, no request.
+    """
+
+    @sensor(name="binding_changes", job=refresh_job, minimum_interval_seconds=15,
+            default_status=DefaultSensorStatus.RUNNING)
+    def binding_changes(context: SensorEvaluationContext, ledger: LedgerResource):
+        seen = json.loads(context.cursor) if context.cursor else {}
+        store = ledger.ledger()
+        stored = store.list_bindings()
+        known = set(context.instance.get_dynamic_partitions(BINDINGS.name))
+        new_keys = [b.spec.id for b in stored if b.spec.id not in known]
+        requests = []
+        for b in stored:
+            if seen.get(b.spec.id) == b.revision:
+                continue
+            latest = store.latest_recommendation(b.spec.id)
+            if latest is not None and latest["binding_revision"] == b.revision:
+                continue  # already solved for this revision (e.g. by the CLI)
+            requests.append(RunRequest(partition_key=b.spec.id, run_key=f"{b.spec.id}@r{b.revision}",
+                                       tags={"optimizer/reason": f"binding {b.spec.id} at revision {b.revision}"}))
+        cursor = json.dumps({b.spec.id: b.revision for b in stored}, sort_keys=True)
+        if not requests and not new_keys:
+            return SensorResult(skip_reason=SkipReason("no binding changed"), cursor=cursor)
+        return SensorResult(run_requests=requests, cursor=cursor,
+                            dynamic_partitions_requests=[BINDINGS.build_add_request(new_keys)] if new_keys else [])
+
+    return binding_changes
+
+
+def uq_freshness_sensor():
+    """Fires when a binding's newest calibration is older than `uq.fresh_days`; requests
+    `recalibrate` for that partition, once per stale calibration (run key = calibration id)."""
+
+    @sensor(name="uq_freshness", job=recalibrate_job, minimum_interval_seconds=300,
+            default_status=DefaultSensorStatus.RUNNING)
+    def uq_freshness(context: SensorEvaluationContext, ledger: LedgerResource):
+        fresh_for = timedelta(days=ledger.settings().uq_fresh_days)
+        now = utc_now()
+        known = set(context.instance.get_dynamic_partitions(BINDINGS.name))
+        requests = []
+        for calibration in ledger.ledger().latest_calibrations():
+            binding_id = calibration["binding_id"]
+            age = now - parse_iso_utc(calibration["calibrated_at"])
+            if binding_id in known and age > fresh_for:
+                requests.append(RunRequest(partition_key=binding_id, run_key=f"{binding_id}@{calibration['id']}",
+                                           tags={"optimizer/reason": f"calibration {calibration['id']} is "
+                                                 f"{age.total_seconds() / 86400:.1f} days old"}))
+        return requests or SkipReason("every calibration is fresh")
+
+    return uq_freshness
+
+
+def recommendation_expiry_sensor():
+    """Records in the ledger the expiry of every open recommendation past its `valid_until`."""
+
+    @sensor(name="recommendation_expiry", minimum_interval_seconds=60, default_status=DefaultSensorStatus.RUNNING)
+    def recommendation_expiry(context: SensorEvaluationContext, ledger: LedgerResource):
+        expired = ledger.ledger().expire_past_valid_until()
+        return SkipReason(f"expired {expired} recommendation(s) past valid_until")
+
+    return recommendation_expiry
+
+
+def recalibration_schedule(settings: Settings):
+    """Daily recalibration of every binding partition (cron and time zone from the settings)."""
+
+    @schedule(name="daily_recalibration", job=recalibrate_job, cron_schedule=settings.schedule_cron,
+              execution_timezone=settings.schedule_timezone, default_status=DefaultScheduleStatus.RUNNING)
+    def daily_recalibration(context: ScheduleEvaluationContext):
+        keys = context.instance.get_dynamic_partitions(BINDINGS.name)
+        if not keys:
+            return SkipReason("no binding partitions yet")
+        stamp = context.scheduled_execution_time.isoformat() if context.scheduled_execution_time else "manual"
+        return [RunRequest(partition_key=key, run_key=f"{key}@{stamp}") for key in keys]
+
+    return daily_recalibration

@@ -1,0 +1,44 @@
+"""The Dagster code location: assets, checks, resources, jobs, schedule and sensors wired for one home."""
+
+import os
+from pathlib import Path
+
+from dagster import Definitions, load_assets_from_modules
+
+import assets.calibration
+import assets.recommendation
+from assets.partitions import CALIBRATION_GROUP, RECOMMENDATION_GROUP
+from optimizer_pipeline.automation import (
+    binding_changes_sensor,
+    recalibrate_job,
+    recalibration_schedule,
+    recommendation_expiry_sensor,
+    refresh_job,
+    solve_job,
+    uq_freshness_sensor,
+)
+from optimizer_pipeline.settings import load_settings, resolve_home
+from resources.ledger import LedgerResource
+from resources.plant_store import PlantStoreResource
+from resources.solver import SolverPoolResource
+
+
+def build_definitions(home: Path) -> Definitions:
+    settings = load_settings(home)
+    return Definitions(
+        assets=[*load_assets_from_modules([assets.calibration], group_name=CALIBRATION_GROUP),
+                *load_assets_from_modules([assets.recommendation], group_name=RECOMMENDATION_GROUP)],
+        resources={
+            "ledger": LedgerResource(home=str(home)),
+            "plant_store": PlantStoreResource(home=str(home)),
+            "solver": SolverPoolResource(pool_size=settings.solver_pool_size,
+                                         request_timeout_ms=settings.solver_request_timeout_ms,
+                                         threads=settings.solver_threads),
+        },
+        jobs=[recalibrate_job, solve_job, refresh_job],
+        schedules=[recalibration_schedule(settings)],
+        sensors=[binding_changes_sensor(), uq_freshness_sensor(), recommendation_expiry_sensor()],
+    )
+
+
+defs = build_definitions(resolve_home(os.environ.get("OPTIMIZER_HOME")))

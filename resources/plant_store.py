@@ -1,0 +1,31 @@
+"""Dagster resource reading plant history and bindings from the home's ledger."""
+
+from pathlib import Path
+
+import pandas as pd
+from dagster import ConfigurableResource
+
+from optimizer_pipeline.ledger import Ledger, StoredBinding
+from optimizer_pipeline.settings import ledger_path
+
+
+class PlantStoreResource(ConfigurableResource):
+    """Bindings (latest revision) and their stored plant samples (`plant_samples`)."""
+
+    home: str
+
+    def _ledger(self) -> Ledger:
+        return Ledger(ledger_path(Path(self.home)))
+
+    def binding(self, binding_id: str) -> StoredBinding:
+        return self._ledger().get_binding(binding_id)
+
+    def bindings(self) -> list[StoredBinding]:
+        return self._ledger().list_bindings()
+
+    def history(self, stored: StoredBinding) -> pd.DataFrame:
+        return self._ledger().history_frame(stored.spec.id, stored.spec.tags)
+
+    def source(self, binding_id: str) -> str:
+        """`simulation` for demo-plant data, `real` for ingested plant history."""
+        return self._ledger().sample_source(binding_id) or "real"
