@@ -184,3 +184,22 @@ def test_spike_in_noise_is_removed():
     frame = pd.DataFrame({"run_id": "r1", "timestamp": PERIOD * np.arange(400), "v1": 1.0, "y1": y})
     (series,), _ = clean_runs(frame, _binding(), min_length=10)
     assert np.all(np.abs(series.y[[50, 200, 333], 0] - np.sin(np.array([50, 200, 333]) / 30.0)) < 0.2)
+
+
+def test_long_shutdown_inside_a_run_splits_without_building_its_empty_grid():
+    frame = pd.concat([_run(n=20), _run(n=20, t0=1000.0 + 1e9)])  # ~30 years of no samples at 5 s
+    series, report = clean_runs(frame, _binding(), min_length=10)
+    assert [(s.run_id, len(s)) for s in series] == [("r1#1", 20), ("r1#2", 20)]
+    np.testing.assert_array_equal(series[1].t, 1000.0 + 1e9 + PERIOD * np.arange(20))
+    entry = report["runs"][0]
+    assert entry["grid_samples"] == 40
+    assert f"a gap of {int(1e9 / PERIOD) - 20} samples" in entry["reason"] and "in 'v1', 'y1'" in entry["reason"]
+
+
+def test_history_sampled_slower_than_the_grid_is_warned_and_reasons_stay_short():
+    frame = _run(n=30)
+    frame["timestamp"] = 1000.0 + 30.0 * np.arange(30)  # every 6th grid point has a sample
+    series, report = clean_runs(frame, _binding(), min_length=10)
+    assert series == [] and "sampled every 30 s" in report["warnings"][0]
+    reason = report["runs"][0]["reason"]
+    assert "... and 26 more" in reason and len(reason) < 600

@@ -29,14 +29,16 @@ def prepare_history(frame: pd.DataFrame, binding: BindingSpec, seed: int = 0,
                     min_length: int | None = None) -> HistorySplit:
     """Clean a validated history frame and split it; the cleaning report is report["cleaning"].
 
-    Adds a warning when the live run does not reach the history's latest sample (its newest
-    samples were dropped in cleaning, so "now" is older than the file says).
+    report["warnings"] collects the cleaning and split warnings, plus one when the live run does not
+    reach the history's latest sample (its newest samples were dropped in cleaning, so "now" is
+    older than the file says).
     """
     runs, cleaning = clean_runs(frame, binding, default_min_length(binding) if min_length is None else min_length)
     split = split_runs(runs, binding, seed=seed)
-    warnings = list(split.report["warnings"])
+    warnings = list(cleaning["warnings"]) + list(split.report["warnings"])
     latest = cleaning["latest_timestamp_s"]
-    if split.live is not None and latest is not None and split.live.t[-1] < latest:
+    # Grid snapping moves a sample by at most half a period; anything more is lost data.
+    if split.live is not None and latest - split.live.t[-1] > binding.sample_period_s / 2:
         warnings.append(f"the live run {split.live.run_id!r} ends at {split.live.t[-1]:.3f} s but the history's "
                         f"latest sample is at {latest:.3f} s: the newest samples were dropped in cleaning")
     return replace(split, report={**split.report, "warnings": warnings, "cleaning": cleaning})

@@ -83,7 +83,14 @@ def clean_runs(frame: pd.DataFrame, binding: BindingSpec, min_length: int) -> tu
                    "outliers": int(sum(r["outliers"] for r in runs_report)),
                    "dropped": len(dropped)},
         "latest_timestamp_s": float(frame[TIMESTAMP].max()) if len(frame) else None,
+        "warnings": [],
     }
+    interval = float(ordered.groupby(RUN_ID, sort=False)[TIMESTAMP].diff().median()) if len(frame) > 1 else period
+    if interval > 1.5 * period:
+        report["warnings"].append(f"the history is sampled every {interval:g} s (median), slower than the binding's "
+                                  f"sample_period_s {period:g} s: grid points without samples are interpolated "
+                                  f"(gaps <= {MAX_GAP_SAMPLES}) or split the runs")
+        log.warning("%s", report["warnings"][-1])
     log.info("cleaned %d runs into %d series (%d dropped, %d outliers)", len(runs_report), len(series),
              len(dropped), report["totals"]["outliers"])
     return series, report
@@ -97,20 +104,30 @@ def _clean_run(run_id: str, t: np.ndarray, values: np.ndarray, tags: tuple[str, 
     non_finite = int(np.isnan(values).sum())
     outliers = _hampel_outliers(values) & hampel_columns
     values[outliers] = np.nan
-    outliers_by_tag = {tag: int(n) for tag, n in zip(tags, outliers.sum(axis=0)) if n}
 
-    t_grid, grid = _align(t, values, t[0], period)
-    filled, interpolated = _fill_short_gaps(grid)
-    complete = ~np.isnan(filled).any(axis=1)
+    # Grid index of every sample (nearest point of t0 + k * period). Stretches separated by more
+    # than MAX_GAP_SAMPLES empty grid points are aligned separately, so a long shutdown inside a
+    # run costs no memory for its empty grid.
+    k = np.floor((t - t[0]) / period + 0.5).astype(np.int64)
+    segments = np.split(np.arange(t.size), np.flatnonzero(np.diff(k) > MAX_GAP_SAMPLES + 1) + 1)
+    spans, grid_samples, interpolated = [], 0, 0  # spans: (t, values, filled-with-NaN grid of the gap before)
+    for rows in segments:
+        grid = _align(k[rows] - k[rows[0]], values[rows])
+        filled, n_filled = _fill_short_gaps(grid)
+        t_grid = t[0] + period * (k[rows[0]] + np.arange(grid.shape[0]))
+        starts, ends = _true_spans(~np.isnan(filled).any(axis=1))
+        spans += [(t_grid[a:b], filled[a:b]) for a, b in zip(starts.tolist(), ends.tolist())]
+        grid_samples += grid.shape[0]
+        interpolated += n_filled
 
     entry: dict[str, Any] = {"run_id": run_id, "rows_in": int(t.size), "rows_out": 0,
-                             "outliers": int(outliers.sum()), "outliers_by_tag": outliers_by_tag,
-                             "non_finite": non_finite, "grid_samples": int(t_grid.size),
+                             "outliers": int(outliers.sum()),
+                             "outliers_by_tag": {tag: int(n) for tag, n in zip(tags, outliers.sum(axis=0)) if n},
+                             "non_finite": non_finite, "grid_samples": grid_samples,
                              "interpolated": interpolated, "pieces": []}
     dropped: list[dict[str, Any]] = []
-    spans = list(zip(*(a.tolist() for a in _true_spans(complete))))
     if not spans:
-        empty_tags = [tag for j, tag in enumerate(tags) if np.isnan(grid[:, j]).all()]
+        empty_tags = [tag for j, tag in enumerate(tags) if np.isnan(values[:, j]).all()]
         reason = (f"no values of {', '.join(map(repr, empty_tags))} in this run" if empty_tags
                   else "no grid sample has every tag")
         entry.update(action="dropped", reason=reason)
@@ -119,29 +136,32 @@ def _clean_run(run_id: str, t: np.ndarray, values: np.ndarray, tags: tuple[str, 
 
     names = [run_id] if len(spans) == 1 else [f"{run_id}#{i}" for i in range(1, len(spans) + 1)]
     kept, notes = [], []
-    for name, (a, b) in zip(names, spans):
-        if b - a < min_length:
-            reason = f"{b - a} samples after cleaning < min_length {min_length} (one model window)"
+    for name, (t_piece, piece) in zip(names, spans):
+        if t_piece.size < min_length:
+            reason = f"{t_piece.size} samples after cleaning < min_length {min_length} (one model window)"
             dropped.append({"run_id": name, "reason": reason})
             notes.append(f"{name} dropped: {reason}")
             continue
-        kept.append((name, t_grid[a:b], filled[a:b]))
+        kept.append((name, t_piece, piece))
         entry["pieces"].append(name)
     entry["rows_out"] = int(sum(p[1].size for p in kept))
 
+    t_last = t[0] + period * k[-1]
     if len(spans) > 1:
-        gaps = [_describe_gap(grid, tags, end, start, period) for (_, end), (start, _) in zip(spans, spans[1:])]
-        action, reasons = "split", [f"split into {len(spans)} pieces at {'; '.join(gaps)}"]
-    elif spans[0] != (0, complete.size):
-        action, reasons = "trimmed", [f"cut {spans[0][0]} leading and {complete.size - spans[0][1]} trailing grid "
-                                      "samples with a tag missing (cannot interpolate at the run's edges)"]
+        gaps = [_describe_gap(t, values, tags, before[0][-1], after[0][0], period)
+                for before, after in zip(spans, spans[1:])]
+        action, reasons = "split", [f"split into {len(spans)} pieces at {_first(gaps, '; ')}"]
+    elif spans[0][0][0] != t[0] or spans[0][0][-1] != t_last:
+        lead, trail = round((spans[0][0][0] - t[0]) / period), round((t_last - spans[0][0][-1]) / period)
+        action, reasons = "trimmed", [f"cut {lead} leading and {trail} trailing grid samples with a tag "
+                                      "missing (cannot interpolate at the run's edges)"]
     else:
         action, reasons = "kept", []
     if not kept:
         action = "dropped"
         if len(spans) == 1:  # the whole run is the one dropped piece: its reason is the run's reason
             notes = [dropped[0]["reason"]]
-    entry.update(action=action, reason="; ".join(reasons + notes))
+    entry.update(action=action, reason="; ".join(reasons + ([_first(notes, "; ")] if notes else [])))
     return kept, entry, dropped
 
 
@@ -170,16 +190,14 @@ def _window_nanmedian(windows: np.ndarray) -> np.ndarray:
     return ((lo + hi) / 2)[..., 0]
 
 
-def _align(t: np.ndarray, values: np.ndarray, t0: float, period: float) -> tuple[np.ndarray, np.ndarray]:
-    """Bucket means on the grid t0 + k * period (nearest grid point); empty buckets are NaN."""
-    k = np.floor((t - t0) / period + 0.5).astype(np.int64)
-    m = int(k[-1]) + 1 if k.size else 0
+def _align(k: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Bucket means: row k of the result is the mean of the samples with grid index k; empty buckets are NaN."""
+    m = int(k[-1]) + 1
     present = ~np.isnan(values)
     sums = np.column_stack([np.bincount(k, np.where(p, v, 0.0), m) for v, p in zip(values.T, present.T)])
     counts = np.column_stack([np.bincount(k, p, m) for p in present.T])
     with np.errstate(invalid="ignore"):
-        grid = sums / counts  # 0 / 0 = NaN: an empty bucket
-    return t0 + period * np.arange(m), grid
+        return sums / counts  # 0 / 0 = NaN: an empty bucket
 
 
 def _fill_short_gaps(grid: np.ndarray) -> tuple[np.ndarray, int]:
@@ -207,10 +225,21 @@ def _true_spans(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
 
 
-def _describe_gap(grid: np.ndarray, tags: tuple[str, ...], a: int, b: int, period: float) -> str:
-    missing = [tag for j, tag in enumerate(tags) if np.isnan(grid[a:b, j]).any()]
-    return (f"a gap of {b - a} samples ({(b - a) * period:g} s) in {', '.join(map(repr, missing))} "
-            f"starting {a * period:g} s into the run")
+def _describe_gap(t: np.ndarray, values: np.ndarray, tags: tuple[str, ...], end: float, start: float,
+                  period: float) -> str:
+    """The gap between two pieces: grid samples missing after time `end` up to `start`, and the tags without values."""
+    n = round((start - end) / period) - 1
+    inside = (t > end + period / 2) & (t < start - period / 2)
+    missing = [tag for j, tag in enumerate(tags) if np.isnan(values[inside, j]).all()] or \
+        [tag for j, tag in enumerate(tags) if np.isnan(values[inside, j]).any()]
+    return (f"a gap of {n} samples ({n * period:g} s) in {', '.join(map(repr, missing))} "
+            f"starting {end + period - t[0]:g} s into the run")
+
+
+def _first(items: list[str], sep: str, shown: int = 3) -> str:
+    """At most `shown` items joined, then how many more: a reason stays one readable line."""
+    more = f"{sep}... and {len(items) - shown} more" if len(items) > shown else ""
+    return sep.join(items[:shown]) + more
 
 
 def _run_series(name: str, t: np.ndarray, values: np.ndarray, binding: BindingSpec) -> RunSeries:
