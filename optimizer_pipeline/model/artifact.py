@@ -13,11 +13,12 @@ A gate that cannot be measured (no test / val runs, no window fits) fails with v
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from optimizer_pipeline.contracts import (BindingSpec, ContractError, Gate, HistorySplit, ModelArtifact, RunSeries)
+from optimizer_pipeline.contracts import (BindingSpec, ContractError, Gate, HistorySplit, ModelArtifact, Normalisation,
+                                          RunSeries)
 from optimizer_pipeline.model.arx import (ArxModel, Orders, RidgeProblem, Stacked, refine_multistep,
                                           rollout_nrmse, spectral_radius, stack_runs, state_and_bias)
 from optimizer_pipeline.model.statespace import steady_state
@@ -196,12 +197,8 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
         "regression_rows": problem.n_rows,
         "seconds": round(time.perf_counter() - started, 4),
     }
-    artifact = ModelArtifact(
-        binding_id=binding.id, binding_revision=binding_revision,
-        mv_tags=binding.mv_tags, cv_tags=binding.cv_tags, dv_tags=binding.dv_tags,
-        na=model.orders.na, nb=model.orders.nb, delay=model.orders.delay, horizon=horizon,
-        sample_period_s=binding.sample_period_s, coefficients=model.to_dict(), state_space=model.realise(),
-        normalisation=split.normalisation,
+    artifact = artifact_from_model(
+        model, binding, binding_revision, split.normalisation,
         gates=quality_gates(model, train, val, test, horizon, problem.n_rows),
         splits={"train": tuple(r.run_id for r in split.train), "val": tuple(r.run_id for r in split.val),
                 "test": tuple(r.run_id for r in split.test),
@@ -211,6 +208,20 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
              binding.id, binding_revision, model.orders.na, model.orders.nb, model.orders.delay, final.ridge,
              final.score, "".join("P" if g.passed else "F" for g in artifact.gates), selection["seconds"])
     return artifact
+
+
+def artifact_from_model(model: ArxModel, binding: BindingSpec, binding_revision: int, normalisation: Normalisation,
+                        gates: tuple[Gate, ...] = (), splits: Mapping[str, tuple[str, ...]] | None = None,
+                        training_data_hash: str = "", selection: Mapping[str, Any] | None = None) -> ModelArtifact:
+    """A ModelArtifact for `model` (tags, P and sample period from the binding; orders from the model)."""
+    return ModelArtifact(
+        binding_id=binding.id, binding_revision=binding_revision,
+        mv_tags=binding.mv_tags, cv_tags=binding.cv_tags, dv_tags=binding.dv_tags,
+        na=model.orders.na, nb=model.orders.nb, delay=model.orders.delay, horizon=binding.model.horizon,
+        sample_period_s=binding.sample_period_s, coefficients=model.to_dict(), state_space=model.realise(),
+        normalisation=normalisation, gates=gates,
+        splits=dict(splits) if splits is not None else {"train": (), "val": (), "test": (), "live": ()},
+        training_data_hash=training_data_hash, selection=dict(selection or {}))
 
 
 def arx_of(artifact: ModelArtifact) -> ArxModel:

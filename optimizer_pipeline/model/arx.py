@@ -189,7 +189,9 @@ def stack_runs(runs: Sequence[RunSeries], normalisation: Normalisation, mv_tags:
     arrays = []
     for part, width, (mean, std) in zip(parts, widths, stats):
         stacked = np.concatenate(part) if part else np.empty((0, width))
-        arrays.append((stacked - mean) / std)
+        stacked -= mean  # in place: block scoring stacks ~1e6 rows and is timed
+        stacked /= std
+        arrays.append(stacked)
     return Stacked(tuple(r.run_id for r in runs), offsets, lengths, *arrays)
 
 
@@ -217,10 +219,11 @@ def stride_for(stacked: Stacked, first_row: int, h: int, max_windows: int) -> in
 def states_at(stacked: Stacked, orders: Orders, rows: np.ndarray) -> np.ndarray:
     """Measured states x[k] (m, nx) at global rows k (module docstring order); rows must be valid."""
     m = rows.size
-    L = orders.n_past
-    ys = stacked.y[rows[:, None] - np.arange(orders.na)].reshape(m, -1)
-    past = rows[:, None] - 1 - np.arange(L)
-    return np.hstack([ys, stacked.u[past].reshape(m, -1), stacked.d[past].reshape(m, -1)])
+    past = rows[:, None] - 1 - np.arange(orders.n_past)
+    # np.take: ~10x faster than fancy indexing for these row gathers (block scoring is timed)
+    return np.hstack([np.take(stacked.y, rows[:, None] - np.arange(orders.na), axis=0).reshape(m, -1),
+                      np.take(stacked.u, past, axis=0).reshape(m, -1),
+                      np.take(stacked.d, past, axis=0).reshape(m, -1)])
 
 
 def rollout_windows(ss: StateSpace, stacked: Stacked, orders: Orders, rows: np.ndarray,
@@ -230,8 +233,9 @@ def rollout_windows(ss: StateSpace, stacked: Stacked, orders: Orders, rows: np.n
     Returns (predicted, measured), both (m, h, ny) normalised: y[k+1 .. k+h] for each start k.
     """
     steps = rows[:, None] + np.arange(h)
-    predicted = rollout(ss, states_at(stacked, orders, rows), stacked.u[steps], stacked.d[steps])
-    return predicted, stacked.y[steps + 1]
+    predicted = rollout(ss, states_at(stacked, orders, rows), np.take(stacked.u, steps, axis=0),
+                        np.take(stacked.d, steps, axis=0))
+    return predicted, np.take(stacked.y[1:], steps, axis=0)  # y[k+1 .. k+h]
 
 
 def nrmse(predicted: np.ndarray, measured: np.ndarray) -> np.ndarray:
