@@ -101,7 +101,8 @@ def test_gap_of_three_samples_is_interpolated():
     frame = _run().drop(index=[20, 21, 22])
     (series,), report = clean_runs(frame, _binding(), min_length=10)
     assert len(series) == 40 and series.run_id == "r1"
-    np.testing.assert_allclose(series.y[20:23, 0], np.sin(19 / 6.0) + (np.sin(23 / 6.0) - np.sin(19 / 6.0)) * np.arange(1, 4) / 4)
+    y19, y23 = np.sin(19 / 6.0), np.sin(23 / 6.0)
+    np.testing.assert_allclose(series.y[20:23, 0], y19 + (y23 - y19) * np.arange(1, 4) / 4)
     entry = _entry(report, "r1")
     assert (entry["action"], entry["interpolated"]) == ("kept", 6)  # 3 samples x 2 tags
 
@@ -128,7 +129,8 @@ def test_short_run_is_dropped_with_its_reason():
     frame = pd.concat([_run("long", n=40), _run("short", n=8, t0=5000.0)])
     series, report = clean_runs(frame, _binding(), min_length=10)
     assert [s.run_id for s in series] == ["long"]
-    assert report["dropped"] == [{"run_id": "short", "reason": "8 samples after cleaning < min_length 10 (one model window)"}]
+    assert report["dropped"] == [
+        {"run_id": "short", "reason": "8 samples after cleaning < min_length 10 (one model window)"}]
     assert _entry(report, "short")["action"] == "dropped"
 
 

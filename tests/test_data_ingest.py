@@ -39,7 +39,8 @@ def test_csv_returns_contract_columns_in_binding_order_and_drops_extras(tmp_path
     assert list(frame.columns) == ["run_id", "timestamp", "v1", "y1", "y2"]
     assert frame["run_id"].tolist() == ["r1", "r1", "r2"]
     assert frame["timestamp"].tolist() == [0.0, 5.0, 100.0]
-    np.testing.assert_array_equal(frame[["v1", "y1", "y2"]].to_numpy(), [[1.0, 2.0, 3.0], [1.5, 2.5, 3.5], [2.0, 3.0, 4.0]])
+    np.testing.assert_array_equal(frame[["v1", "y1", "y2"]].to_numpy(),
+                                  [[1.0, 2.0, 3.0], [1.5, 2.5, 3.5], [2.0, 3.0, 4.0]])
     assert all(frame[c].dtype == np.float64 for c in ["timestamp", "v1", "y1", "y2"])
 
 

@@ -26,7 +26,8 @@ def _runs(n_runs=11, n=30, seed=0):
     runs = []
     for i in range(n_runs):
         t = 1000.0 * i + 5.0 * np.arange(n)
-        runs.append(RunSeries(f"r{i:02d}", t, rng.normal(i, 1, (n, 1)), rng.normal(-i, 2, (n, 2)), rng.normal(0, 1, (n, 1))))
+        u, y, d = rng.normal(i, 1, (n, 1)), rng.normal(-i, 2, (n, 2)), rng.normal(0, 1, (n, 1))
+        runs.append(RunSeries(f"r{i:02d}", t, u, y, d))
     return runs
 
 

@@ -96,7 +96,7 @@ def _read_csv(path: Path, binding: BindingSpec) -> pd.DataFrame:
         raise HistoryError(f"{source}: duplicate column(s) {_names(duplicates)} in the header")
 
     try:
-        frame = pd.read_csv(path, encoding="utf-8-sig", skipinitialspace=True, skip_blank_lines=False,
+        frame = pd.read_csv(path, encoding="utf-8-sig", skipinitialspace=True, skip_blank_lines=False, low_memory=False,
                             dtype={RUN_ID: str, TIMESTAMP: str}, usecols=lambda c: c.strip() in required)
     except UnicodeDecodeError:
         raise HistoryError(f"{source}: cannot read history file (not UTF-8 text)") from None
