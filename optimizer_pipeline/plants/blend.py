@@ -24,8 +24,8 @@ BINDING: dict[str, Any] = {
     "unit": "two-feed blending tank",
     "sample_period_s": 30,
     "mvs": [
-        {"tag": "f_rich", "lo": 0.5, "hi": 6.0, "max_move": 0.3},
-        {"tag": "f_lean", "lo": 0.5, "hi": 6.0, "max_move": 0.3},
+        {"tag": "f_rich", "lo": 0.5, "hi": 6.0, "max_move": 1.2},
+        {"tag": "f_lean", "lo": 0.5, "hi": 6.0, "max_move": 1.2},
     ],
     "cvs": [
         {"tag": "conc", "lo": 3.0, "hi": 9.0, "target": 7.0, "weight": 1.0},
