@@ -132,6 +132,11 @@ class _Worker:
     def _read_frames(self) -> None:
         for line in iter(self.proc.stdout.readline, b""):
             self._dispatch(line)
+        try:  # reap it (no zombie, exit code known); a worker that closed stdout but lives on is useless
+            self.proc.wait(timeout=2.0)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
         self.exited.set()
         self.ready.set()
         self._on_exit(self)  # failure accounting first, so a caller woken below sees it in stats()

@@ -1,0 +1,83 @@
+"""The Dagster solver resource owns a worker pool for one run and leaves no process behind."""
+
+import os
+from pathlib import Path
+
+import pytest
+from dagster import asset, materialize
+
+from optimizer_pipeline.contracts import ProblemIR, StateSpace, Template
+from resources.solver import SolverPoolResource
+
+seen: dict[str, list] = {}  # what the assets saw, for the assertions after the run
+
+
+def _worker_children() -> set[int]:
+    """Live solver worker processes started by this process (read from /proc)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue  # exited while we looked
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == os.getpid() and b"optimizer_pipeline.solver.worker" in cmdline:
+            found.add(int(entry.name))
+    return found
+
+
+def _problem() -> ProblemIR:
+    """One MV, one CV, first-order plant, N = 5 (identity normalisation)."""
+    return ProblemIR(template=Template.LINEAR_MPC, binding_id="res-test", binding_revision=1, profile_id="p",
+                     profile_version=1, model_artifact_hash="0" * 64, horizon=5, mv_tags=("u",), cv_tags=("y",),
+                     dv_tags=(), model=StateSpace(A=((0.8,),), B=((0.2,),), E=((),), f=(0.0,), C=((1.0,),)),
+                     x0=(0.0,), u_prev=(0.0,), d=(), bias=(0.0,), u_lo=(-1.0,), u_hi=(1.0,), du_max=(0.5,),
+                     y_lo=(-2.0,), y_hi=(2.0,), y_target=(0.5,), y_weight=(1.0,), move_weight=0.1, slack_weight=1000.0,
+                     band=None, u_mean=(0.0,), u_std=(1.0,), y_mean=(0.0,), y_std=(1.0,))
+
+
+@asset
+def solved(solver: SolverPoolResource) -> None:
+    seen["stats"] = solver.stats()
+    seen["children"] = _worker_children()
+    seen["result"] = solver.solve(_problem())
+
+
+@asset
+def failing(solver: SolverPoolResource) -> None:
+    seen["stats"] = solver.stats()
+    raise RuntimeError("the asset failed after the pool started")
+
+
+@pytest.fixture(autouse=True)
+def clean():
+    seen.clear()
+    before = _worker_children()
+    yield
+    assert _worker_children() <= before
+
+
+def test_resource_starts_its_pool_for_the_run_and_stops_it_after():
+    result = materialize([solved], resources={"solver": SolverPoolResource(pool_size=2, request_timeout_ms=5_000)})
+    assert result.success
+    assert seen["stats"]["ready"] == 2 and seen["result"]["ok"]
+    assert set(seen["stats"]["pids"]) <= seen["children"]  # the /proc scan does see live workers
+    assert not set(seen["stats"]["pids"]) & _worker_children()
+
+
+def test_failing_asset_leaves_no_worker_behind():
+    result = materialize([failing], resources={"solver": SolverPoolResource(pool_size=1)}, raise_on_error=False)
+    assert not result.success
+    assert seen["stats"]["ready"] == 1
+    assert not set(seen["stats"]["pids"]) & _worker_children()
+
+
+def test_failed_pool_start_fails_the_run_cleanly(tmp_path, monkeypatch):
+    (tmp_path / "osqp.py").write_text("raise ImportError('osqp is not installed here')\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    result = materialize([solved], resources={"solver": SolverPoolResource(pool_size=1)}, raise_on_error=False)
+    assert not result.success and "stats" not in seen
+    assert "ENV_MISSING_DEP" in " ".join(str(e.event_specific_data) for e in result.all_events if e.is_failure)

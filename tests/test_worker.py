@@ -1,0 +1,140 @@
+"""The solver worker speaks NDJSON protocol v1 (DESIGN.md "Solver worker protocol") and survives bad frames."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy
+import osqp
+import pytest
+import scipy
+
+from optimizer_pipeline.solver import errors
+
+WORKER = [sys.executable, "-m", "optimizer_pipeline.solver.worker"]
+
+
+class WorkerProcess:
+    """A worker started by hand: write raw lines, read frames (heartbeats kept aside)."""
+
+    def __init__(self, test_ops: bool) -> None:
+        env = dict(os.environ)
+        env.pop("OPTIMIZER_WORKER_TEST_OPS", None)
+        if test_ops:
+            env["OPTIMIZER_WORKER_TEST_OPS"] = "1"
+        self.proc = subprocess.Popen(WORKER, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+        self.heartbeats = 0
+        self.ready = self.next_frame()
+
+    def write(self, line: str | bytes) -> None:
+        self.proc.stdin.write(line if isinstance(line, bytes) else line.encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def next_frame(self) -> dict:
+        """The next non-heartbeat frame (every stdout line must be JSON)."""
+        while True:
+            line = self.proc.stdout.readline()
+            assert line, "worker closed stdout"
+            frame = json.loads(line)
+            if frame.get("type") == "heartbeat":
+                self.heartbeats += 1
+                continue
+            return frame
+
+    def call(self, op: str, payload: dict | None = None, req_id: int = 1, **extra) -> dict:
+        self.write(json.dumps({"protocolVersion": 1, "reqId": req_id, "op": op, "payload": payload or {}, **extra}))
+        return self.next_frame()
+
+    def close(self) -> int:
+        self.proc.stdin.close()
+        return self.proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def worker():
+    w = WorkerProcess(test_ops=True)
+    yield w
+    w.close()
+
+
+def _assert_still_serving(worker: WorkerProcess) -> None:
+    assert worker.call("ping", req_id="after") == {"reqId": "after", "ok": True,
+                                                   "result": {"pid": worker.proc.pid, "busy": False}}
+
+
+def test_ready_frame_names_protocol_pid_and_versions(worker):
+    assert worker.ready == {"type": "ready", "protocolVersion": 1, "diag": {
+        "pid": worker.proc.pid, "python": ".".join(map(str, sys.version_info[:3])),
+        "numpy": numpy.__version__, "scipy": scipy.__version__, "osqp": osqp.__version__}}
+
+
+def test_ping_round_trip_echoes_the_request_id(worker):
+    assert worker.call("ping", req_id="r-7") == {"reqId": "r-7", "ok": True, "result": {"pid": worker.proc.pid, "busy": False}}
+
+
+@pytest.mark.parametrize("line, code, req_id", [
+    (b"this is not json", errors.BAD_FRAME, None),
+    (b"\xff\xfe{", errors.BAD_FRAME, None),
+    (b"[1, 2, 3]", errors.BAD_FRAME, None),
+    (b'{"protocolVersion": 2, "reqId": 5, "op": "ping"}', errors.UNSUPPORTED_PROTOCOL, 5),
+    (b'{"reqId": 6, "op": "ping"}', errors.UNSUPPORTED_PROTOCOL, 6),
+    (b'{"protocolVersion": 1, "op": "ping"}', errors.BAD_REQUEST, None),
+    (b'{"protocolVersion": 1, "reqId": true, "op": "ping"}', errors.BAD_REQUEST, None),
+    (b'{"protocolVersion": 1, "reqId": 8, "op": "explode"}', errors.UNKNOWN_OP, 8),
+    (b'{"protocolVersion": 1, "reqId": 9, "op": "solve", "payload": [1]}', errors.BAD_REQUEST, 9),
+    (b'{"protocolVersion": 1, "reqId": 10, "op": "solve", "payload": {}}', errors.BAD_REQUEST, 10),
+    (b'{"protocolVersion": 1, "reqId": 11, "op": "solve", "payload": {"problemIr": {"template": "x"}}}', errors.BAD_REQUEST, 11),
+    (b'{"protocolVersion": 1, "reqId": 12, "op": "sleep", "payload": {"seconds": "long"}}', errors.BAD_REQUEST, 12),
+    (b'{"protocolVersion": 1, "reqId": 13, "op": "ping", "deadlineMs": -1}', errors.BAD_REQUEST, 13),
+])
+def test_malformed_frame_gets_an_error_response_and_the_worker_keeps_serving(worker, line, code, req_id):
+    worker.write(line + b"\n")
+    frame = worker.next_frame()
+    assert (frame["reqId"], frame["ok"], frame["error"]["code"]) == (req_id, False, code)
+    assert frame["error"]["message"]
+    _assert_still_serving(worker)
+
+
+def test_cancel_stops_the_in_flight_request_with_heartbeats_meanwhile(worker):
+    worker.write(json.dumps({"protocolVersion": 1, "reqId": "slow", "op": "sleep", "payload": {"seconds": 30}}))
+    before = worker.heartbeats
+    time.sleep(1.2)  # > 2 heartbeat periods
+    worker.write(json.dumps({"protocolVersion": 1, "reqId": "c", "op": "cancel", "payload": {"reqId": "slow"}}))
+    frames = {}
+    for _ in range(2):
+        frame = worker.next_frame()
+        frames[frame["reqId"]] = frame
+    assert frames["c"] == {"reqId": "c", "ok": True, "result": {"cancelled": True}}
+    assert frames["slow"]["error"]["code"] == errors.CANCELLED
+    assert worker.heartbeats - before >= 2
+    _assert_still_serving(worker)
+
+
+def test_second_request_while_busy_is_refused_not_queued(worker):
+    worker.write(json.dumps({"protocolVersion": 1, "reqId": "a", "op": "sleep", "payload": {"seconds": 0.5}}))
+    busy = worker.call("sleep", {"seconds": 0}, req_id="b")
+    assert (busy["reqId"], busy["error"]["code"]) == ("b", errors.WORKER_BUSY)
+    assert worker.next_frame() == {"reqId": "a", "ok": True, "result": {"slept": 0.5, "pid": worker.proc.pid}}
+
+
+def test_test_op_is_refused_without_the_environment_flag():
+    plain = WorkerProcess(test_ops=False)
+    try:
+        frame = plain.call("sleep", {"seconds": 0}, req_id=1)
+        assert frame["error"]["code"] == errors.UNKNOWN_OP
+        assert "OPTIMIZER_WORKER_TEST_OPS" in frame["error"]["message"]
+    finally:
+        assert plain.close() == 0
+
+
+def test_shutdown_is_answered_and_the_worker_exits_cleanly():
+    w = WorkerProcess(test_ops=False)
+    assert w.call("shutdown", req_id="bye") == {"reqId": "bye", "ok": True, "result": {}}
+    assert w.proc.wait(timeout=10) == 0
+
+
+def test_stdin_eof_ends_the_worker():
+    w = WorkerProcess(test_ops=False)
+    assert w.close() == 0
