@@ -1,0 +1,278 @@
+"""The `optimizer-pipeline` command line (DESIGN.md "Interfaces"): demo, ingest, materialize,
+recommendation, outcome, ledger, ui. Bad input: one specific line on stderr, exit code 2,
+nothing partial written. Dagster is imported only by the commands that run it.
+"""
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from optimizer_pipeline.contracts import ContractError, load_binding_file
+from optimizer_pipeline.ledger import Ledger, LedgerError
+from optimizer_pipeline.settings import dagster_home, ledger_path, resolve_home
+
+EXIT_USER_ERROR = 2
+EXIT_RUN_FAILED = 1
+DEMO_SEED = 1
+JOBS = ("refresh", "recalibrate", "solve")
+# Dagster's console logger at WARNING: the CLI prints its own summary; the full log is in the UI.
+QUIET_RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+
+
+class UserError(Exception):
+    """A mistake the user can fix; printed as one line."""
+
+
+# ------------------------------------------------------------------ home / Dagster instance
+
+
+def prepare_dagster_home(home: Path) -> Path:
+    """`<home>/dagster` (or $DAGSTER_HOME) with telemetry off; exported for Dagster."""
+    path = dagster_home(home)
+    path.mkdir(parents=True, exist_ok=True)
+    config = path / "dagster.yaml"
+    if not config.exists():
+        config.write_text("telemetry:\n  enabled: false\n", encoding="utf-8")
+    os.environ["DAGSTER_HOME"] = str(path)
+    os.environ["OPTIMIZER_HOME"] = str(home)
+    return path
+
+
+def _run_job(home: Path, binding_ids: Sequence[str], job_name: str = "refresh") -> list[tuple[str, bool, str]]:
+    """Run a job for each binding partition in process on the home's Dagster instance."""
+    prepare_dagster_home(home)
+    from dagster import DagsterInstance
+
+    from optimizer_pipeline.definitions import build_definitions
+
+    defs = build_definitions(home)
+    job = defs.resolve_job_def(job_name)
+    outcomes = []
+    with DagsterInstance.get() as instance:
+        known = set(instance.get_dynamic_partitions("bindings"))
+        missing = [b for b in binding_ids if b not in known]
+        if missing:
+            instance.add_dynamic_partitions("bindings", missing)
+        for binding_id in binding_ids:
+            result = job.execute_in_process(partition_key=binding_id, instance=instance, raise_on_error=False,
+                                            tags={"optimizer/launched_by": "cli"}, run_config=QUIET_RUN_CONFIG)
+            outcomes.append((binding_id, result.success, result.run_id if result.success else _failure(result)))
+    return outcomes
+
+
+def _failure(result: Any) -> str:
+    for event in result.all_events:
+        if event.is_step_failure:
+            error = event.step_failure_data.error
+            while error.cause is not None and error.cls_name.startswith("Dagster"):
+                error = error.cause
+            return f"step {event.step_key} failed: {error.message.strip().splitlines()[0]}"
+    return "run failed"
+
+
+# ------------------------------------------------------------------ commands
+
+
+def cmd_ingest(args: argparse.Namespace, home: Path) -> int:
+    from optimizer_pipeline.data import read_history
+
+    spec = load_binding_file(args.binding_file)
+    frame = read_history(args.history_file, spec)
+    upsert, rows = Ledger(ledger_path(home)).ingest(spec, frame, args.source)
+    print(json.dumps({"binding_id": spec.id, "revision": upsert.revision, "created": upsert.created,
+                      "changed": upsert.changed, "expired_recommendations": upsert.expired,
+                      "runs": int(frame["run_id"].nunique()), "rows_read": len(frame),
+                      "samples_added": rows, "source": args.source}, indent=2))
+    return 0
+
+
+def cmd_materialize(args: argparse.Namespace, home: Path) -> int:
+    Ledger(ledger_path(home)).get_binding(args.binding_id)  # NotFoundError -> one line
+    (binding_id, ok, detail), = _run_job(home, [args.binding_id], args.job)
+    if not ok:
+        raise UserError(f"materialize {binding_id}: {detail}")
+    rec = Ledger(ledger_path(home)).latest_recommendation(binding_id)
+    print(json.dumps({"binding_id": binding_id, "job": args.job, "dagster_run_id": detail,
+                      "recommendation_id": rec and rec["id"], "status": rec and rec["status"]}, indent=2))
+    return 0
+
+
+def cmd_recommendation(args: argparse.Namespace, home: Path) -> int:
+    from optimizer_pipeline.pipeline import recommendation_json
+
+    ledger = Ledger(ledger_path(home))
+    ledger.get_binding(args.binding_id)
+    ledger.expire_past_valid_until()
+    row = ledger.latest_recommendation(args.binding_id)
+    if row is None:
+        raise UserError(f"binding {args.binding_id!r} has no recommendation yet; run "
+                        f"`optimizer-pipeline materialize {args.binding_id}`")
+    doc = recommendation_json(row)
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        print(_describe(doc))
+    return 0
+
+
+def cmd_ledger(args: argparse.Namespace, home: Path) -> int:
+    ledger = Ledger(ledger_path(home))
+    if args.binding:
+        ledger.get_binding(args.binding)
+    doc = {"runs": ledger.list_runs(args.binding), "candidates": ledger.list_candidates(binding_id=args.binding),
+           "recommendations": ledger.list_recommendations(args.binding), "outcomes": ledger.list_outcomes(args.binding)}
+    if args.json:
+        print(json.dumps(doc, indent=2, default=str))
+        return 0
+    print(f"ledger {ledger.path}")
+    print(f"runs ({len(doc['runs'])})")
+    for r in doc["runs"]:
+        print(f"  {r['id']}  {r['binding_id']}@r{r['binding_revision']}  {r['status']:<9}  {r['started_at']}")
+    print(f"candidates ({len(doc['candidates'])})")
+    for c in doc["candidates"]:
+        print(f"  {c['id']}  {c['kind']:<7}  {c['solver_status']:<10}  cost {_num(c['cost'])}  "
+              f"verified {c['verified']}")
+    print(f"recommendations ({len(doc['recommendations'])})")
+    for r in doc["recommendations"]:
+        print(f"  {r['id']}  {r['binding_id']}@r{r['binding_revision']}  {r['status']:<10}  valid until "
+              f"{r['valid_until']}")
+    print(f"outcomes ({len(doc['outcomes'])})")
+    for o in doc["outcomes"]:
+        print(f"  {o['id']}  {o['recommendation_id']}  {o['verdict']}  applied {o['applied_at']}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace, home: Path) -> int:
+    from optimizer_pipeline.pipeline import recommendation_json
+    from optimizer_pipeline.plants import demo_plants
+
+    ledger = Ledger(ledger_path(home))
+    plants = demo_plants()
+    print(f"home {home}: seeding {len(plants)} demo plants (simulated history)")
+    for plant in plants:
+        upsert, rows = ledger.ingest(plant.spec, plant.history(DEMO_SEED).frame, "simulation")
+        print(f"  {plant.spec.id:<10} revision {upsert.revision}, {rows} new samples")
+    print("materializing every asset of every binding through Dagster (job refresh) ...")
+    failed = []
+    for binding_id, ok, detail in _run_job(home, [p.spec.id for p in plants]):
+        if not ok:
+            failed.append(f"{binding_id}: {detail}")
+    print()
+    print(_demo_table([recommendation_json(ledger.latest_recommendation(p.spec.id)) for p in plants
+                       if ledger.latest_recommendation(p.spec.id)], plants))
+    print()
+    print(f"Open the Dagster UI on this home:  optimizer-pipeline --home {home} ui   (then http://127.0.0.1:3000)")
+    print(f"One recommendation as JSON:         optimizer-pipeline --home {home} recommendation "
+          f"{plants[0].spec.id} --json")
+    if failed:
+        print("failed: " + "; ".join(failed), file=sys.stderr)
+        return EXIT_RUN_FAILED
+    return 0
+
+
+def cmd_ui(args: argparse.Namespace, home: Path) -> int:
+    import subprocess
+
+    prepare_dagster_home(home)
+    url = f"http://{args.host}:{args.port}"
+    print(f"Dagster UI for home {home} at {url}  (Ctrl-C stops it)", flush=True)
+    cmd = [sys.executable, "-m", "dagster", "dev", "-m", "optimizer_pipeline.definitions",
+           "-h", args.host, "-p", str(args.port)]
+    try:
+        return subprocess.call(cmd, env=dict(os.environ))
+    except KeyboardInterrupt:
+        return 0
+
+
+# ------------------------------------------------------------------ formatting
+
+
+def _num(value: Any, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}g}" if isinstance(value, float) else str(value)
+
+
+def _describe(doc: dict[str, Any]) -> str:
+    lines = [f"{doc['id']}  binding {doc['binding_id']}@r{doc['binding_revision']}  {doc['template']}",
+             f"status: {doc['status']} — {doc['status_label']}"]
+    lines += [f"  - {reason}" for reason in doc["reasons"]]
+    lines.append(f"valid until {doc['valid_until']}; created {doc['created_at']}")
+    if doc["controls"]:
+        first = ", ".join(f"{t}={v:.4g}" for t, v in zip(doc["mv_tags"], doc["controls"][0]))
+        end = ", ".join(f"{t}={v:.4g}±{_num(b)}" for t, v, b in zip(doc["cv_tags"], doc["predicted"][-1], doc["band"]))
+        lines.append(f"first move: {first}")
+        lines.append(f"predicted at the end of the horizon ({len(doc['predicted'])} steps): {end}")
+    lines.append(f"evidence: source {doc['evidence']['source']}, input distance "
+                 f"{_num(doc['evidence']['input_distance'])}, calibration fresh {doc['evidence']['calibration_fresh']}")
+    return "\n".join(lines)
+
+
+def _demo_table(docs: list[dict[str, Any]], plants: list[Any]) -> str:
+    specs = {p.spec.id: p.spec for p in plants}
+    header = f"{'binding':<10} {'template':<24} {'status':<11} {'first move (MV values)':<30} {'CV end vs target (± band)'}"
+    rows = [header, "-" * len(header)]
+    for doc in docs:
+        spec = specs[doc["binding_id"]]
+        if doc["controls"]:
+            moves = ", ".join(f"{t} {v:.3g}" for t, v in zip(doc["mv_tags"], doc["controls"][0]))
+            cvs = ", ".join(f"{c.tag} {v:.3g}/{c.target:g} (±{_num(b, 2)})"
+                            for c, v, b in zip(spec.cvs, doc["predicted"][-1], doc["band"]))
+        else:
+            moves, cvs = "(no plan)", "-"
+        rows.append(f"{doc['binding_id']:<10} {doc['template']:<24} {doc['status']:<11} {moves:<30} {cvs}")
+    return "\n".join(rows)
+
+
+# ------------------------------------------------------------------ entry point
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="optimizer-pipeline", description=__doc__.splitlines()[0])
+    parser.add_argument("--home", help="home directory (default: $OPTIMIZER_HOME or ./.optimizer)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    sub.add_parser("demo", help="seed the demo plants and materialize everything").set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("ingest", help="store a binding and append its history")
+    p.add_argument("binding_file")
+    p.add_argument("history_file")
+    p.add_argument("--source", choices=("real", "simulation"), default="real",
+                   help="where the history comes from (default: real plant data)")
+    p.set_defaults(func=cmd_ingest)
+
+    p = sub.add_parser("materialize", help="materialize the assets of one binding partition in process")
+    p.add_argument("binding_id")
+    p.add_argument("--job", choices=JOBS, default="refresh")
+    p.set_defaults(func=cmd_materialize)
+
+    p = sub.add_parser("recommendation", help="the latest recommendation of a binding")
+    p.add_argument("binding_id")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_recommendation)
+
+    p = sub.add_parser("ledger", help="runs, candidates, recommendations, outcomes")
+    p.add_argument("--binding")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_ledger)
+
+    p = sub.add_parser("ui", help="start the Dagster UI (dagster dev) for this home")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=3000)
+    p.set_defaults(func=cmd_ui)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        home = resolve_home(args.home)
+        return args.func(args, home)
+    except (ContractError, LedgerError, UserError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())
