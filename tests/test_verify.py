@@ -1,0 +1,117 @@
+"""Specification of the independent verifier: it accepts honest plans and catches tampered ones."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from optimizer_pipeline.contracts import CandidateKind, SolveResult
+from optimizer_pipeline.solver.solve import SolverCache, solve_problem
+from optimizer_pipeline.solver.verify import Tolerances, independent_cost, verify_all, verify_candidate
+from test_solver_qp_support import tank_problem
+
+
+@pytest.fixture(scope="module")
+def solved():
+    problem = tank_problem(band=(0.2, 0.1))
+    result = solve_problem(problem, SolverCache())
+    nominal = next(c for c in result.candidates if c.kind is CandidateKind.NOMINAL)
+    return problem, result, nominal
+
+
+def with_control(candidate, k, i, value):
+    controls = [list(row) for row in candidate.controls]
+    controls[k][i] = value
+    return replace(candidate, controls=tuple(map(tuple, controls)))
+
+
+def test_honest_candidates_are_feasible_and_verified(solved):
+    _, result, _ = solved
+    for c in result.candidates:
+        assert c.feasible and c.verified, c.verify_report["reasons"]
+        assert c.independent_cost == pytest.approx(c.cost, rel=1e-6)
+
+
+def test_mv_above_its_bound_is_infeasible_with_the_violation_size(solved):
+    problem, _, nominal = solved
+    hi = problem.u_mean[0] + problem.u_std[0] * problem.u_hi[0]  # 6.0
+    tampered = with_control(nominal, 5, 0, hi + 0.05)
+    checked = verify_candidate(problem, tampered)
+    assert not checked.feasible and not checked.verified
+    assert checked.verify_report["mv_bound_violation"][0] == pytest.approx(0.05, abs=1e-9)
+    assert any("MV v1 bound violated" in r for r in checked.verify_report["reasons"])
+
+
+def test_mv_bound_violation_within_tolerance_is_accepted():
+    # 1e-4 of the range is allowed: a hold plan sitting 5e-5 x range above the bound is feasible.
+    problem = tank_problem(u_now=(6.0 + 6.0 * 5e-5, 3.0))
+    hold = solve_problem(problem, SolverCache()).candidates[0]
+    assert hold.verify_report["mv_bound_violation"][0] == pytest.approx(3e-4, rel=1e-6)
+    assert hold.feasible
+
+
+def test_first_move_is_checked_against_the_current_mv(solved):
+    problem, _, nominal = solved
+    u_now = problem.u_mean[1] + problem.u_std[1] * problem.u_prev[1]  # 3.0, max_move 0.5
+    tampered = with_control(nominal, 0, 1, u_now + 0.6)
+    checked = verify_candidate(problem, tampered)
+    assert not checked.feasible
+    assert checked.verify_report["mv_rate_violation"][1] >= 0.1 - 1e-9
+    assert any("MV v2 rate violated" in r for r in checked.verify_report["reasons"])
+
+
+def test_cost_that_disagrees_is_feasible_but_unverified(solved):
+    problem, _, nominal = solved
+    checked = verify_candidate(problem, replace(nominal, cost=nominal.cost * 1.01))
+    assert checked.feasible and not checked.verified
+    assert any("disagrees with the independent cost" in r for r in checked.verify_report["reasons"])
+
+
+def test_predictions_that_do_not_follow_the_model_are_unverified(solved):
+    problem, _, nominal = solved
+    predicted = np.asarray(nominal.predicted)
+    predicted[-1, 0] += 0.1
+    checked = verify_candidate(problem, replace(nominal, predicted=tuple(map(tuple, predicted))))
+    assert not checked.verified
+    assert checked.verify_report["prediction_mismatch"] == pytest.approx(0.1 / problem.y_std[0], rel=1e-3)
+
+
+def test_plan_of_the_wrong_shape_is_infeasible(solved):
+    problem, _, nominal = solved
+    checked = verify_candidate(problem, replace(nominal, controls=nominal.controls[:-1]))
+    assert not checked.feasible and "shape" in checked.verify_report["reasons"][0]
+
+
+def test_cv_limit_violation_is_reported_and_makes_the_plan_infeasible():
+    # Both CVs start well above the high limit 8; the tanks drain slowly, so every plan violates it.
+    problem = tank_problem(cv_hi=8.0, x0=(2.5, 2.5, 1.0, 1.0), horizon=10)
+    result = solve_problem(problem, SolverCache())
+    nominal = result.candidates[1]
+    assert not nominal.feasible
+    assert nominal.verify_report["cv_limit_violation"][0] > 0.5
+    assert not any("cost" in r for r in nominal.verify_report["reasons"])  # only the CV limits fail
+
+
+def test_independent_cost_of_a_known_plan():
+    # Holding u_prev with y on target costs nothing; an offset of 0.1 costs N * w * 0.1^2.
+    problem = tank_problem()
+    u = np.tile(problem.u_prev, (problem.horizon, 1))
+    y = np.tile(problem.y_target, (problem.horizon, 1))
+    assert independent_cost(problem, u, y, np.asarray(problem.y_lo), np.asarray(problem.y_hi)) == 0.0
+    y_off = y + np.array([0.1, 0.0])
+    expected = problem.horizon * problem.y_weight[0] * 0.1 ** 2
+    assert independent_cost(problem, u, y_off, np.asarray(problem.y_lo), np.asarray(problem.y_hi)) == \
+        pytest.approx(expected)
+
+
+def test_looser_tolerance_accepts_what_the_default_rejects(solved):
+    problem, _, nominal = solved
+    tampered = replace(nominal, cost=nominal.cost * 1.01)
+    assert verify_candidate(problem, tampered, Tolerances(cost_rel=0.05)).verified
+
+
+def test_verify_all_replaces_every_candidate(solved):
+    problem, result, nominal = solved
+    raw = SolveResult(result.problem_ir_hash, True, (replace(nominal, cost=nominal.cost + 1.0),), {})
+    checked = verify_all(problem, raw)
+    assert len(checked.candidates) == 1 and not checked.candidates[0].verified
