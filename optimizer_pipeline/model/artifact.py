@@ -35,7 +35,11 @@ G4_MIN_RUNS = 2
 NA_GRID = (1, 2, 3)
 NB_GRID = (1, 2, 3)
 DELAY_GRID = (1, 2, 3, 4, 5, 6)
-RIDGE_GRID = (1e-6, 1e-3, 1e-1)
+# Two stages keep the fit time small: every order candidate at ORDER_STAGE_RIDGE, then the ridge
+# grid for the RIDGE_STAGE_ORDERS best orders; the final choice is made over the second stage.
+ORDER_STAGE_RIDGE = 1e-6
+RIDGE_GRID = (1e-9, 1e-6, 1e-4, 1e-2, 1e-1)
+RIDGE_STAGE_ORDERS = 3
 SELECTION_WINDOWS = 600  # val windows per candidate score (evenly strided)
 STABLE_RADIUS = 1.0  # realisations with spectral radius >= this are unstable
 # Parsimony: among candidates within this relative margin of the best val score, the one with the
@@ -140,8 +144,8 @@ def quality_gates(model: ArxModel, train: Stacked, val: Stacked, test: Stacked, 
 def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -> ModelArtifact:
     """Identify the ARX model of a binding revision from its train runs (module docstring).
 
-    Unset orders come from a grid; orders and ridge are chosen by the val P-step rollout NRMSE
-    (train rollouts when there are no val runs, recorded). The chosen model is then refined for the
+    Unset orders come from a grid; orders, then the ridge of the best few orders, are chosen by the
+    val P-step rollout NRMSE (train rollouts when there are no val runs, recorded). The chosen model is then refined for the
     P-step simulation error and kept only when the val score improves and stability is not lost.
     """
     started = time.perf_counter()
@@ -159,13 +163,16 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
                             f"the smallest model needs at least {smallest}")
     selection_data, data = ("val", val) if int(val.lengths.sum()) else ("train (no val runs)", train)
     first_common = max(o.first_state_row for o in candidates)
-    scored = []
-    for orders in candidates:
-        for ridge in RIDGE_GRID:
-            model = problem.fit(orders, ridge)
-            scored.append(_Scored(model, ridge, _score(model, data, horizon, first_common),
-                                  spectral_radius(model.realise())))
-    best = _best(scored)
+
+    def scored_fit(orders: Orders, ridge: float) -> _Scored:
+        model = problem.fit(orders, ridge)
+        return _Scored(model, ridge, _score(model, data, horizon, first_common), spectral_radius(model.realise()))
+
+    order_stage = [scored_fit(orders, ORDER_STAGE_RIDGE) for orders in candidates]
+    ranked = sorted(order_stage, key=lambda s: (not s.stable, s.score))[:RIDGE_STAGE_ORDERS]
+    ridge_stage = [s if ridge == ORDER_STAGE_RIDGE else scored_fit(s.model.orders, ridge)
+                   for s in ranked for ridge in RIDGE_GRID]
+    best = _best(ridge_stage)
     if not best.stable:
         log.warning("binding %s: no stable candidate; best has spectral radius %.4f", binding.id, best.radius)
 
@@ -185,10 +192,12 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
         "data": selection_data,
         "score": f"mean over CVs of the {horizon}-step open-loop rollout NRMSE",
         "grid": {"na": sorted({o.na for o in candidates}), "nb": sorted({o.nb for o in candidates}),
-                 "delay": sorted({o.delay for o in candidates}), "ridge": list(RIDGE_GRID)},
+                 "delay": sorted({o.delay for o in candidates}), "order_stage_ridge": ORDER_STAGE_RIDGE,
+                 "ridge": list(RIDGE_GRID), "ridge_stage_orders": RIDGE_STAGE_ORDERS},
         "fixed_by_binding": {k: getattr(binding.model, k) for k in ("na", "nb", "delay")
                              if getattr(binding.model, k) is not None},
-        "scores": [s.record() for s in scored],
+        "order_scores": [s.record() for s in order_stage],
+        "ridge_scores": [s.record() for s in ridge_stage],
         "chosen": best.record(),
         "refinement": refinement,
         "final": final.record(),

@@ -1,0 +1,209 @@
+"""ARX realisation, identification, order selection, gates and the measured state of a run."""
+
+import numpy as np
+import pytest
+from model_helpers import binding, excitation, run_series, simulate_arx, split_of, unit_normalisation
+
+from optimizer_pipeline.contracts import ContractError, ModelArtifact, Normalisation, RunSeries
+from optimizer_pipeline.model import ArxModel, Orders, artifact_from_model, current_state, identify, stack_for
+from optimizer_pipeline.model.arx import rollout_windows, window_rows
+
+# A stable 2x2 plant with one DV, na = nb = 2, delay = 2 (engineering units).
+A_TRUE = np.array([[[1.1, 0.1], [0.0, 0.9]], [[-0.35, 0.0], [0.05, -0.2]]])
+B_TRUE = np.array([[[0.3, 0.1], [0.1, 0.25]], [[0.15, 0.0], [0.05, 0.1]]])
+D_TRUE = np.array([[[0.2], [0.0]], [[0.0], [-0.1]]])
+C_TRUE = np.array([0.4, -0.3])
+MEAN_U, MEAN_D = np.array([3.0, -1.0]), np.array([2.0])
+
+
+def plant_runs(seed: int, runs: int, n: int, noise: float, delay: int = 2):
+    rng = np.random.default_rng(seed)
+    u = MEAN_U + excitation(rng, runs, n, 2)
+    d = MEAN_D + 0.5 * excitation(rng, runs, n, 1, hold=20)
+    y = simulate_arx(A_TRUE, B_TRUE, D_TRUE, C_TRUE, delay, u, d, noise * rng.normal(size=(runs, n, 2)))
+    return run_series("r", u, y, d)
+
+
+def normalised_truth(norm, spec):
+    """The true coefficients expressed in normalised units (z = (x - mean) / std)."""
+    mu, su = norm.of(spec.mv_tags)
+    my, sy = norm.of(spec.cv_tags)
+    md, sd = norm.of(spec.dv_tags)
+    A = np.array([np.diag(1 / sy) @ a @ np.diag(sy) for a in A_TRUE])
+    B = np.array([np.diag(1 / sy) @ b @ np.diag(su) for b in B_TRUE])
+    D = np.array([np.diag(1 / sy) @ d @ np.diag(sd) for d in D_TRUE])
+    c = (A_TRUE.sum(axis=0) @ my + B_TRUE.sum(axis=0) @ mu + D_TRUE.sum(axis=0) @ md + C_TRUE - my) / sy
+    return A, B, D, c
+
+
+@pytest.mark.parametrize("na, nb, delay, n_dv", [(2, 3, 2, 1), (1, 1, 1, 0), (3, 1, 4, 0), (1, 2, 1, 2)])
+def test_realisation_rollout_equals_arx_recursion(na, nb, delay, n_dv):
+    rng = np.random.default_rng(na * 100 + nb * 10 + delay)
+    spec = binding(n_mv=2, n_cv=2, n_dv=n_dv, na=na, nb=nb, delay=delay, horizon=7)
+    model = ArxModel(Orders(na, nb, delay), A=0.3 * rng.normal(size=(na, 2, 2)), B=rng.normal(size=(nb, 2, 2)),
+                     D=rng.normal(size=(nb, 2, n_dv)), c=rng.normal(size=2))
+    u, d = rng.normal(size=(3, 40, 2)), rng.normal(size=(3, 40, n_dv))
+    y = simulate_arx(model.A, model.B, model.D, model.c, delay, u, d, np.zeros((3, 40, 2)),
+                     y_init=rng.normal(size=(3, max(na, delay + nb - 1), 2)))
+    artifact = artifact_from_model(model, spec, 1, unit_normalisation(spec))
+    stacked = stack_for(artifact, run_series("r", u, y, d))
+    rows, _ = window_rows(stacked, model.orders.first_state_row, 7, 1)
+    predicted, measured = rollout_windows(artifact.state_space, stacked, model.orders, rows, 7)
+    assert rows.size == 3 * (40 - 7 - model.orders.first_state_row)
+    np.testing.assert_allclose(predicted, measured, atol=1e-9)
+
+
+def test_state_size_is_outputs_plus_needed_past_inputs():
+    model = ArxModel(Orders(2, 3, 2), A=np.zeros((2, 2, 2)), B=np.zeros((3, 2, 2)), D=np.zeros((3, 2, 1)),
+                     c=np.zeros(2))
+    ss = model.realise()
+    # L = delay + nb - 2 = 3 past rows of 2 MVs and 1 DV, plus na * ny = 4 outputs
+    assert len(ss.A) == 4 + 3 * 2 + 3 * 1
+
+
+def test_identify_recovers_coefficients_from_noise_free_data():
+    runs = plant_runs(seed=1, runs=10, n=400, noise=0.0)
+    spec = binding(n_dv=1, na=2, nb=2, delay=2)
+    split = split_of(spec, runs, 6, 2, 2)
+    artifact = identify(split, spec, 1)
+    A, B, D, c = normalised_truth(split.normalisation, spec)
+    np.testing.assert_allclose(artifact.coefficients["A"], A, atol=1e-4)
+    np.testing.assert_allclose(artifact.coefficients["B"], B, atol=1e-4)
+    np.testing.assert_allclose(artifact.coefficients["D"], D, atol=1e-4)
+    np.testing.assert_allclose(artifact.coefficients["c"], c, atol=1e-4)
+
+
+def test_identify_recovers_coefficients_from_noisy_data():
+    runs = plant_runs(seed=2, runs=14, n=600, noise=0.05)
+    spec = binding(n_dv=1, na=2, nb=2, delay=2)
+    split = split_of(spec, runs, 10, 2, 2)
+    artifact = identify(split, spec, 1)
+    A, B, D, c = normalised_truth(split.normalisation, spec)
+    np.testing.assert_allclose(artifact.coefficients["A"], A, atol=0.05)
+    np.testing.assert_allclose(artifact.coefficients["B"], B, atol=0.05)
+    np.testing.assert_allclose(artifact.coefficients["D"], D, atol=0.05)
+
+
+def test_order_selection_picks_the_true_delay():
+    rng = np.random.default_rng(3)
+    u = excitation(rng, 12, 400, 1)
+    y = simulate_arx(np.array([[[0.8]]]), np.array([[[0.5]]]), np.zeros((1, 1, 0)), np.zeros(1), 4, u,
+                     np.zeros((12, 400, 0)), 0.05 * rng.normal(size=(12, 400, 1)))
+    spec = binding(n_mv=1, n_cv=1, na=None, nb=None, delay=None, horizon=8)
+    artifact = identify(split_of(spec, run_series("r", u, y, np.zeros((12, 400, 0))), 8, 2, 2), spec, 1)
+    assert artifact.delay == 4
+    assert len(artifact.selection["order_scores"]) == 3 * 3 * 6  # na x nb x delay, all recorded
+    assert len(artifact.selection["ridge_scores"]) == 3 * 5  # best 3 orders x ridge grid
+
+
+def test_selection_prefers_a_stable_candidate_and_records_radii():
+    rng = np.random.default_rng(4)
+    u = excitation(rng, 8, 120, 1)
+    y = simulate_arx(np.array([[[1.03]]]), np.array([[[0.2]]]), np.zeros((1, 1, 0)), np.zeros(1), 1, u,
+                     np.zeros((8, 120, 0)), 0.05 * rng.normal(size=(8, 120, 1)))
+    spec = binding(n_mv=1, n_cv=1, na=1, nb=1, delay=1, horizon=5)
+    artifact = identify(split_of(spec, run_series("r", u, y, np.zeros((8, 120, 0))), 4, 2, 2), spec, 1)
+    radii = [s["spectral_radius"] for s in artifact.selection["ridge_scores"]]
+    assert max(radii) >= 1.0  # the unstable plant is seen as unstable by the near-unregularised fit
+    assert artifact.selection["stable"] == (min(radii) < 1.0)
+    assert (artifact.selection["final"]["spectral_radius"] < 1.0) == artifact.selection["stable"]
+
+
+def test_gates_pass_on_a_well_identified_plant():
+    runs = plant_runs(seed=5, runs=10, n=500, noise=0.02)
+    spec = binding(n_dv=1, na=None, nb=None, delay=None)
+    artifact = identify(split_of(spec, runs, 6, 2, 2), spec, 1)
+    assert [g.name for g in artifact.gates] == ["G1", "G2", "G3", "G4"]
+    assert artifact.gates_passed, artifact.gates
+
+
+def test_gates_fail_with_a_description_when_there_are_no_test_runs():
+    runs = plant_runs(seed=6, runs=8, n=300, noise=0.02)
+    spec = binding(n_dv=1)
+    artifact = identify(split_of(spec, runs, 6, 2, 0), spec, 1)
+    by_name = {g.name: g for g in artifact.gates}
+    for name in ("G1", "G2", "G3"):
+        assert not by_name[name].passed and by_name[name].value is None
+    assert "no test runs" in by_name["G1"].description
+    assert by_name["G4"].passed
+    ModelArtifact.from_dict(artifact.to_dict())  # still canonical JSON
+
+
+def test_g4_fails_with_a_single_train_run():
+    runs = plant_runs(seed=7, runs=5, n=400, noise=0.02)
+    spec = binding(n_dv=1)
+    artifact = identify(split_of(spec, runs, 1, 2, 2), spec, 1)
+    g4 = artifact.gates[3]
+    assert not g4.passed and "train runs: 1" in g4.description
+
+
+def test_artifact_records_splits_hash_and_round_trips():
+    runs = plant_runs(seed=8, runs=8, n=300, noise=0.02)
+    spec = binding(n_dv=1)
+    split = split_of(spec, runs, 4, 2, 1)
+    artifact = identify(split, spec, 3)
+    assert artifact.splits == {"train": ("r0", "r1", "r2", "r3"), "val": ("r4", "r5"), "test": ("r6",),
+                               "live": ("r7",)}
+    assert artifact.training_data_hash == split.data_hash and artifact.binding_revision == 3
+    again = ModelArtifact.from_dict(artifact.to_dict())
+    assert again.artifact_hash == artifact.artifact_hash
+
+
+def test_refinement_is_kept_only_when_validation_improves():
+    runs = plant_runs(seed=9, runs=10, n=400, noise=0.05)
+    spec = binding(n_dv=1, na=1, nb=1, delay=1)  # deliberately too simple: refinement has work to do
+    refinement = identify(split_of(spec, runs, 6, 2, 2), spec, 1).selection["refinement"]
+    assert refinement["tried"]
+    assert refinement["kept"] == (refinement["val_score_after"] < refinement["val_score_before"])
+
+
+def test_identify_rejects_train_runs_too_short_for_any_model():
+    spec = binding(n_mv=1, n_cv=1, na=1, nb=1, delay=1)
+    runs = [RunSeries(f"r{i}", np.arange(2.0), np.ones((2, 1)) * i, np.ones((2, 1)) * i, np.empty((2, 0)))
+            for i in range(3)]
+    with pytest.raises(ContractError, match="usable rows"):
+        identify(split_of(spec, runs, 1, 1, 1, norm=unit_normalisation(spec)), spec, 1)
+
+
+def test_stack_rejects_a_run_whose_columns_do_not_match_the_tags():
+    spec = binding(n_mv=2, n_cv=2)
+    artifact = artifact_from_model(ArxModel(Orders(1, 1, 1), np.zeros((1, 2, 2)), np.zeros((1, 2, 2)),
+                                            np.zeros((1, 2, 0)), np.zeros(2)), spec, 1, unit_normalisation(spec))
+    bad = RunSeries("bad-run", np.arange(5.0), np.zeros((5, 3)), np.zeros((5, 2)), np.empty((5, 0)))
+    with pytest.raises(ContractError, match="bad-run: u has shape"):
+        stack_for(artifact, [bad])
+
+
+# ---------------------------------------------------------------- current state and bias
+
+KNOWN = ArxModel(Orders(1, 2, 1), A=np.array([[[0.5]]]), B=np.array([[[1.0]], [[0.25]]]), D=np.zeros((2, 1, 0)),
+                 c=np.array([0.1]))
+
+
+def known_artifact():
+    spec = binding(n_mv=1, n_cv=1, na=1, nb=2, delay=1, horizon=3)
+    return artifact_from_model(KNOWN, spec, 1, Normalisation(("u0", "y0"), (0.5, 1.0), (4.0, 2.0)))
+
+
+def test_current_state_is_the_measured_state_at_the_last_row_and_bias_the_mean_recent_error():
+    y = np.array([1.0, 2.0, 0.5, 3.0, 2.5, 4.0])
+    u = np.array([0.0, 1.0, 2.0, -1.0, 3.0, 0.5])
+    run = RunSeries("live", np.arange(6.0), u[:, None], y[:, None], np.empty((6, 0)))
+    x0, bias = current_state(known_artifact(), run)
+    yn, un = (y - 1.0) / 2.0, (u - 0.5) / 4.0
+    np.testing.assert_allclose(x0, [yn[5], un[4]])  # x[t] = [y[t], u[t-1]]
+    predicted = {t: 0.5 * yn[t - 1] + un[t - 1] + 0.25 * un[t - 2] + 0.1 for t in (3, 4, 5)}  # W = P = 3
+    np.testing.assert_allclose(bias, [np.mean([yn[t] - predicted[t] for t in (3, 4, 5)])])
+
+
+def test_current_state_bias_is_zero_when_no_row_has_a_one_step_prediction():
+    run = RunSeries("live", np.arange(2.0), np.array([[1.0], [2.0]]), np.array([[0.0], [1.0]]), np.empty((2, 0)))
+    _, bias = current_state(known_artifact(), run)
+    np.testing.assert_array_equal(bias, [0.0])
+
+
+def test_current_state_rejects_a_run_too_short_for_the_state():
+    run = RunSeries("tiny-run", np.arange(1.0), np.array([[1.0]]), np.array([[0.0]]), np.empty((1, 0)))
+    with pytest.raises(ContractError, match="tiny-run: 1 rows are too few"):
+        current_state(known_artifact(), run)
+
