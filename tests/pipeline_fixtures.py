@@ -1,0 +1,37 @@
+"""A demo home materialized through real Dagster (shared by the pipeline tests of one module)."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from dagster import DagsterInstance
+
+from optimizer_pipeline.definitions import build_definitions
+from optimizer_pipeline.ledger import Ledger
+from optimizer_pipeline.plants import Plant, demo_plants
+from optimizer_pipeline.settings import ledger_path
+
+SEED = 1
+
+
+@dataclass
+class DemoHome:
+    home: Path
+    ledger: Ledger
+    instance: DagsterInstance
+    plants: dict[str, Plant]
+
+    def defs(self):
+        return build_definitions(self.home)
+
+    def run(self, binding_id: str, job: str = "refresh"):
+        result = self.defs().resolve_job_def(job).execute_in_process(
+            partition_key=binding_id, instance=self.instance, raise_on_error=True)
+        assert result.success
+        return result
+
+
+def seed_home(home: Path, plants: list[Plant] | None = None) -> Ledger:
+    ledger = Ledger(ledger_path(home))
+    for plant in plants or demo_plants():
+        ledger.ingest(plant.spec, plant.history(SEED).frame, "simulation")
+    return ledger

@@ -1,0 +1,114 @@
+"""End to end through real Dagster, DuckDB, solver workers and the demo plants (issue 5)."""
+
+import numpy as np
+import pytest
+from dagster import AssetKey, instance_for_test
+
+from optimizer_pipeline.contracts import Template
+from optimizer_pipeline.plants import demo_plants
+from optimizer_pipeline.pipeline import recommendation_json
+
+from pipeline_fixtures import SEED, DemoHome, seed_home
+
+REC_KEYS = {"id", "binding_id", "binding_revision", "run_id", "candidate_id", "template", "status", "status_label",
+            "reasons", "created_at", "valid_until", "mv_tags", "cv_tags", "controls", "predicted", "band", "cost",
+            "independent_cost", "problem_ir_hash", "model_artifact_hash", "evidence"}
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    home = tmp_path_factory.mktemp("home")
+    plants = demo_plants()
+    ledger = seed_home(home, plants)
+    with instance_for_test(temp_dir=str(tmp_path_factory.mktemp("dagster"))) as instance:
+        instance.add_dynamic_partitions("bindings", [p.spec.id for p in plants])
+        demo = DemoHome(home, ledger, instance, {p.spec.id: p for p in plants})
+        demo.results = {b: demo.run(b) for b in demo.plants}
+        yield demo
+
+
+def test_every_binding_gets_a_verified_recommendation_with_its_evidence(demo):
+    for binding_id in demo.plants:
+        row = demo.ledger.latest_recommendation(binding_id)
+        doc = recommendation_json(row)
+        assert set(doc) >= REC_KEYS
+        assert doc["status"] == "verified", (binding_id, doc["reasons"])
+        assert doc["reasons"] == []
+        assert doc["evidence"]["source"] == "simulation"
+        assert doc["evidence"]["uq"]["method"] == "split_conformal"
+        assert doc["evidence"]["uq"]["coverage"] >= doc["evidence"]["coverage_threshold"]
+        assert all(b is not None and b > 0 for b in doc["band"])
+
+
+def test_ledger_holds_run_candidates_calibration_and_scores(demo):
+    for binding_id in demo.plants:
+        runs = demo.ledger.list_runs(binding_id)
+        assert [r["status"] for r in runs] == ["succeeded"]
+        rec = demo.ledger.latest_recommendation(binding_id)
+        cands = demo.ledger.list_candidates(run_id=runs[0]["id"])
+        assert [c["kind"] for c in cands] == ["hold", "nominal", "robust"]
+        assert rec["run_id"] == runs[0]["id"] and rec["candidate_id"] in {c["id"] for c in cands}
+        assert runs[0]["problem_ir_hash"] == rec["problem_ir_hash"]
+        cal = demo.ledger.latest_calibration(binding_id)
+        assert cal["has_evidence"] and cal["artifact_hash"] == rec["model_artifact_hash"]
+        scores = demo.ledger.block_scores(rec["model_artifact_hash"])
+        assert set(scores["segment"]) == {"val", "test"} and scores["score"].notna().all()
+
+
+def test_asset_checks_pass_and_are_recorded(demo):
+    result = demo.results["tanks-1"]
+    evaluations = result.get_asset_check_evaluations()
+    names = {e.check_name: e.passed for e in evaluations}
+    assert names == {"gate_G1": True, "gate_G2": True, "gate_G3": True, "gate_G4": True, "uq_coverage": True,
+                     "candidate_verified": True}
+
+
+def test_recommendation_materialization_shows_status_plan_and_hashes(demo):
+    event = demo.instance.get_latest_materialization_event(AssetKey("recommendation"))
+    metadata = event.asset_materialization.metadata
+    assert metadata["status"].value == "verified"
+    assert len(metadata["plan"].value.records) > 0
+    assert len(metadata["problem_ir_hash"].value) == 64
+
+
+@pytest.mark.parametrize("binding_id", ["tanks-1", "heater-1", "blend-1"])
+def test_plan_applied_to_the_nonlinear_plant_moves_cvs_to_target_within_bounds_and_rates(demo, binding_id):
+    plant = demo.plants[binding_id]
+    spec = plant.spec
+    live = plant.history(SEED).live
+    doc = recommendation_json(demo.ledger.latest_recommendation(binding_id))
+    controls = np.asarray(doc["controls"])
+    lo, hi = np.array([m.lo for m in spec.mvs]), np.array([m.hi for m in spec.mvs])
+    max_move = np.array([m.max_move for m in spec.mvs])
+    tol = 1e-4 * (hi - lo)  # judged at 0.01 % of range
+    assert np.all(controls >= lo - tol) and np.all(controls <= hi + tol)
+    moves = np.diff(np.vstack([live.u, controls]), axis=0)
+    assert np.all(np.abs(moves) <= max_move + tol)
+    if spec.profile.template is Template.STEADY_RESPONSE:
+        controls = np.repeat(controls, 6 * spec.model.horizon, axis=0)  # hold the steady target until it settles
+    target = np.array([c.target for c in spec.cvs])
+    y_plan = plant.apply_plan(live, controls)
+    y_hold = plant.apply_plan(live, np.repeat(live.u[None, :], len(controls), axis=0))
+    error_plan = np.linalg.norm((y_plan[-1] - target) / [c.hi - c.lo for c in spec.cvs])
+    error_hold = np.linalg.norm((y_hold[-1] - target) / [c.hi - c.lo for c in spec.cvs])
+    assert error_plan <= 0.2 * error_hold, (error_plan, error_hold)
+
+
+def test_mpc_prediction_stays_inside_the_band_on_the_true_plant_within_p(demo):
+    for binding_id in ("tanks-1", "heater-1"):
+        plant = demo.plants[binding_id]
+        live = plant.history(SEED).live
+        doc = recommendation_json(demo.ledger.latest_recommendation(binding_id))
+        P = plant.spec.model.horizon
+        y_plan = plant.apply_plan(live, np.asarray(doc["controls"]))[:P]
+        inside = np.abs(y_plan - np.asarray(doc["predicted"])[:P]) <= np.asarray(doc["band"])
+        assert inside.mean() >= 0.85, (binding_id, inside.mean())
+
+
+def test_solve_job_alone_reuses_the_calibration_and_supersedes(demo):
+    first = demo.ledger.latest_recommendation("heater-1")
+    demo.run("heater-1", job="solve")
+    second = demo.ledger.latest_recommendation("heater-1")
+    assert second["id"] != first["id"] and second["status"] == "verified"
+    assert demo.ledger.get_recommendation(first["id"])["status"] == "expired"
+    assert second["model_artifact_hash"] == first["model_artifact_hash"]
