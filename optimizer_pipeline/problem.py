@@ -38,8 +38,8 @@ def _vector(value: Any, name: str, length: int | None = None) -> np.ndarray:
         raise ProblemError(f"{name}: expected a 1-D vector, got shape {array.shape}")
     if length is not None and array.shape[0] != length:
         raise ProblemError(f"{name}: expected length {length}, got {array.shape[0]}")
-    bad = np.flatnonzero(~np.isfinite(array))
-    if bad.size:
+    if not np.all(np.isfinite(array)):
+        bad = np.flatnonzero(~np.isfinite(array))
         raise ProblemError(f"{name}[{bad[0]}]: expected a finite number, got {array[bad[0]]!r}")
     return array
 

@@ -1,6 +1,8 @@
 """Specification of the QP templates and solve_problem: optimality against independent solutions,
 HOLD / NOMINAL / ROBUST candidates, non-solved statuses, cache reuse and warm starts."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from scipy.optimize import minimize
@@ -8,13 +10,8 @@ from scipy.optimize import minimize
 from optimizer_pipeline.contracts import CandidateKind, Template
 from optimizer_pipeline.model.statespace import rollout
 from optimizer_pipeline.problem import compile_problem
-from optimizer_pipeline.solver.solve import (
-    PROBLEM_INVALID,
-    SOLVE_CANCELLED,
-    TIME_LIMIT_REACHED,
-    SolverCache,
-    solve_problem,
-)
+from optimizer_pipeline.solver import errors
+from optimizer_pipeline.solver.solve import TIME_LIMIT_REACHED, SolverCache, solve_problem
 from optimizer_pipeline.solver.steady import STEADY_MOVE_SCALE
 from test_solver_qp_support import scalar_artifact, scalar_binding, tank_problem
 
@@ -217,14 +214,13 @@ def test_expired_deadline_gives_no_plan():
 
 def test_cancel_stops_before_solving():
     result = solve_problem(tank_problem(), SolverCache(), should_cancel=lambda: True)
-    assert not result.ok and result.error_code == SOLVE_CANCELLED and result.candidates == ()
+    assert not result.ok and result.error_code == errors.CANCELLED and result.candidates == ()
 
 
 def test_invalid_problem_is_an_error_result_naming_the_field():
-    from dataclasses import replace
     p = replace(tank_problem(), x0=(0.0, 0.0))
     result = solve_problem(p, SolverCache())
-    assert not result.ok and result.error_code == PROBLEM_INVALID and "problem.x0" in result.error_message
+    assert not result.ok and result.error_code == errors.BAD_REQUEST and "problem.x0" in result.error_message
 
 
 # --------------------------------------------------------------------------- cache and warm start

@@ -12,7 +12,8 @@ OSQP status is not "solved" gives a candidate with its status, empty controls / 
 cost None (on infeasibility OSQP's x is garbage). Every candidate is verified before return.
 
 Errors are results, not exceptions: an invalid problem gives ok=False with error_code
-PROBLEM_INVALID, a cancel (should_cancel() true, checked before each QP) SOLVE_CANCELLED.
+BAD_REQUEST (message naming the field), a cancel (should_cancel() true, checked before each QP)
+CANCELLED; both codes from solver/errors.py.
 
 Note for callers owning stdout: OSQP 1.1.3's C code prints "Polishing not needed ..." to the
 process's stdout (fd 1) even with verbose=False.
@@ -31,13 +32,11 @@ import scipy.sparse as sparse
 
 from optimizer_pipeline.contracts import CandidateKind, ProblemIR, SolveCandidate, SolveResult, Template
 from optimizer_pipeline.problem import ProblemError, robust_limits, validate_problem
-from optimizer_pipeline.solver import mpc, steady
+from optimizer_pipeline.solver import errors, mpc, steady
 from optimizer_pipeline.solver.verify import verify_candidate
 
 log = logging.getLogger(__name__)
 
-PROBLEM_INVALID = "PROBLEM_INVALID"
-SOLVE_CANCELLED = "SOLVE_CANCELLED"
 TIME_LIMIT_REACHED = "time limit reached"  # status of a QP not started because the deadline had passed
 
 # eps 1e-5 with polishing: a first MV move exact to well below the 0.01 % of range the judge allows
@@ -162,7 +161,7 @@ def solve_problem(problem: ProblemIR, cache: SolverCache, time_limit_s: float | 
         validate_problem(problem)
         problem_hash = problem.hash
     except ProblemError as exc:
-        return _failed("", PROBLEM_INVALID, str(exc), diagnostics)
+        return _failed("", errors.BAD_REQUEST, str(exc), diagnostics)
     diagnostics["template"] = problem.template.value
     builder = TEMPLATES[problem.template]
 
@@ -181,7 +180,7 @@ def solve_problem(problem: ProblemIR, cache: SolverCache, time_limit_s: float | 
     for seq, kind, lo, hi, (q_k, l_k, u_k, constant_k) in runs:
         if should_cancel is not None and should_cancel():
             diagnostics["elapsed_s"] = time.perf_counter() - started
-            return _failed(problem_hash, SOLVE_CANCELLED, f"solve of {problem_hash[:12]} cancelled before {kind.value}",
+            return _failed(problem_hash, errors.CANCELLED, f"solve of {problem_hash[:12]} cancelled before {kind.value}",
                            diagnostics)
         status, z, report = _run_qp(entry, q_k, l_k, u_k, deadline)
         cost = None if z is None else _objective(entry, q_k, constant_k, z)
