@@ -1,0 +1,296 @@
+"""DESIGN.md "UQ evidence rules" as a rule table: one test per branch and boundary."""
+
+import math
+from datetime import datetime, timedelta, timezone
+
+import numpy as np
+import pytest
+from model_helpers import binding
+
+from optimizer_pipeline.contracts import Normalisation, canonical_json
+from optimizer_pipeline.model import ArxModel, Orders, artifact_from_model
+from optimizer_pipeline.uq import (EMPIRICAL_MAX, SPLIT_CONFORMAL, BlockScores, UQEvidence, UQInputError,
+                                   band_engineering, clopper_pearson_lower, compute_block_uq, conformal_rank,
+                                   coverage_threshold, exchangeability_p, gate_failures, gate_passes,
+                                   input_distance, is_fresh)
+
+
+def blocks(values, n_runs: int, h: int = 10, n_unique: int | None = None, tags=("y0",)) -> BlockScores:
+    values = np.asarray(values, float).reshape(len(values), -1)
+    n = values.shape[0]
+    return BlockScores(cv_tags=tuple(tags), h=h, run_ids=np.array([f"r{i % n_runs}" for i in range(n)], dtype=object),
+                       starts=np.arange(n) * h, scores=values, n_unique_steps=n * h if n_unique is None else n_unique,
+                       n_runs=min(n_runs, n))
+
+
+def good_test(m: int = 20) -> BlockScores:
+    return blocks(np.linspace(0.0, 0.5, m), n_runs=2)
+
+
+VAL9 = blocks(np.arange(1.0, 10.0), n_runs=2)
+
+
+# ---------------------------------------------------------------- method choice by val blocks / runs
+
+
+def test_one_val_block_gives_no_evidence():
+    evidence = compute_block_uq(blocks([1.0], n_runs=1), good_test())
+    assert evidence.method is None and not evidence.has_evidence
+    assert any("1 val block(s)" in r for r in evidence.reasons)
+
+
+def test_two_val_blocks_use_empirical_max_with_the_safety_factor():
+    evidence = compute_block_uq(blocks([1.0, 2.0], n_runs=2), good_test())
+    assert evidence.method == EMPIRICAL_MAX
+    assert evidence.qhat == (2.5,) and evidence.safety_factor == 1.25
+
+
+def test_eight_val_blocks_from_two_runs_use_empirical_max():
+    evidence = compute_block_uq(blocks(np.arange(1.0, 9.0), n_runs=2), good_test())
+    assert evidence.method == EMPIRICAL_MAX and evidence.qhat == (10.0,)
+
+
+def test_nine_val_blocks_from_two_runs_use_split_conformal():
+    evidence = compute_block_uq(VAL9, good_test())
+    assert evidence.method == SPLIT_CONFORMAL and evidence.rank_k == 9 and evidence.qhat == (9.0,)
+    assert evidence.safety_factor is None
+
+
+def test_nine_val_blocks_from_one_run_use_empirical_max():
+    evidence = compute_block_uq(blocks(np.arange(1.0, 10.0), n_runs=1), good_test())
+    assert evidence.method == EMPIRICAL_MAX and evidence.qhat == (9.0 * 1.25,)
+
+
+# ---------------------------------------------------------------- emit conditions on the test segment
+
+
+def test_one_test_run_gives_no_evidence():
+    evidence = compute_block_uq(VAL9, blocks(np.zeros(20), n_runs=1))
+    assert not evidence.has_evidence and any("1 test run(s)" in r for r in evidence.reasons)
+
+
+def test_two_test_runs_give_evidence():
+    assert compute_block_uq(VAL9, blocks(np.zeros(20), n_runs=2)).has_evidence
+
+
+def test_119_unique_test_steps_give_no_evidence():
+    evidence = compute_block_uq(VAL9, blocks(np.zeros(20), n_runs=2, n_unique=119))
+    assert not evidence.has_evidence and any("119 unique test steps" in r for r in evidence.reasons)
+
+
+def test_120_unique_test_steps_give_evidence():
+    assert compute_block_uq(VAL9, blocks(np.zeros(20), n_runs=2, n_unique=120)).has_evidence
+
+
+def test_no_test_block_gives_no_evidence():
+    empty = BlockScores(("y0",), 10, np.empty(0, dtype=object), np.empty(0, int), np.empty((0, 1)), 0, 0)
+    evidence = compute_block_uq(VAL9, empty)
+    assert not evidence.has_evidence and "no test block" in evidence.reasons
+
+
+def test_non_finite_val_score_gives_no_evidence_naming_the_cv():
+    values = np.ones((12, 2))
+    values[3, 1] = np.inf
+    evidence = compute_block_uq(blocks(values, n_runs=2, tags=("flow", "level")),
+                                blocks(np.zeros((20, 2)), n_runs=2, tags=("flow", "level")))
+    assert not evidence.has_evidence
+    assert any("non-finite val score for CV level" in r for r in evidence.reasons)
+
+
+def test_every_failed_rule_is_listed():
+    evidence = compute_block_uq(blocks([1.0], n_runs=1), blocks([0.0], n_runs=1))
+    assert len(evidence.reasons) == 3  # val blocks, unique test steps, test runs
+
+
+# ---------------------------------------------------------------- conformal rank, exact arithmetic
+
+
+@pytest.mark.parametrize("n, k", [(9, 9), (19, 18), (29, 27)])
+def test_rank_is_exact_when_n_plus_1_times_1_minus_alpha_is_an_integer(n, k):
+    scores = np.random.default_rng(n).permutation(np.arange(1.0, n + 1))
+    evidence = compute_block_uq(blocks(scores, n_runs=3), good_test())
+    assert evidence.rank_k == k and evidence.qhat == (float(k),)
+
+
+def test_rank_uses_the_decimal_alpha_not_its_binary_float():
+    # (9 + 1) * (1 - 0.3) is 7.000000000000001 in floats: a float ceil would give 8
+    assert conformal_rank(9, 0.3) == 7
+
+
+def test_rank_beyond_n_gives_no_evidence_instead_of_capping_at_the_max():
+    evidence = compute_block_uq(VAL9, good_test(), alpha=0.05)  # k = ceil(10 * 0.95) = 10 > 9
+    assert not evidence.has_evidence and evidence.qhat is None and evidence.rank_k == 10
+    assert any("exceeds the 9 val blocks" in r for r in evidence.reasons)
+
+
+@pytest.mark.parametrize("alpha", [0.1, 0.2, 0.05])
+def test_qhat_equals_the_numpy_lower_quantile_at_k_over_n(alpha):
+    rng = np.random.default_rng(int(alpha * 100))
+    for n in range(max(9, math.ceil(1 / alpha)), 200, 7):
+        scores = rng.exponential(size=(n, 2))
+        k = math.ceil(round((n + 1) * (1 - alpha), 9))  # independent of the Fraction implementation
+        expected = np.quantile(scores, k / n, axis=0, method="lower")
+        evidence = compute_block_uq(blocks(scores, n_runs=3, tags=("a", "b")),
+                                    blocks(np.zeros((20, 2)), n_runs=2, tags=("a", "b")), alpha=alpha)
+        np.testing.assert_array_equal(evidence.qhat, expected)
+
+
+@pytest.mark.parametrize("alpha", [0, 1, -0.1, "ten percent"])
+def test_alpha_outside_0_1_is_rejected(alpha):
+    with pytest.raises(UQInputError, match="alpha"):
+        compute_block_uq(VAL9, good_test(), alpha=alpha)
+
+
+# ---------------------------------------------------------------- coverage and thresholds
+
+
+def test_coverage_is_the_minimum_over_cvs_of_the_covered_fraction():
+    val = blocks(np.tile(np.arange(1.0, 10.0)[:, None], (1, 2)), n_runs=2, tags=("a", "b"))
+    test_scores = np.zeros((20, 2))
+    test_scores[:5, 1] = 100.0  # CV b: 15 of 20 covered
+    evidence = compute_block_uq(val, blocks(test_scores, n_runs=2, tags=("a", "b")))
+    assert evidence.coverage_per_cv == (1.0, 0.75) and evidence.coverage == 0.75
+
+
+def test_a_score_equal_to_qhat_is_covered():
+    evidence = compute_block_uq(VAL9, blocks(np.full(20, 9.0), n_runs=2))
+    assert evidence.coverage == 1.0
+
+
+@pytest.mark.parametrize("n_test_runs, expected", [(1, 0.8), (2, 0.8), (81, 0.8), (100, 0.81)])
+def test_split_conformal_threshold(n_test_runs, expected):
+    assert coverage_threshold(SPLIT_CONFORMAL, n_test_runs) == pytest.approx(expected, abs=1e-12)
+
+
+def test_empirical_max_threshold_is_one():
+    assert coverage_threshold(EMPIRICAL_MAX, 5) == 1.0
+
+
+def test_threshold_of_an_unknown_method_is_rejected():
+    with pytest.raises(UQInputError, match="unknown method"):
+        coverage_threshold("bootstrap", 5)
+
+
+def test_evidence_records_the_threshold_of_its_method():
+    evidence = compute_block_uq(VAL9, blocks(np.zeros(20), n_runs=4))
+    assert evidence.coverage_threshold == coverage_threshold(SPLIT_CONFORMAL, 4)
+
+
+# ---------------------------------------------------------------- beyond the spec: CP bound, exchangeability
+
+
+def test_clopper_pearson_lower_bound_with_every_block_covered_is_alpha_to_the_1_over_m():
+    assert clopper_pearson_lower(20, 20) == pytest.approx(0.05 ** (1 / 20), rel=1e-9)
+
+
+def test_clopper_pearson_lower_bound_with_no_block_covered_is_zero():
+    assert clopper_pearson_lower(0, 20) == 0.0
+
+
+def test_exchangeability_p_matches_the_beta_binomial_closed_form():
+    # k = n: X = test blocks above the val max ~ BetaBinomial(m, 1, n), P(X = 0) = n / (n + m)
+    val = np.arange(1.0, 10.0)[:, None]
+    assert exchangeability_p(val, np.zeros((20, 1)), k=9) == pytest.approx(2 * 9 / 29, rel=1e-9)
+
+
+def test_exchangeability_p_is_bonferroni_adjusted_over_cvs():
+    val = np.tile(np.arange(1.0, 10.0)[:, None], (1, 2))
+    assert exchangeability_p(val, np.zeros((20, 2)), k=9) == pytest.approx(min(1.0, 2 * 2 * 9 / 29), rel=1e-9)
+
+
+def test_seed_gate_passes_where_strict_fails_on_the_coverage_lower_bound():
+    evidence = compute_block_uq(VAL9, blocks(np.zeros(12), n_runs=2))  # 12 / 12 covered: CP bound 0.779
+    assert gate_passes(evidence, "seed")
+    assert not gate_passes(evidence, "strict")
+    assert any("lower bound" in f for f in gate_failures(evidence, "strict"))
+
+
+def test_strict_gate_fails_when_val_and_test_are_not_exchangeable():
+    rng = np.random.default_rng(0)
+    val = blocks(rng.uniform(size=99), n_runs=5)
+    evidence = compute_block_uq(val, blocks(np.zeros(100), n_runs=5))  # test far below every val score
+    assert gate_passes(evidence, "seed") and evidence.coverage_lower_95 >= 0.8
+    assert evidence.exchangeability_p < 0.01 and not gate_passes(evidence, "strict")
+
+
+def test_gate_fails_without_evidence_and_says_why():
+    evidence = compute_block_uq(blocks([1.0], n_runs=1), good_test())
+    assert not gate_passes(evidence) and gate_failures(evidence)[0].startswith("no UQ evidence")
+
+
+def test_gate_fails_when_coverage_is_below_threshold():
+    evidence = compute_block_uq(VAL9, blocks(np.full(20, 100.0), n_runs=2))
+    assert evidence.coverage == 0.0 and not gate_passes(evidence, "seed")
+
+
+def test_unknown_gate_setting_is_rejected():
+    with pytest.raises(UQInputError, match="unknown setting 'lenient'"):
+        gate_passes(compute_block_uq(VAL9, good_test()), "lenient")
+
+
+def test_val_and_test_with_different_cvs_are_rejected():
+    with pytest.raises(UQInputError, match="differ"):
+        compute_block_uq(VAL9, blocks(np.zeros(20), n_runs=2, tags=("other",)))
+
+
+def test_evidence_is_canonical_json_and_round_trips():
+    evidence = compute_block_uq(VAL9, good_test(), calibrated_at="2026-01-01T00:00:00Z")
+    assert UQEvidence.from_dict(evidence.to_dict()) == evidence
+    canonical_json(compute_block_uq(blocks([1.0], n_runs=1), good_test()))  # no-evidence form too
+
+
+# ---------------------------------------------------------------- band, input distance, freshness
+
+
+def artifact_with(std_u=(2.0,), std_y=(0.5,)):
+    spec = binding(n_mv=1, n_cv=1, na=1, nb=1, delay=1)
+    model = ArxModel(Orders(1, 1, 1), np.zeros((1, 1, 1)), np.zeros((1, 1, 1)), np.zeros((1, 1, 0)), np.zeros(1))
+    return artifact_from_model(model, spec, 1, Normalisation(("u0", "y0"), (1.0, 10.0), (*std_u, *std_y)))
+
+
+def test_band_in_engineering_units_is_qhat_times_train_std():
+    evidence = compute_block_uq(VAL9, good_test())
+    assert band_engineering(evidence, artifact_with()) == (9.0 * 0.5,)
+
+
+def test_band_is_none_without_evidence():
+    assert band_engineering(compute_block_uq(blocks([1.0], n_runs=1), good_test()), artifact_with()) == (None,)
+
+
+def test_input_distance_is_the_largest_absolute_z():
+    assert input_distance(artifact_with(), [5.0], [9.0]) == pytest.approx(2.0)  # MV z = 2, CV z = -2
+
+
+def test_input_distance_with_a_near_zero_sigma_is_infinite():
+    assert input_distance(artifact_with(std_y=(1e-12,)), [1.0], [10.0]) == math.inf
+
+
+@pytest.mark.parametrize("u, y", [([1.0, 2.0], [10.0]), ([1.0], []), ([[1.0]], [10.0])])
+def test_input_distance_with_a_length_mismatch_is_none(u, y):
+    assert input_distance(artifact_with(), u, y) is None
+
+
+@pytest.mark.parametrize("u, y", [([float("nan")], [10.0]), ([1.0], [float("inf")]), (["x"], [10.0])])
+def test_input_distance_with_a_non_finite_value_is_none(u, y):
+    assert input_distance(artifact_with(), u, y) is None
+
+
+def test_calibration_exactly_fresh_days_old_is_fresh():
+    now = datetime(2026, 3, 8, tzinfo=timezone.utc)
+    assert is_fresh(now - timedelta(days=7), now)
+
+
+def test_calibration_older_than_fresh_days_is_stale():
+    now = datetime(2026, 3, 8, tzinfo=timezone.utc)
+    assert not is_fresh(now - timedelta(days=7, seconds=1), now)
+    assert not is_fresh("2026-03-01T00:00:00Z", now, fresh_days=6.9)
+
+
+def test_naive_timestamps_are_utc_and_missing_calibration_is_stale():
+    assert is_fresh("2026-03-01T00:00:00", "2026-03-02T00:00:00+00:00", fresh_days=1)
+    assert not is_fresh(None, "2026-03-02T00:00:00Z")
+
+
+def test_unparseable_timestamp_is_rejected():
+    with pytest.raises(UQInputError, match="calibrated_at"):
+        is_fresh("last tuesday", "2026-03-02T00:00:00Z")
