@@ -1,0 +1,115 @@
+"""Sensors and the schedule on a real Dagster instance (issue 5, "Sensors", "Schedule")."""
+
+import json
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from dagster import RunRequest, SkipReason, build_schedule_context, build_sensor_context, instance_for_test
+
+from optimizer_pipeline.contracts import binding_from_dict, utc_now
+from optimizer_pipeline.model import identify
+from optimizer_pipeline.data import prepare_history
+from optimizer_pipeline.plants import get_plant
+from resources.ledger import LedgerResource
+
+from pipeline_fixtures import SEED, DemoHome, seed_home
+
+
+@pytest.fixture
+def heater_home(tmp_path):
+    plant = get_plant("heater")
+    ledger = seed_home(tmp_path / "home", [plant])
+    (tmp_path / "dagster").mkdir()
+    with instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
+        yield DemoHome(tmp_path / "home", ledger, instance, {plant.spec.id: plant})
+
+
+def _tick(home: DemoHome, name: str, cursor: str | None = None):
+    defs = home.defs()
+    sensor = defs.resolve_sensor_def(name)
+    context = build_sensor_context(instance=home.instance, cursor=cursor, definitions=defs,
+                                   resources={"ledger": LedgerResource(home=str(home.home))})
+    return sensor(context)
+
+
+def test_new_binding_adds_its_partition_and_requests_refresh(heater_home):
+    result = _tick(heater_home, "binding_changes")
+    assert [r.partition_key for r in result.run_requests] == ["heater-1"]
+    assert [r.run_key for r in result.run_requests] == ["heater-1@r1"]
+    assert result.dynamic_partitions_requests[0].partition_keys == ["heater-1"]
+    assert json.loads(result.cursor) == {"heater-1": 1}
+
+
+def test_unchanged_binding_requests_nothing(heater_home):
+    first = _tick(heater_home, "binding_changes")
+    heater_home.instance.add_dynamic_partitions("bindings", ["heater-1"])
+    again = _tick(heater_home, "binding_changes", first.cursor)
+    assert again.run_requests == [] and again.skip_reason is not None
+
+
+def test_changed_revision_expires_the_old_recommendation_and_requests_one_refresh(heater_home):
+    heater_home.instance.add_dynamic_partitions("bindings", ["heater-1"])
+    heater_home.run("heater-1")
+    old = heater_home.ledger.latest_recommendation("heater-1")
+    cursor = _tick(heater_home, "binding_changes").cursor  # revision 1 already solved: no request
+    assert json.loads(cursor) == {"heater-1": 1}
+
+    doc = heater_home.plants["heater-1"].binding_doc()
+    doc["cvs"][0]["target"] = 48.0
+    upsert = heater_home.ledger.upsert_binding(binding_from_dict(doc))
+    assert (upsert.revision, upsert.expired) == (2, 1)
+    assert heater_home.ledger.get_recommendation(old["id"])["status"] == "expired"
+
+    result = _tick(heater_home, "binding_changes", cursor)
+    assert [(r.partition_key, r.run_key) for r in result.run_requests] == [("heater-1", "heater-1@r2")]
+    assert _tick(heater_home, "binding_changes", result.cursor).run_requests == []
+
+    heater_home.run("heater-1")  # what the requested run does
+    new = heater_home.ledger.latest_recommendation("heater-1")
+    assert new["binding_revision"] == 2 and new["status"] == "verified"
+    assert new["payload"]["predicted"][-1][0] == pytest.approx(48.0, abs=0.5)
+
+
+def test_stale_calibration_requests_recalibrate_once(heater_home):
+    heater_home.instance.add_dynamic_partitions("bindings", ["heater-1"])
+    plant = heater_home.plants["heater-1"]
+    artifact = identify(prepare_history(plant.history(SEED).frame, plant.spec), plant.spec, 1)
+    assert _tick(heater_home, "uq_freshness") == [] or isinstance(_tick(heater_home, "uq_freshness"), SkipReason)
+    cal_id = heater_home.ledger.put_calibration(artifact, {}, has_evidence=False, method=None, coverage=None,
+                                                threshold=None, reasons=["test"],
+                                                calibrated_at=utc_now() - timedelta(days=8))
+    requests = _tick(heater_home, "uq_freshness")
+    assert [(r.partition_key, r.run_key) for r in requests] == [("heater-1", f"heater-1@{cal_id}")]
+    assert all(isinstance(r, RunRequest) for r in requests)
+    heater_home.ledger.put_calibration(artifact, {}, has_evidence=False, method=None, coverage=None, threshold=None,
+                                       reasons=["test"], calibrated_at=utc_now())
+    assert isinstance(_tick(heater_home, "uq_freshness"), SkipReason)
+
+
+def test_expiry_sensor_records_expiry_past_valid_until(heater_home):
+    from ledger_helpers import solve
+
+    _, rec_id = solve(heater_home.ledger, binding_id="heater-1", valid_for_s=-5)
+    skip = _tick(heater_home, "recommendation_expiry")
+    assert "expired 1 recommendation" in skip.skip_message
+    assert heater_home.ledger.get_recommendation(rec_id)["status"] == "expired"
+
+
+def test_daily_schedule_requests_recalibrate_for_every_partition(heater_home):
+    heater_home.instance.add_dynamic_partitions("bindings", ["heater-1", "tanks-1"])
+    defs = heater_home.defs()
+    schedule = defs.resolve_schedule_def("daily_recalibration")
+    assert schedule.cron_schedule == "0 3 * * *" and schedule.execution_timezone == "UTC"
+    when = datetime(2026, 11, 30, 3, 0, tzinfo=timezone.utc)
+    context = build_schedule_context(instance=heater_home.instance, scheduled_execution_time=when,
+                                     repository_def=defs.get_repository_def())
+    requests = schedule.evaluate_tick(context).run_requests
+    assert sorted(r.partition_key for r in requests) == ["heater-1", "tanks-1"]
+    assert {r.job_name for r in requests} <= {None, "recalibrate"}
+
+
+def test_schedule_cron_and_timezone_come_from_settings(heater_home, monkeypatch):
+    monkeypatch.setenv("OPTIMIZER_SCHEDULE_CRON", "30 4 * * 1-5")
+    monkeypatch.setenv("OPTIMIZER_SCHEDULE_TIMEZONE", "Europe/Berlin")
+    schedule = heater_home.defs().resolve_schedule_def("daily_recalibration")
+    assert (schedule.cron_schedule, schedule.execution_timezone) == ("30 4 * * 1-5", "Europe/Berlin")
