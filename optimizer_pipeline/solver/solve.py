@@ -56,7 +56,6 @@ class _Entry:
     P: sparse.csc_matrix  # full symmetric Hessian (OSQP gets its upper triangle)
     A: sparse.csc_matrix
     memo: dict = field(default_factory=dict)  # per-structure helpers of the template (hold-point factors)
-    solves: int = 0
 
 
 class SolverCache:
@@ -117,11 +116,10 @@ def _run_qp(entry: _Entry, q: np.ndarray, l: np.ndarray, u: np.ndarray,
     solver.update(q=q, l=l, u=u)
     solver.update_settings(time_limit=remaining)
     result = solver.solve(raise_error=False)
-    entry.solves += 1
     info = result.info
     report = {"osqp_status": info.status, "iterations": int(info.iter), "status_polish": int(info.status_polish),
               "prim_res": _finite(info.prim_res), "dual_res": _finite(info.dual_res),
-              "solve_time_s": _finite(info.run_time), "osqp_obj_val": _finite(info.obj_val)}
+              "solve_time_s": _finite(info.run_time), "osqp_obj_val": _finite(info.obj_val)}  # without the constant terms
     if osqp.SolverStatus(info.status_val) == osqp.SolverStatus.OSQP_SOLVED:
         return info.status, np.array(result.x, dtype=float), report
     # x / y are garbage after a failed solve: do not warm-start the next problem from them.
