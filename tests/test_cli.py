@@ -1,0 +1,122 @@
+"""The `optimizer-pipeline` CLI as a user runs it: subprocesses on a temporary home (issue 5, "CLI")."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from optimizer_pipeline.ledger import Ledger
+from optimizer_pipeline.plants import get_plant
+from optimizer_pipeline.settings import ledger_path
+
+from test_pipeline_e2e import REC_KEYS
+
+
+def cli(home, *args, timeout=180):
+    env = {k: v for k, v in os.environ.items() if k not in ("OPTIMIZER_HOME", "DAGSTER_HOME")}
+    return subprocess.run([sys.executable, "-m", "optimizer_pipeline.cli", "--home", str(home), *args],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+
+
+@pytest.fixture
+def files(tmp_path):
+    plant = get_plant("heater")
+    binding = tmp_path / "heater.yaml"
+    binding.write_text(yaml.safe_dump(plant.binding_doc()))
+    history = tmp_path / "history.csv"
+    plant.history(1).frame.to_csv(history, index=False)
+    return binding, history
+
+
+def assert_one_line_error(proc, *fragments):
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert "Traceback" not in proc.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+def test_ingest_materialize_recommendation_round_trip(tmp_path, files):
+    home = tmp_path / "home"
+    ingest = cli(home, "ingest", *map(str, files))
+    assert ingest.returncode == 0, ingest.stderr
+    summary = json.loads(ingest.stdout)
+    assert (summary["binding_id"], summary["revision"], summary["created"], summary["source"]) == \
+        ("heater-1", 1, True, "real")
+    assert summary["samples_added"] > 0
+
+    done = cli(home, "materialize", "heater-1")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["status"] == "verified"
+
+    rec = cli(home, "recommendation", "heater-1", "--json")
+    doc = json.loads(rec.stdout)
+    assert set(doc) >= REC_KEYS and doc["evidence"]["source"] == "real"
+    assert len(doc["controls"]) == 40 and len(doc["controls"][0]) == 1 and len(doc["predicted"][0]) == 1
+
+    text = cli(home, "recommendation", "heater-1")
+    assert "status: verified" in text.stdout and "first move: q_heat=" in text.stdout
+
+    ledger = json.loads(cli(home, "ledger", "--binding", "heater-1", "--json").stdout)
+    assert len(ledger["runs"]) == 1 and len(ledger["recommendations"]) == 1 and len(ledger["candidates"]) == 3
+
+
+def test_reingest_of_a_changed_binding_bumps_revision_and_expires(tmp_path, files):
+    home = tmp_path / "home"
+    binding, history = files
+    assert cli(home, "ingest", str(binding), str(history)).returncode == 0
+    from ledger_helpers import solve
+
+    _, rec_id = solve(Ledger(ledger_path(home)), binding_id="heater-1")
+    same = json.loads(cli(home, "ingest", str(binding), str(history)).stdout)
+    assert (same["revision"], same["changed"], same["samples_added"]) == (1, False, 0)
+    doc = yaml.safe_load(binding.read_text())
+    doc["cvs"][0]["target"] = 45.0
+    binding.write_text(yaml.safe_dump(doc))
+    bumped = json.loads(cli(home, "ingest", str(binding), str(history)).stdout)
+    assert (bumped["revision"], bumped["changed"], bumped["expired_recommendations"]) == (2, True, 1)
+    assert Ledger(ledger_path(home)).get_recommendation(rec_id)["status"] == "expired"
+
+
+def test_bad_binding_file_writes_nothing(tmp_path, files):
+    home = tmp_path / "home"
+    binding, history = files
+    doc = yaml.safe_load(binding.read_text())
+    doc["mvs"][0]["max_move"] = 0
+    binding.write_text(yaml.safe_dump(doc))
+    assert_one_line_error(cli(home, "ingest", str(binding), str(history)), "mvs[0].max_move: must be > 0")
+    assert not ledger_path(home).exists() or Ledger(ledger_path(home)).counts()["bindings"] == 0
+
+
+def test_bad_history_file_stores_neither_binding_nor_samples(tmp_path, files):
+    home = tmp_path / "home"
+    binding, history = files
+    lines = history.read_text().splitlines()
+    lines[5] = lines[5].replace(",", ",oops,", 1).rsplit(",", 1)[0]
+    history.write_text("\n".join(lines) + "\n")
+    proc = cli(home, "ingest", str(binding), str(history))
+    assert_one_line_error(proc, "history.csv")
+    counts = Ledger(ledger_path(home)).counts() if ledger_path(home).exists() else {}
+    assert counts.get("bindings", 0) == 0 and counts.get("plant_samples", 0) == 0
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["recommendation", "nope"], "binding 'nope' is not in the ledger"),
+    (["materialize", "nope"], "binding 'nope' is not in the ledger"),
+    (["ledger", "--binding", "nope"], "binding 'nope' is not in the ledger"),
+    (["ingest", "missing.yaml", "missing.csv"], "missing.yaml: binding file not found"),
+])
+def test_unknown_inputs_give_one_line_and_exit_2(tmp_path, args, fragment):
+    assert_one_line_error(cli(tmp_path / "home", *args), fragment)
+
+
+def test_bad_setting_gives_one_line(tmp_path, files):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "settings.yaml").write_text("solver: {pool_size: 9}\n")
+    assert cli(home, "ingest", *map(str, files)).returncode == 0  # ingest does not read solver settings
+    assert_one_line_error(cli(home, "materialize", "heater-1"), "solver.pool_size must be an integer from 1 to 4")
