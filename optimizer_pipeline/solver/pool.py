@@ -517,6 +517,11 @@ class SolverPool:
 
     def _spawn(self, slot: _Slot) -> None:
         """Start a worker into `slot` and wait for its ready frame; a failure is counted (and may restart)."""
+        with self._lock:
+            if self._state != "running":  # shut down during the back-off
+                slot.starting = False
+                self._changed.notify_all()
+                return
         try:
             worker = _Worker(self.worker_cmd, self._env, self._on_worker_exit)
         except OSError as exc:
