@@ -207,3 +207,30 @@ def test_current_state_rejects_a_run_too_short_for_the_state():
     with pytest.raises(ContractError, match="tiny-run: 1 rows are too few"):
         current_state(known_artifact(), run)
 
+
+
+def test_identify_rejects_a_tag_that_never_moves_in_train():
+    runs = plant_runs(seed=11, runs=6, n=200, noise=0.02)
+    spec = binding(n_dv=1)
+    runs = [RunSeries(r.run_id, r.t, r.u, r.y, np.full_like(r.d, 2.0)) for r in runs]  # constant DV
+    with pytest.raises(ContractError, match="train std of d0 is below"):
+        identify(split_of(spec, runs, 4, 1, 1), spec, 1)
+
+
+def test_selection_falls_back_to_train_when_no_val_run_holds_a_window():
+    runs = plant_runs(seed=12, runs=6, n=300, noise=0.02)
+    spec = binding(n_dv=1)
+    artifact = identify(split_of(spec, runs, 4, 0, 2), spec, 1)
+    assert artifact.selection["data"].startswith("train")
+
+
+def test_ill_conditioned_steady_gain_is_flagged():
+    rng = np.random.default_rng(13)
+    u = excitation(rng, 8, 300, 2)
+    gain = np.array([[[1.0, 0.99], [0.99, 0.98]]]) * 0.2  # nearly rank one
+    y = simulate_arx(np.array([[[0.8, 0.0], [0.0, 0.8]]]), gain, np.zeros((1, 2, 0)), np.zeros(2), 1, u,
+                     np.zeros((8, 300, 0)), 0.01 * rng.normal(size=(8, 300, 2)))
+    spec = binding(na=1, nb=1, delay=1)
+    artifact = identify(split_of(spec, run_series("r", u, y, np.zeros((8, 300, 0))), 4, 2, 2), spec, 1)
+    record = artifact.selection["steady_gain"]
+    assert record["ill_conditioned"] and record["condition"] > 100

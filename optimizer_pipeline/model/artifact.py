@@ -20,7 +20,7 @@ import numpy as np
 from optimizer_pipeline.contracts import (BindingSpec, ContractError, Gate, HistorySplit, ModelArtifact, Normalisation,
                                           RunSeries)
 from optimizer_pipeline.model.arx import (ArxModel, Orders, RidgeProblem, Stacked, refine_multistep,
-                                          rollout_nrmse, spectral_radius, stack_runs, state_and_bias)
+                                          rollout_nrmse, spectral_radius, stack_runs, state_and_bias, window_rows)
 from optimizer_pipeline.model.statespace import steady_state
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,7 @@ STABLE_RADIUS = 1.0  # realisations with spectral radius >= this are unstable
 # Parsimony: among candidates within this relative margin of the best val score, the one with the
 # fewest parameters wins (a larger model that is not clearly better only adds variance to the MPC).
 SCORE_MARGIN = 0.01
+GAIN_CONDITION_WARN = 100.0
 
 
 @dataclass(frozen=True)
@@ -92,10 +93,16 @@ def _best(scored: Sequence[_Scored]) -> _Scored:
 
 
 def _steady_gain_record(model: ArxModel) -> dict[str, Any]:
+    """Steady-state gain G (normalised units), its singular values and condition number.
+
+    condition None = singular; `ill_conditioned` flags condition > GAIN_CONDITION_WARN (the steady
+    targets along the weak direction are then unreliable; the ridge choice already shrinks them).
+    """
     gain = steady_state(model.realise())[0]
     sv = np.linalg.svd(gain, compute_uv=False)
     condition = float(sv[0] / sv[-1]) if sv.size and sv[-1] > 0 else None
-    return {"gain": gain.tolist(), "singular_values": sv.tolist(), "condition": condition}
+    return {"gain": gain.tolist(), "singular_values": sv.tolist(), "condition": condition,
+            "ill_conditioned": condition is None or condition > GAIN_CONDITION_WARN}
 
 
 def _worst(values: np.ndarray) -> float | None:
@@ -151,9 +158,9 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
     started = time.perf_counter()
     tags = (binding.mv_tags, binding.cv_tags, binding.dv_tags)
     horizon = binding.model.horizon
-    train, val, test = (stack_runs(runs, split.normalisation, *tags) for runs in (split.train, split.val, split.test))
     if not split.train:
         raise ContractError(f"binding {binding.id}: no train runs to identify a model from")
+    train, val, test = (stack_runs(runs, split.normalisation, *tags) for runs in (split.train, split.val, split.test))
     candidates = _candidates(binding)
     problem = RidgeProblem(train, candidates)
     ny, nu, nd = problem.dims
@@ -161,8 +168,11 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
     if problem.n_rows < smallest:
         raise ContractError(f"binding {binding.id}: the train runs give {problem.n_rows} usable rows; "
                             f"the smallest model needs at least {smallest}")
-    selection_data, data = ("val", val) if int(val.lengths.sum()) else ("train (no val runs)", train)
     first_common = max(o.first_state_row for o in candidates)
+    if window_rows(val, first_common, horizon, horizon)[0].size:
+        selection_data, data = "val", val
+    else:  # in-sample, so the ridge and parsimony rules are all that guard against overfitting
+        selection_data, data = "train (no val run holds a P-step window)", train
 
     def scored_fit(orders: Orders, ridge: float) -> _Scored:
         model = problem.fit(orders, ridge)
@@ -188,6 +198,9 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
     else:
         refinement["kept"] = False
     model = final.model
+    gain = _steady_gain_record(model)
+    if gain["ill_conditioned"]:
+        log.warning("binding %s: ill-conditioned steady-state gain (condition %s)", binding.id, gain["condition"])
     selection = {
         "data": selection_data,
         "score": f"mean over CVs of the {horizon}-step open-loop rollout NRMSE",
@@ -202,7 +215,7 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
         "refinement": refinement,
         "final": final.record(),
         "stable": final.stable,
-        "steady_gain": _steady_gain_record(model),
+        "steady_gain": gain,
         "regression_rows": problem.n_rows,
         "seconds": round(time.perf_counter() - started, 4),
     }

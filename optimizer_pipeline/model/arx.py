@@ -32,6 +32,7 @@ from optimizer_pipeline.model.statespace import rollout
 
 log = logging.getLogger(__name__)
 
+MIN_STD = 1e-9  # a tag whose train std is below this never moved: normalised units are undefined
 LAYOUT = ("y[t] = sum_{i=1..na} A[i-1] y[t-i] + sum_{j=0..nb-1} (B[j] u[t-delay-j] + D[j] d[t-delay-j]) + c; "
           "normalised units; A (na, ny, ny), B (nb, ny, nu), D (nb, ny, nd), c (ny,)")
 
@@ -170,9 +171,11 @@ def stack_runs(runs: Sequence[RunSeries], normalisation: Normalisation, mv_tags:
     if missing:
         raise ContractError(f"normalisation: no train statistics for tag(s) {', '.join(missing)}")
     stats = [normalisation.of(tags) for tags in (cv_tags, mv_tags, dv_tags)]
-    for mean, std in stats:
-        if np.any(~np.isfinite(std)) or np.any(std <= 0):
-            raise ContractError(f"normalisation: std must be finite and > 0 for {normalisation.tags}, got {std}")
+    flat = [tag for tags, (_, std) in zip((cv_tags, mv_tags, dv_tags), stats)
+            for tag, s in zip(tags, std) if not s >= MIN_STD]
+    if flat:
+        raise ContractError(f"normalisation: train std of {', '.join(flat)} is below {MIN_STD:g} (never moves in the "
+                            f"train runs): the model cannot be identified or scored in normalised units")
     widths = (len(cv_tags), len(mv_tags), len(dv_tags))
     parts: list[list[np.ndarray]] = [[], [], []]
     for run in runs:
