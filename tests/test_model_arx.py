@@ -234,3 +234,20 @@ def test_ill_conditioned_steady_gain_is_flagged():
     artifact = identify(split_of(spec, run_series("r", u, y, np.zeros((8, 300, 0))), 4, 2, 2), spec, 1)
     record = artifact.selection["steady_gain"]
     assert record["ill_conditioned"] and record["condition"] > 100
+
+
+def test_refinement_sensitivities_equal_finite_differences():
+    from optimizer_pipeline.model.arx import _simulate
+
+    rng = np.random.default_rng(14)
+    orders = Orders(2, 2, 1)
+    theta = 0.3 * rng.normal(size=(2 * 2 + 2 * 3 + 1, 2))  # ny = 2; exo = 2 lags x (2 MVs + 1 DV) + 1
+    y_hist, exo = rng.normal(size=(5, 2, 2)), rng.normal(size=(5, 6, 7))
+    _, jac = _simulate(theta, orders, y_hist, exo, True)
+    eps = 1e-6
+    for r, c in [(0, 0), (3, 1), (5, 0), (10, 1)]:
+        step = np.zeros_like(theta)
+        step[r, c] = eps
+        plus, _ = _simulate(theta + step, orders, y_hist, exo, False)
+        minus, _ = _simulate(theta - step, orders, y_hist, exo, False)
+        np.testing.assert_allclose(jac[..., r, c], (plus - minus) / (2 * eps), atol=1e-7)
