@@ -227,7 +227,7 @@ def test_no_free_worker_within_the_queue_wait_raises_queue_full(test_ops):
         waited = time.monotonic() - started
         holder.join()
         assert caught.value.code == errors.SOLVER_QUEUE_FULL
-        assert 0.2 <= waited < 0.8
+        assert 0.2 <= waited < 2.0
 
 
 @pytest.mark.parametrize("ready, reason", [({"protocolVersion": 2, "diag": {"pid": "SELF"}}, "protocolVersion"),

@@ -100,7 +100,7 @@ def test_malformed_frame_gets_an_error_response_and_the_worker_keeps_serving(wor
 def test_cancel_stops_the_in_flight_request_with_heartbeats_meanwhile(worker):
     worker.write(json.dumps({"protocolVersion": 1, "reqId": "slow", "op": "sleep", "payload": {"seconds": 30}}))
     before = worker.heartbeats
-    time.sleep(1.2)  # > 2 heartbeat periods
+    time.sleep(1.6)  # > 3 heartbeat periods
     worker.write(json.dumps({"protocolVersion": 1, "reqId": "c", "op": "cancel", "payload": {"reqId": "slow"}}))
     frames = {}
     for _ in range(2):

@@ -25,11 +25,6 @@ WORKER_BUSY = "WORKER_BUSY"  # a second solve while one is in flight (the pool n
 CANCELLED = "CANCELLED"  # the in-flight request was cancelled by a "cancel" frame
 SOLVE_FAILED = "SOLVE_FAILED"  # the solver raised; the message names the exception
 
-ALL_CODES = frozenset({
-    SOLVE_TIMEOUT, WORKER_INTERRUPTED, SOLVER_UNAVAILABLE, SOLVER_QUEUE_FULL, ENV_MISSING_DEP,
-    WORKER_START_FAILED, BAD_FRAME, UNSUPPORTED_PROTOCOL, BAD_REQUEST, UNKNOWN_OP, WORKER_BUSY,
-    CANCELLED, SOLVE_FAILED,
-})
 
 
 class SolverError(Exception):
