@@ -26,7 +26,6 @@ CANCELLED = "CANCELLED"  # the in-flight request was cancelled by a "cancel" fra
 SOLVE_FAILED = "SOLVE_FAILED"  # the solver raised; the message names the exception
 
 
-
 class SolverError(Exception):
     """A solve did not produce a result; `code` is one of the constants above."""
 
