@@ -82,14 +82,26 @@ def test_plan_of_the_wrong_shape_is_infeasible(solved):
     assert not checked.feasible and "shape" in checked.verify_report["reasons"][0]
 
 
-def test_cv_limit_violation_is_reported_and_makes_the_plan_infeasible():
+def test_plant_outside_a_cv_limit_gets_a_feasible_plan_no_worse_than_holding():
     # Both CVs start well above the high limit 8; the tanks drain slowly, so every plan violates it.
     problem = tank_problem(cv_hi=8.0, x0=(2.5, 2.5, 1.0, 1.0), horizon=10)
     result = solve_problem(problem, SolverCache())
     nominal = result.candidates[1]
-    assert not nominal.feasible
-    assert nominal.verify_report["cv_limit_violation"][0] > 0.5
-    assert not any("cost" in r for r in nominal.verify_report["reasons"])  # only the CV limits fail
+    assert nominal.verify_report["cv_limit_violation"][0] > 0.5  # reported
+    assert max(nominal.verify_report["cv_violation_beyond_hold"]) <= 1e-9
+    assert nominal.feasible and nominal.verified
+
+
+def test_plan_that_violates_a_cv_limit_more_than_holding_is_infeasible():
+    problem = tank_problem(cv_hi=8.0, x0=(2.5, 2.5, 1.0, 1.0), horizon=10)
+    nominal = solve_problem(problem, SolverCache()).candidates[1]
+    hi = np.asarray(problem.u_mean) + np.asarray(problem.u_std) * np.asarray(problem.u_hi)
+    u_prev = np.asarray(problem.u_mean) + np.asarray(problem.u_std) * np.asarray(problem.u_prev)
+    step = np.asarray(problem.u_std) * np.asarray(problem.du_max)
+    ramp = np.minimum(hi, u_prev + step * np.arange(1, problem.horizon + 1)[:, None])  # fill the tanks further
+    checked = verify_candidate(problem, replace(nominal, controls=tuple(map(tuple, ramp))))
+    assert not checked.feasible
+    assert any("more than holding the current MVs" in r for r in checked.verify_report["reasons"])
 
 
 def test_independent_cost_of_a_known_plan():
