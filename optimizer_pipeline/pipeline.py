@@ -25,7 +25,7 @@ from optimizer_pipeline.model import current_state
 from optimizer_pipeline.problem import compile_problem
 from optimizer_pipeline.recommend import EvidenceSnapshot, decide
 from optimizer_pipeline.settings import Settings
-from optimizer_pipeline.solver.errors import SolverError
+from optimizer_pipeline.solver.errors import WORKER_INTERRUPTED, SolverError
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +98,9 @@ def recommend(stored: StoredBinding, artifact: ModelArtifact, split: HistorySpli
     """Compile the problem from the live state, solve it, decide the status and write run +
     candidates + recommendation in one ledger transaction (superseding the open one)."""
     binding = stored.spec
+    reconciled = ledger.close_stale_runs(older_than_s=2 * settings.solver_request_timeout_ms / 1000)
+    if reconciled:
+        log.warning("closed %d run(s) left running by a writer that died as interrupted", reconciled)
     live = split.live
     if live is None:
         raise ValueError(f"binding {binding.id}: no live run in the history, so there is no current state")
@@ -128,13 +131,20 @@ def recommend(stored: StoredBinding, artifact: ModelArtifact, split: HistorySpli
            "context": {"live_run": live.run_id, "live_t": float(live.t[-1]), "calibration_id": calibration.calibration_id,
                        "model_artifact_hash": artifact.artifact_hash, "evidence_source": source}}
     ledger.record_solve(run, result.candidates, artifact.artifact_hash, rec,
-                        run_status="succeeded" if result.ok else "failed",
+                        run_status=run_status(result),
                         independent_cost=None if chosen is None else chosen.independent_cost,
                         diagnostics=dict(result.diagnostics, error_code=result.error_code,
                                          error_message=result.error_message),
                         evidence_source=rec.evidence["source"])
     log.info("binding %s: recommendation %s is %s", binding.id, rec.id, rec.status.value)
     return SolveRecord(run_id, problem, result, rec)
+
+
+def run_status(result: SolveResult) -> str:
+    """A solve whose worker died is `interrupted` (never replayed); other errors `failed`."""
+    if result.ok:
+        return "succeeded"
+    return "interrupted" if result.error_code == WORKER_INTERRUPTED else "failed"
 
 
 def recommendation_json(row: dict[str, Any]) -> dict[str, Any]:

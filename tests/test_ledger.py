@@ -185,3 +185,15 @@ def test_duckdb_lock_from_outside_our_lock_is_retried_then_reported(tmp_path):
         holder.kill()
         holder.wait()
     assert ledger.counts()["optimizer_runs"] == 0
+
+
+def test_stale_running_runs_are_closed_as_interrupted_once(ledger):
+    from datetime import timedelta
+
+    stale = ledger.insert_run({**run_row(), "started_at": utc_now() - timedelta(seconds=120)})
+    fresh = ledger.insert_run(run_row())
+    assert ledger.close_stale_runs(older_than_s=60) == 1
+    assert ledger.close_stale_runs(older_than_s=60) == 0
+    assert ledger.get_run(stale)["status"] == "interrupted" and ledger.get_run(fresh)["status"] == "running"
+    with pytest.raises(RunStateError):
+        ledger.finish_run(stale, "succeeded")

@@ -6,8 +6,8 @@ transaction (DAGSTER-NOTES.md: DuckDB admits one writing process at a time and r
 read-only opens meanwhile). Lock waits and DuckDB lock conflicts are retried with jittered
 back-off up to a bound; past it a LedgerBusyError says so.
 
-Append-only: rows are never deleted. The only UPDATE paths are `finish_run` (a run leaves
-`running` exactly once) and expiry (`expire*`: status -> expired, the row is kept).
+Append-only: rows are never deleted. The only UPDATE paths are `finish_run` / `close_stale_runs`
+(a run leaves `running` exactly once) and expiry (`expire*`: status -> expired, the row is kept).
 """
 
 import json
@@ -18,7 +18,7 @@ import time
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -44,6 +44,7 @@ from optimizer_pipeline.ledger.schema import apply_schema
 
 log = logging.getLogger(__name__)
 
+RUN_END_STATUSES = ("succeeded", "failed", "interrupted")
 OPEN_STATUSES = (RecommendationStatus.VERIFIED.value, RecommendationStatus.UNVERIFIED.value,
                  RecommendationStatus.REJECTED.value)
 
@@ -348,9 +349,9 @@ class Ledger:
 
     def finish_run(self, run_id: str, status: str, *, independent_cost: float | None = None,
                    diagnostics: Mapping[str, Any] | None = None, conn: duckdb.DuckDBPyConnection | None = None) -> None:
-        """`running` -> succeeded | failed, exactly once; a second finish raises RunStateError."""
-        if status not in ("succeeded", "failed"):
-            raise LedgerError(f"run status must be 'succeeded' or 'failed', got {status!r}")
+        """`running` -> succeeded | failed | interrupted, exactly once; a second finish raises RunStateError."""
+        if status not in RUN_END_STATUSES:
+            raise LedgerError(f"run status must be one of {', '.join(RUN_END_STATUSES)}, got {status!r}")
         if conn is None:
             with self.transaction() as tx:
                 return self.finish_run(run_id, status, independent_cost=independent_cost,
@@ -409,6 +410,20 @@ class Ledger:
                                  f"superseded by {recommendation.id}")
                 self.insert_recommendation(recommendation, evidence_source, conn)
         return run_id
+
+    def close_stale_runs(self, older_than_s: float, now: datetime | None = None) -> int:
+        """Reconciliation: runs still `running` after `older_than_s` (their writer died) become
+        `interrupted`; returns how many. Normal writes never leave a run running (one transaction)."""
+        cutoff = _naive(now) - timedelta(seconds=older_than_s)
+        with self.transaction() as conn:
+            count = conn.execute("SELECT count(*) FROM optimizer_runs WHERE status = 'running' AND started_at < ?",
+                                 [cutoff]).fetchall()[0][0]
+            if count:
+                conn.execute("""UPDATE optimizer_runs SET status = 'interrupted', finished_at = ?,
+                                diagnostics_json = ? WHERE status = 'running' AND started_at < ?""",
+                             [_now(), canonical_json({"reconciled": f"still running after {older_than_s:g} s"}),
+                              cutoff])
+        return int(count)
 
     def get_run(self, run_id: str) -> dict[str, Any]:
         rows = _records(self.query("SELECT * FROM optimizer_runs WHERE id = ?", [run_id]))
