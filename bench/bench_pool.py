@@ -5,7 +5,7 @@ Issue 4 "Performance". Two plants, 200 receding-horizon re-solves each (N = 30):
   * a random stable system, nx = 10, nu = 3, ny = 3 (seeded).
 The closed loop is run once in process (the plan's first move applied to the model, targets stepped
 half way) to record 200 ProblemIRs; every mode then solves that same sequence, so warm starts see
-the same re-solves:
+the same re-solves (raw and pool interleaved step by step: on a shared machine both see the same load):
   raw      solve_problem(problem, cache) in this process, one SolverCache (warm start)
   pool     SolverPool(size=1).solve(problem): JSON over a pipe to a long-lived worker (warm cache)
   process  a fresh worker process per solve (spawn, imports, ready, one solve, exit); 20 measured,
@@ -100,24 +100,27 @@ def percentiles(samples_s: list[float]) -> tuple[float, float]:
     return float(np.percentile(ms, 50)), float(np.percentile(ms, 90))
 
 
-def time_raw(problems: list[ProblemIR]) -> list[float]:
-    cache, times = SolverCache(), []
+def time_raw_and_pool(pool: SolverPool, problems: list[ProblemIR]) -> tuple[list[float], list[float], list[float]]:
+    """Seconds per solve in process, in process through the pool's JSON codec, and through the pool.
+
+    The three are interleaved step by step so they see the same machine load. The codec path does
+    the CPU work of a pool round trip without the pipes and process switches: problem to canonical
+    JSON, parse + ProblemIR.from_dict, solve, result to canonical JSON, parse.
+    """
+    cache, codec_cache, raw, codec, pooled = SolverCache(), SolverCache(), [], [], []
     for problem in problems:
         t = time.perf_counter()
-        result: SolveResult = solve_problem(problem, cache)
-        times.append(time.perf_counter() - t)
-        assert result.ok, result.error_message
-    return times
-
-
-def time_pool(pool: SolverPool, problems: list[ProblemIR]) -> list[float]:
-    times = []
-    for problem in problems:
+        local: SolveResult = solve_problem(problem, cache)
+        raw.append(time.perf_counter() - t)
         t = time.perf_counter()
-        result = pool.solve(problem)
-        times.append(time.perf_counter() - t)
-        assert result["ok"], result
-    return times
+        decoded = ProblemIR.from_dict(json.loads(problem.canonical_json()))
+        json.loads(canonical_json(solve_problem(decoded, codec_cache)))
+        codec.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        remote = pool.solve(problem)
+        pooled.append(time.perf_counter() - t)
+        assert local.ok and remote["ok"], (local.error_message, remote.get("error_message"))
+    return raw, codec, pooled
 
 
 def time_process_per_solve(problems: list[ProblemIR], samples: int) -> list[float]:
@@ -134,13 +137,14 @@ def time_process_per_solve(problems: list[ProblemIR], samples: int) -> list[floa
 
 
 def report(name: str, problems: list[ProblemIR], pool: SolverPool, process_samples: int) -> dict[str, float]:
-    raw = time_raw(problems)
-    pooled = time_pool(pool, problems)
+    raw, codec, pooled = time_raw_and_pool(pool, problems)
     spawned = time_process_per_solve(problems, process_samples)
     (raw50, raw90), (pool50, pool90), (proc50, proc90) = percentiles(raw), percentiles(pooled), percentiles(spawned)
+    codec50, codec90 = percentiles(codec)
     payload_kb = len(canonical_json(problems[0])) / 1024
     print(f"\n{name}: {len(problems)} receding-horizon re-solves, N = {HORIZON}, ProblemIR {payload_kb:.1f} kB")
     print(f"  raw in-process solve_problem (warm)  p50 {raw50:8.3f} ms  p90 {raw90:8.3f} ms  total {sum(raw):7.2f} s")
+    print(f"  in-process + pool JSON codec, no IPC p50 {codec50:8.3f} ms  p90 {codec90:8.3f} ms  total {sum(codec):7.2f} s")
     print(f"  pool round trip (1 worker, warm)     p50 {pool50:8.3f} ms  p90 {pool90:8.3f} ms  total {sum(pooled):7.2f} s")
     print(f"  fresh process per solve ({len(spawned)} runs)   p50 {proc50:8.1f} ms  p90 {proc90:8.1f} ms  "
           f"total for {len(problems)} ~{np.mean(spawned) * len(problems):7.1f} s (extrapolated)")
