@@ -17,8 +17,10 @@ from dagster import (
     sensor,
 )
 
+from assets.outcomes import OUTCOMES_GROUP
 from assets.partitions import BINDINGS, CALIBRATION_GROUP, RECOMMENDATION_GROUP
 from optimizer_pipeline.contracts import parse_iso_utc, utc_now
+from optimizer_pipeline.outcomes import drift_finding
 from optimizer_pipeline.settings import Settings
 from resources.ledger import LedgerResource
 
@@ -32,6 +34,9 @@ solve_job = define_asset_job(
 refresh_job = define_asset_job(
     "refresh", selection=AssetSelection.groups(CALIBRATION_GROUP, RECOMMENDATION_GROUP),
     description="Recalibrate and re-solve one binding partition.")
+outcomes_job = define_asset_job(
+    "outcomes", selection=AssetSelection.groups(OUTCOMES_GROUP),
+    description="Judge the observations recorded after applying the binding's recommendations.")
 
 
 def binding_changes_sensor():
@@ -89,6 +94,31 @@ def uq_freshness_sensor():
         return requests or SkipReason("every calibration is fresh")
 
     return uq_freshness
+
+
+def outcome_drift_sensor():
+    """Fires when the recent outcomes of a binding (under its current calibration) show deviation:
+    `deviated` in >= 2 of the last 3 conclusive verdicts, or a band-hit rate significantly below the
+    promised one (outcomes.drift_finding). Requests `recalibrate` for that partition, once per
+    triggering outcome (run key `<binding>@<outcome id>`), with the reason in the run's tags."""
+
+    @sensor(name="outcome_drift", job=recalibrate_job, minimum_interval_seconds=60,
+            default_status=DefaultSensorStatus.RUNNING)
+    def outcome_drift(context: SensorEvaluationContext, ledger: LedgerResource):
+        store = ledger.ledger()
+        requests = []
+        for binding_id in context.instance.get_dynamic_partitions(BINDINGS.name):
+            calibration = store.latest_calibration(binding_id)
+            finding = drift_finding(binding_id, store.list_outcomes(binding_id),
+                                    None if calibration is None else calibration["calibrated_at"])
+            if finding is None:
+                continue
+            context.log.info(f"outcome_drift: requesting recalibrate of {binding_id}: {finding.reason}")
+            requests.append(RunRequest(partition_key=binding_id, run_key=f"{binding_id}@{finding.outcome_id}",
+                                       tags={"optimizer/reason": finding.reason}))
+        return requests or SkipReason("no binding's recent outcomes deviate")
+
+    return outcome_drift
 
 
 def recommendation_expiry_sensor():

@@ -118,6 +118,14 @@ def cmd_recommendation(args: argparse.Namespace, home: Path) -> int:
     return 0
 
 
+def cmd_outcome(args: argparse.Namespace, home: Path) -> int:
+    from optimizer_pipeline.outcomes import record_outcome, summary
+
+    outcome = record_outcome(Ledger(ledger_path(home)), args.recommendation_id, args.observed_file, args.applied_at)
+    print(json.dumps(summary(outcome), indent=2))
+    return 0
+
+
 def cmd_ledger(args: argparse.Namespace, home: Path) -> int:
     ledger = Ledger(ledger_path(home))
     if args.binding:
@@ -251,6 +259,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("binding_id")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_recommendation)
+
+    p = sub.add_parser("outcome", help="record what the plant did after applying a recommendation; prints the verdict",
+                       description="Record that a recommendation was applied and what the plant did; prints the "
+                                   "verdict (confirmed / deviated / inconclusive) as JSON. OBSERVED_FILE has the "
+                                   "history format (run_id, timestamp, every tag of the binding).")
+    p.add_argument("recommendation_id")
+    p.add_argument("observed_file")
+    p.add_argument("--applied-at", metavar="ISO",
+                   help="when the first move was made (ISO 8601, naive = UTC; default: the file's first timestamp)")
+    p.set_defaults(func=cmd_outcome)
 
     p = sub.add_parser("ledger", help="runs, candidates, recommendations, outcomes")
     p.add_argument("--binding")

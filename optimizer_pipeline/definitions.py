@@ -6,10 +6,14 @@ from pathlib import Path
 from dagster import Definitions, load_assets_from_modules
 
 import assets.calibration
+import assets.outcomes
 import assets.recommendation
+from assets.outcomes import OUTCOMES_GROUP
 from assets.partitions import CALIBRATION_GROUP, RECOMMENDATION_GROUP
 from optimizer_pipeline.automation import (
     binding_changes_sensor,
+    outcome_drift_sensor,
+    outcomes_job,
     recalibrate_job,
     recalibration_schedule,
     recommendation_expiry_sensor,
@@ -27,7 +31,8 @@ def build_definitions(home: Path) -> Definitions:
     settings = load_settings(home)
     return Definitions(
         assets=[*load_assets_from_modules([assets.calibration], group_name=CALIBRATION_GROUP),
-                *load_assets_from_modules([assets.recommendation], group_name=RECOMMENDATION_GROUP)],
+                *load_assets_from_modules([assets.recommendation], group_name=RECOMMENDATION_GROUP),
+                *load_assets_from_modules([assets.outcomes], group_name=OUTCOMES_GROUP)],
         resources={
             "ledger": LedgerResource(home=str(home)),
             "plant_store": PlantStoreResource(home=str(home)),
@@ -35,9 +40,10 @@ def build_definitions(home: Path) -> Definitions:
                                          request_timeout_ms=settings.solver_request_timeout_ms,
                                          threads=settings.solver_threads),
         },
-        jobs=[recalibrate_job, solve_job, refresh_job],
+        jobs=[recalibrate_job, solve_job, refresh_job, outcomes_job],
         schedules=[recalibration_schedule(settings)],
-        sensors=[binding_changes_sensor(), uq_freshness_sensor(), recommendation_expiry_sensor()],
+        sensors=[binding_changes_sensor(), uq_freshness_sensor(), recommendation_expiry_sensor(),
+                 outcome_drift_sensor()],
     )
 
 

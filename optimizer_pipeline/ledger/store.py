@@ -495,16 +495,29 @@ class Ledger:
 
     def insert_outcome(self, outcome: Outcome) -> str:
         with self.transaction() as conn:
-            row = _first(conn.execute("SELECT status FROM optimizer_recommendations WHERE id = ?",
-                               [outcome.recommendation_id]).fetchall())
-            if row is None:
-                raise NotFoundError(f"recommendation {outcome.recommendation_id} is not in the ledger")
-            conn.execute("INSERT INTO optimizer_outcomes VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                         [outcome.id, outcome.recommendation_id, outcome.binding_id, _naive(outcome.applied_at),
-                          canonical_json(outcome.observed), canonical_json(outcome.delta),
-                          None if outcome.verdict is None else outcome.verdict.value,
-                          canonical_json(outcome.details), _now()])
+            self._append_outcome(conn, outcome)
         return outcome.id
+
+    def insert_outcome_if_absent(self, outcome: Outcome) -> bool:
+        """Append an outcome whose id is deterministic (an evaluation row that a retried or concurrent
+        step may repeat): written once, in one transaction; False when that id is already stored."""
+        with self.transaction() as conn:
+            if _first(conn.execute("SELECT 1 FROM optimizer_outcomes WHERE id = ?", [outcome.id]).fetchall()):
+                return False
+            self._append_outcome(conn, outcome)
+        return True
+
+    @staticmethod
+    def _append_outcome(conn: duckdb.DuckDBPyConnection, outcome: Outcome) -> None:
+        row = _first(conn.execute("SELECT status FROM optimizer_recommendations WHERE id = ?",
+                           [outcome.recommendation_id]).fetchall())
+        if row is None:
+            raise NotFoundError(f"recommendation {outcome.recommendation_id} is not in the ledger")
+        conn.execute("INSERT INTO optimizer_outcomes VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                     [outcome.id, outcome.recommendation_id, outcome.binding_id, _naive(outcome.applied_at),
+                      canonical_json(outcome.observed), canonical_json(outcome.delta),
+                      None if outcome.verdict is None else outcome.verdict.value,
+                      canonical_json(outcome.details), _now()])
 
     def list_outcomes(self, binding_id: str | None = None, recommendation_id: str | None = None) -> list[dict[str, Any]]:
         if recommendation_id is not None:

@@ -1,0 +1,58 @@
+"""Outcome assets of one binding partition: observed vs predicted after applying recommendations."""
+
+from dagster import AssetExecutionContext, AssetKey, MetadataValue, Output, TableColumn, TableRecord, TableSchema, asset
+
+from assets.partitions import BINDINGS
+from optimizer_pipeline import outcomes
+from optimizer_pipeline.contracts import OutcomeVerdict
+from resources.ledger import LedgerResource
+
+OUTCOMES_GROUP = "outcomes"
+RECENT_ROWS = 20  # outcomes listed in the UI table (newest first)
+
+
+def _outcome_table(rows: list[dict]) -> MetadataValue:
+    columns = [("outcome_id", "string"), ("recommendation_id", "string"), ("applied_at", "string"),
+               ("verdict", "string"), ("hits", "int"), ("trials", "int"), ("inside_share", "float"),
+               ("p_value", "float"), ("block_covered", "bool"), ("reason", "string")]
+    records = [TableRecord({"outcome_id": r["id"], "recommendation_id": r["recommendation_id"],
+                            "applied_at": r["applied_at"], "verdict": r["verdict"],
+                            "hits": r["details"].get("hits"), "trials": r["details"].get("trials"),
+                            "inside_share": r["details"].get("inside_share"), "p_value": r["details"].get("p_value"),
+                            "block_covered": r["details"].get("block_covered"),
+                            "reason": r["details"].get("verdict_reason")}) for r in rows]
+    return MetadataValue.table(records, schema=TableSchema(columns=[TableColumn(n, t) for n, t in columns]))
+
+
+def _delta_table(row: dict) -> MetadataValue:
+    """Per step: observed, predicted, delta (engineering units) and inside-the-band per CV."""
+    delta = row["delta"]
+    tags = delta["cv_tags"]
+    columns = [TableColumn("step", "int"), TableColumn("judged", "bool")] + [
+        TableColumn(f"{kind}:{t}", "bool" if kind == "inside" else "float")
+        for t in tags for kind in ("observed", "predicted", "delta", "inside")]
+    records = [TableRecord({"step": step, "judged": judged, **{
+        f"{kind}:{t}": delta[kind][k][j] for j, t in enumerate(tags) for kind in ("observed", "predicted", "delta", "inside")}})
+        for k, (step, judged) in enumerate(zip(delta["steps"], delta["judged"]))]
+    return MetadataValue.table(records, schema=TableSchema(columns=columns))
+
+
+@asset(partitions_def=BINDINGS, group_name=OUTCOMES_GROUP, deps=[AssetKey("recommendation")],
+       description="Applied recommendations vs what the plant did: deltas per CV and step, band hits, verdicts.")
+def outcome_deltas(context: AssetExecutionContext, ledger: LedgerResource):
+    store = ledger.ledger()
+    binding_id = context.partition_key
+    written = outcomes.evaluate_pending(store, binding_id)
+    if written:
+        context.log.info(f"evaluated {len(written)} pending observation(s) of {binding_id}: "
+                         + ", ".join(f"{o.id} {o.verdict.value}" for o in written))
+    judged = [r for r in store.list_outcomes(binding_id) if r["verdict"] is not None]
+    counts = {v.value: sum(r["verdict"] == v.value for r in judged) for v in OutcomeVerdict}
+    newest = sorted(judged, key=lambda r: (r["applied_at"], r["created_at"], r["id"]), reverse=True)
+    metadata = {**{f"verdicts_{k}": n for k, n in counts.items()}, "outcomes_evaluated_now": len(written),
+                "outcomes": _outcome_table(newest[:RECENT_ROWS])}
+    if newest:
+        metadata["latest_outcome_id"] = newest[0]["id"]
+        metadata["latest_deltas"] = _delta_table(newest[0])
+    return Output({"binding_id": binding_id, "verdicts": counts, "evaluated_now": [o.id for o in written]},
+                  metadata=metadata)
