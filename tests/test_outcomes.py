@@ -1,0 +1,260 @@
+"""Outcome rules without Dagster (issue 6): alignment, the binomial verdict, the steady-state rule,
+when an outcome may be recorded, and the drift rule."""
+
+import math
+from datetime import timedelta
+
+import numpy as np
+import pytest
+
+from optimizer_pipeline.contracts import parse_iso_utc
+from optimizer_pipeline.model.arx import spectral_radius
+from optimizer_pipeline.outcomes import (
+    MIN_STEPS,
+    Observation,
+    OutcomeError,
+    check_applicable,
+    drift_finding,
+    evaluate,
+    hit_rate_p_value,
+    nearest_samples,
+    promised_rate,
+    settle_steps,
+)
+
+T0 = 1_800_000_000.0
+PERIOD = 10.0
+UQ = {"method": "split_conformal", "alpha": 0.1, "coverage": 0.95, "block_length": 10,
+      "calibrated_at": "2027-01-15T08:00:00+00:00"}
+
+
+def mpc_rec(n_steps=20, band=(1.0,), uq=UQ):
+    predicted = [[50.0 + 0.5 * k] for k in range(n_steps)]
+    return {"id": "rec-test", "template": "linear_mpc_quadratic@1", "mv_tags": ["q"], "cv_tags": ["y"],
+            "controls": [[100.0]] * n_steps, "predicted": predicted, "band": list(band), "evidence": {"uq": uq}}
+
+
+def observation(values_by_step, start_step=0, u=100.0):
+    """Samples at T0 + k * PERIOD for k = start_step, start_step + 1, ...; values (n,) of CV y."""
+    y = np.asarray(values_by_step, float)
+    t = T0 + (start_step + np.arange(len(y))) * PERIOD
+    return Observation(t=t, tags=("q", "y"), values=np.column_stack([np.full(len(y), u), y]), run_ids=("obs",),
+                       source="test")
+
+
+def plan_observation(offset_by_step, n_steps=20):
+    """The plan's own prediction at the end of each step plus an offset; row 0 is the start (applied_at)."""
+    rec = mpc_rec(n_steps)
+    y_end = np.array([p[0] for p in rec["predicted"]]) + np.asarray(offset_by_step, float)
+    return observation(np.concatenate([[49.0], y_end]))
+
+
+# --------------------------------------------------------------------------- alignment
+
+
+def test_nearest_sample_within_half_a_period_ties_to_the_earlier_one():
+    t = np.array([0.0, 9.0, 21.0, 30.0])
+    values = np.array([[1.0], [2.0], [3.0], [4.0]])
+    got = nearest_samples(t, values, np.array([10.0, 20.0, 25.5, 40.0]), PERIOD)
+    np.testing.assert_array_equal(got[:3, 0], [2.0, 3.0, 3.0])
+    assert math.isnan(got[3, 0])  # 10 s from the nearest sample: more than half a period
+
+
+def test_nearest_sample_skips_missing_values_of_that_tag_only():
+    t = np.array([0.0, 9.0, 21.0, 30.0])
+    values = np.array([[1.0, 1.0], [2.0, 2.0], [np.nan, 3.0], [4.0, 4.0]])
+    got = nearest_samples(t, values, np.array([20.0]), PERIOD)
+    assert math.isnan(got[0, 0]) and got[0, 1] == 3.0
+
+
+def test_observation_round_trips_through_its_json_with_missing_values():
+    obs = Observation(t=np.array([1.0, 2.0]), tags=("a", "b"), values=np.array([[1.0, np.nan], [3.0, 4.0]]),
+                      run_ids=("r",), source="f.csv")
+    back = Observation.from_dict(obs.to_dict())
+    np.testing.assert_array_equal(back.t, obs.t)
+    np.testing.assert_array_equal(back.values, obs.values)
+    assert back.tags == obs.tags and back.run_ids == ("r",)
+
+
+# --------------------------------------------------------------------------- verdict statistics
+
+
+@pytest.mark.parametrize("hits, trials, p0", [(7, 12, 0.9), (15, 15, 0.9), (0, 5, 0.85), (20, 24, 0.95)])
+def test_hit_rate_p_value_is_the_lower_binomial_tail(hits, trials, p0):
+    tail = sum(math.comb(trials, i) * p0 ** i * (1 - p0) ** (trials - i) for i in range(hits + 1))
+    assert hit_rate_p_value(hits, trials, p0) == pytest.approx(tail, rel=1e-10)
+
+
+def test_promised_rate_is_the_smaller_of_one_minus_alpha_and_test_coverage():
+    assert promised_rate(UQ) == pytest.approx(0.9)
+    assert promised_rate(dict(UQ, coverage=0.86)) == pytest.approx(0.86)
+    assert promised_rate(None) is None and promised_rate(dict(UQ, method=None)) is None
+
+
+# --------------------------------------------------------------------------- MPC rule
+
+
+def test_plan_followed_within_the_band_is_confirmed_and_only_steps_within_p_are_judged():
+    ev = evaluate(mpc_rec(), plan_observation(np.full(20, 0.3)), T0, PERIOD)
+    assert ev.verdict.value == "confirmed"
+    assert (ev.details["hits"], ev.details["trials"], ev.details["judged_steps"]) == (10, 10, 10)
+    assert ev.details["block_covered"] is True
+    assert ev.delta["delta"][0][0] == pytest.approx(0.3) and ev.delta["judged"][:11] == [True] * 10 + [False]
+
+
+def test_deviation_beyond_p_is_reported_but_not_judged():
+    offsets = np.concatenate([np.zeros(10), np.full(10, 5.0)])
+    ev = evaluate(mpc_rec(), plan_observation(offsets), T0, PERIOD)
+    assert ev.verdict.value == "confirmed"
+    assert ev.details["inside_share_all_steps"] == pytest.approx(0.5)
+
+
+def test_steps_outside_the_band_within_p_are_deviated():
+    offsets = np.concatenate([np.zeros(4), np.full(16, 2.0)])  # 6 of the 10 judged steps outside
+    ev = evaluate(mpc_rec(), plan_observation(offsets), T0, PERIOD)
+    assert ev.verdict.value == "deviated"
+    assert (ev.details["hits"], ev.details["trials"]) == (4, 10)
+    assert ev.details["p_value"] == pytest.approx(hit_rate_p_value(4, 10, 0.9))
+    assert ev.details["block_covered"] is False
+
+
+def test_one_step_outside_the_band_is_within_binomial_tolerance():
+    offsets = np.zeros(20)
+    offsets[3] = 2.0
+    ev = evaluate(mpc_rec(), plan_observation(offsets), T0, PERIOD)
+    assert ev.verdict.value == "confirmed" and ev.details["hits"] == 9
+    assert ev.details["block_covered"] is False  # the calibration's exact event still failed
+
+
+def test_fewer_aligned_steps_than_required_is_inconclusive():
+    obs = observation([49.0, 50.0, 50.5, 51.0, 51.5])  # start + 4 step ends
+    ev = evaluate(mpc_rec(), obs, T0, PERIOD)
+    assert ev.verdict.value == "inconclusive"
+    assert (ev.details["steps_aligned"], ev.details["steps_required"]) == (MIN_STEPS - 1, MIN_STEPS)
+
+
+def test_no_band_is_inconclusive_however_long_the_observation():
+    ev = evaluate(mpc_rec(band=(None,), uq=None), plan_observation(np.zeros(20)), T0, PERIOD)
+    assert ev.verdict.value == "inconclusive" and "no UQ band" in ev.details["verdict_reason"]
+
+
+def test_applied_at_shifts_the_alignment_by_whole_steps():
+    obs = plan_observation(np.zeros(20))
+    late = evaluate(mpc_rec(), obs, T0 - PERIOD, PERIOD)  # claims the plan started one step earlier
+    assert late.delta["observed"][1][0] == pytest.approx(mpc_rec()["predicted"][0][0])
+
+
+def test_operator_deviation_from_the_plan_is_reported_per_mv():
+    obs = plan_observation(np.zeros(20))
+    obs.values[5, 0] = 103.0
+    ev = evaluate(mpc_rec(), obs, T0, PERIOD)
+    assert ev.details["mv_max_abs_deviation_from_plan"] == {"q": pytest.approx(3.0)}
+
+
+# --------------------------------------------------------------------------- steady-state rule
+
+
+def steady_rec():
+    return {"id": "rec-steady", "template": "steady_response@1", "mv_tags": ["q"], "cv_tags": ["y"],
+            "controls": [[100.0]], "predicted": [[60.0]], "band": [0.5], "evidence": {"uq": dict(UQ, block_length=1)}}
+
+
+def test_steady_outcome_judges_only_the_settled_samples():
+    transient = [40.0, 45.0, 50.0, 55.0, 58.0]  # steps 0..4, before the plant settles
+    settled = [60.2] * 8
+    ev = evaluate(steady_rec(), observation(transient + settled), T0, PERIOD, settle=5)
+    assert ev.verdict.value == "confirmed" and (ev.details["hits"], ev.details["trials"]) == (8, 8)
+    assert ev.delta["steps"][0] == 5
+
+
+def test_steady_outcome_settling_away_from_the_prediction_is_deviated():
+    ev = evaluate(steady_rec(), observation([40.0] * 5 + [61.5] * 8), T0, PERIOD, settle=5)
+    assert ev.verdict.value == "deviated"
+
+
+def test_steady_outcome_ending_before_the_plant_settles_is_inconclusive():
+    ev = evaluate(steady_rec(), observation([40.0] * 5 + [60.0] * 3), T0, PERIOD, settle=5)
+    assert ev.verdict.value == "inconclusive" and ev.details["steps_aligned"] == 3
+
+
+def test_settle_steps_is_the_lag_plus_the_decay_of_the_slowest_mode():
+    from optimizer_pipeline.contracts import ModelArtifact, Normalisation, StateSpace
+
+    ss = StateSpace.of([[0.9, 0.0], [0.0, 0.5]], [[1.0], [0.0]], np.zeros((2, 0)), [0.0, 0.0], [[1.0, 0.0]])
+    artifact = ModelArtifact(binding_id="b", binding_revision=1, mv_tags=("q",), cv_tags=("y",), dv_tags=(), na=2,
+                             nb=1, delay=3, horizon=10, sample_period_s=PERIOD, coefficients={}, state_space=ss,
+                             normalisation=Normalisation(("q", "y"), (0.0, 0.0), (1.0, 1.0)), gates=(), splits={},
+                             training_data_hash="x")
+    assert spectral_radius(ss) == pytest.approx(0.9)
+    # 0.9 ** 44 = 0.0097 < 1 % <= 0.9 ** 43 = 0.0108; lag = max(na, nb + delay) = 4
+    assert settle_steps(artifact) == 4 + 44
+
+
+# --------------------------------------------------------------------------- may the outcome be recorded?
+
+
+def rec_row(status="verified", expired_at=None):
+    return {"id": "rec-1", "status": status, "created_at": "2027-01-15T09:00:00+00:00",
+            "valid_until": "2027-01-15T10:00:00+00:00", "expired_at": expired_at, "expired_reason": "superseded"}
+
+
+def at(text):
+    return parse_iso_utc(text)
+
+
+def test_a_rejected_recommendation_is_refused():
+    with pytest.raises(OutcomeError, match="rejected"):
+        check_applicable(rec_row("rejected"), at("2027-01-15T09:10:00"))
+
+
+def test_applied_after_expiry_is_refused_but_before_expiry_is_a_valid_target():
+    row = rec_row("expired", expired_at="2027-01-15T09:30:00+00:00")
+    check_applicable(row, at("2027-01-15T09:29:59"))
+    with pytest.raises(OutcomeError, match="expired at .* before applied_at"):
+        check_applicable(row, at("2027-01-15T09:30:01"))
+
+
+def test_applied_after_valid_until_or_before_creation_is_refused():
+    with pytest.raises(OutcomeError, match="after its valid_until"):
+        check_applicable(rec_row(), at("2027-01-15T10:00:01"))
+    with pytest.raises(OutcomeError, match="before it was created"):
+        check_applicable(rec_row(), at("2027-01-15T08:59:59"))
+
+
+# --------------------------------------------------------------------------- drift rule
+
+
+def outcome_row(i, verdict, hits=10, trials=10, calibrated_at=UQ["calibrated_at"]):
+    applied = parse_iso_utc("2027-01-15T09:00:00") + timedelta(minutes=i)
+    return {"id": f"out-{i}", "verdict": verdict, "applied_at": applied.isoformat(), "created_at": applied.isoformat(),
+            "details": {"hits": hits, "trials": trials, "promised_rate": 0.9, "calibrated_at": calibrated_at}}
+
+
+def test_two_deviated_among_the_last_three_request_recalibration_keyed_by_the_newest():
+    rows = [outcome_row(0, "deviated"), outcome_row(1, "confirmed"), outcome_row(2, "deviated")]
+    finding = drift_finding("b", rows, UQ["calibrated_at"])
+    assert finding is not None and finding.outcome_id == "out-2" and "2 of the last 3" in finding.reason
+
+
+def test_inconclusive_verdicts_neither_count_nor_hide_deviation():
+    rows = [outcome_row(0, "deviated"), outcome_row(1, "inconclusive", 0, 0), outcome_row(2, "deviated", 8, 10),
+            outcome_row(3, "inconclusive", 0, 0)]
+    assert drift_finding("b", rows, UQ["calibrated_at"]).outcome_id == "out-2"
+
+
+def test_one_deviated_among_confirmed_outcomes_is_no_drift():
+    rows = [outcome_row(0, "confirmed"), outcome_row(1, "deviated", 4, 10), outcome_row(2, "confirmed")]
+    assert drift_finding("b", rows, UQ["calibrated_at"]) is None
+
+
+def test_a_pooled_hit_rate_significantly_below_the_promise_is_drift():
+    # each outcome alone passes (8 of 10 at p0 0.9: p = 0.26), together 56 of 70: p = 0.0088
+    rows = [outcome_row(i, "confirmed", 8, 10) for i in range(7)]
+    finding = drift_finding("b", rows, UQ["calibrated_at"])
+    assert finding is not None and "56/70" in finding.reason and finding.outcome_id == "out-6"
+    assert drift_finding("b", rows[:6], UQ["calibrated_at"]) is None  # 48 of 60: p = 0.015
+
+
+def test_outcomes_from_before_the_current_calibration_do_not_count():
+    rows = [outcome_row(0, "deviated"), outcome_row(1, "deviated")]
+    assert drift_finding("b", rows, "2027-01-16T08:00:00+00:00") is None
