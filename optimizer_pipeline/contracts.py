@@ -446,7 +446,7 @@ class StateSpace:
 class Gate:
     name: str  # G1 .. G4
     description: str
-    value: float
+    value: float | None  # None when not measurable (the description says why; the gate then fails)
     threshold: float
     passed: bool
 
