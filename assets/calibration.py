@@ -14,7 +14,7 @@ from dagster import (
 )
 
 from assets.partitions import BINDINGS, CALIBRATION_GROUP
-from optimizer_pipeline import pipeline
+from optimizer_pipeline import pipeline, plots, uq
 from optimizer_pipeline.contracts import HistorySplit, ModelArtifact, utc_now
 from optimizer_pipeline.data import prepare_history, validate_history_frame
 from optimizer_pipeline.model import identify
@@ -27,6 +27,39 @@ GATE_CHECKS = ("G1", "G2", "G3", "G4")
 def _table(rows: list[dict], columns: list[tuple[str, str]]) -> MetadataValue:
     schema = TableSchema(columns=[TableColumn(name, kind) for name, kind in columns])
     return MetadataValue.table([TableRecord({k: r.get(k) for k, _ in columns}) for r in rows], schema=schema)
+
+
+def _float_or_none(value: float | None) -> float | None:
+    """A gate that could not be measured has value None (model.artifact): shown as empty, not a crash."""
+    return None if value is None else float(value)
+
+
+def fit_plot(artifact: ModelArtifact, split: HistorySplit) -> str:
+    """Markdown: measured vs P-step open-loop rollouts on the first test run."""
+    if not split.test:
+        return "*no test run to show the model on*"
+    run = split.test[0]
+    title = f"{artifact.binding_id} r{artifact.binding_revision}: model vs test run {run.run_id}"
+    return plots.figure_markdown(lambda: plots.model_fit_figure(plots.model_fit_series(artifact, run), title),
+                                 "measured vs rolled-out prediction")
+
+
+def coverage_rows(evidence: uq.UQEvidence, artifact: ModelArtifact) -> list[dict]:
+    """Per CV: qhat (normalised), the band in engineering units, test coverage vs the threshold."""
+    if not evidence.has_evidence:
+        return [{"cv": tag} for tag in evidence.cv_tags]
+    band = uq.band_engineering(evidence, artifact)
+    return [{"cv": tag, "qhat": q, "band": b, "coverage": c, "threshold": evidence.coverage_threshold,
+             "meets_threshold": c >= evidence.coverage_threshold}
+            for tag, q, b, c in zip(evidence.cv_tags, evidence.qhat, band, evidence.coverage_per_cv)]
+
+
+def scores_plot(scores: pipeline.Scores, evidence: uq.UQEvidence, title: str) -> str:
+    """Markdown: val and test block scores per CV against qhat."""
+    return plots.figure_markdown(
+        lambda: plots.calibration_figure(evidence.cv_tags, scores.val.scores, scores.test.scores, evidence.qhat,
+                                         evidence.coverage_per_cv, evidence.coverage_threshold, title),
+        "block scores against qhat")
 
 
 @asset(partitions_def=BINDINGS, group_name=CALIBRATION_GROUP,
@@ -60,11 +93,13 @@ def model_artifact(context: AssetExecutionContext, plant_history: HistorySplit, 
     ledger.ledger().put_artifact(artifact)
     gates = {g.name: g for g in artifact.gates}
     yield Output(artifact, metadata={
-        "artifact_hash": artifact.artifact_hash, "binding_revision": artifact.binding_revision,
+        "plot": MetadataValue.md(fit_plot(artifact, plant_history)),
+        "artifact_hash": artifact.artifact_hash, "training_data_hash": artifact.training_data_hash,
+        "binding_revision": artifact.binding_revision,
         "orders": f"na={artifact.na} nb={artifact.nb} delay={artifact.delay} P={artifact.horizon}",
         "orders_chosen_from_data": MetadataValue.json(dict(artifact.selection)) if artifact.selection else "given",
-        **{f"{g.name}_value": float(g.value) for g in artifact.gates},
-        "gates": _table([{"gate": g.name, "description": g.description, "value": float(g.value),
+        **{f"{g.name}_value": float(g.value) for g in artifact.gates if g.value is not None},
+        "gates": _table([{"gate": g.name, "description": g.description, "value": _float_or_none(g.value),
                           "threshold": float(g.threshold), "passed": g.passed} for g in artifact.gates],
                         [("gate", "string"), ("description", "string"), ("value", "float"), ("threshold", "float"),
                          ("passed", "bool")]),
@@ -73,8 +108,8 @@ def model_artifact(context: AssetExecutionContext, plant_history: HistorySplit, 
         gate = gates.get(name)
         yield AssetCheckResult(
             check_name=f"gate_{name}", passed=bool(gate and gate.passed), severity=AssetCheckSeverity.WARN,
-            metadata={} if gate is None else {"value": float(gate.value), "threshold": float(gate.threshold),
-                                              "description": gate.description})
+            metadata={} if gate is None else {"value": "not measurable" if gate.value is None else float(gate.value),
+                                              "threshold": float(gate.threshold), "description": gate.description})
 
 
 @asset(partitions_def=BINDINGS, group_name=CALIBRATION_GROUP,
@@ -101,8 +136,16 @@ def uq_calibration(context: AssetExecutionContext, uq_block_scores: pipeline.Sco
     calibration = pipeline.calibrate(ledger.ledger(), model_artifact, uq_block_scores, settings, utc_now())
     ev = calibration.evidence
     failures = pipeline.uq.gate_failures(ev, settings.uq_gate)
+    title = f"{model_artifact.binding_id}: {ev.method or 'no UQ evidence'}, block length {ev.block_length}"
     yield Output(calibration, metadata={
-        "calibration_id": calibration.calibration_id, "method": ev.method or "none (fail closed)",
+        "plot": MetadataValue.md(scores_plot(uq_block_scores, ev, title)),
+        "status": "passes the UQ gate" if not failures else "fails the UQ gate",
+        "gate_failures": MetadataValue.json(failures),
+        "coverage_by_cv": _table(coverage_rows(ev, model_artifact),
+                                 [("cv", "string"), ("qhat", "float"), ("band", "float"), ("coverage", "float"),
+                                  ("threshold", "float"), ("meets_threshold", "bool")]),
+        "calibration_id": calibration.calibration_id, "artifact_hash": calibration.artifact_hash,
+        "method": ev.method or "none (fail closed)",
         "coverage": ev.coverage, "coverage_threshold": ev.coverage_threshold,
         "coverage_lower_95": ev.coverage_lower_95, "exchangeability_p": ev.exchangeability_p,
         "qhat": MetadataValue.json(dict(zip(ev.cv_tags, ev.qhat))) if ev.qhat else "none",

@@ -1,0 +1,317 @@
+"""Figures shown in the Dagster UI, as small PNGs (matplotlib, Agg canvas; no pyplot state).
+
+Each `*_figure` takes plain arrays (engineering units unless stated) and returns PNG bytes;
+`markdown_image` wraps PNG bytes in a markdown image with a base64 data URI, which the Dagster UI
+renders inline in a markdown metadata value (the caller wraps it in `MetadataValue.md`).
+The `*_series` functions prepare those arrays from the pipeline's contracts (pure, no plotting).
+
+Time axes are seconds relative to "now" (the live run's last row, t = 0): history at t <= 0, the
+plan at t > 0 (u[k] is held during step k; the predicted CV of step k is at the end of that step).
+"""
+
+import base64
+import io
+import logging
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import NullLocator
+
+from optimizer_pipeline.contracts import BindingSpec, ModelArtifact, Recommendation, RunSeries, Template
+from optimizer_pipeline.model import Orders, rollout_windows, stack_for
+from optimizer_pipeline.model.arx import window_rows
+
+log = logging.getLogger(__name__)
+
+DPI = 80  # measured: ~20-45 kB per figure at this size, well under 0.3 s to render
+WIDTH_IN = 7.5
+PANEL_HEIGHT_IN = 1.7
+HISTORY_HORIZONS = 3  # the recommendation plot shows the last 3 * P samples of the live run
+MODEL_FIT_BLOCKS = 12  # P-step blocks shown on the test run (longer runs are cut for readability)
+PNG_DATA_URI_PREFIX = "data:image/png;base64,"
+
+MEASURED, PREDICTED, LIMIT, TARGET, VAL, TEST, MISS = ("#1f77b4", "#ff7f0e", "#d62728", "#2ca02c", "#7f7f7f",
+                                                       "#1f77b4", "#d62728")
+
+
+# --------------------------------------------------------------------------- encoding
+
+
+def png_bytes(fig: Figure, dpi: int = DPI) -> bytes:
+    """Render `fig` on an Agg canvas to PNG bytes. The figure is not kept anywhere: no pyplot
+    registry holds it, so dropping the reference frees it."""
+    buffer = io.BytesIO()
+    FigureCanvasAgg(fig)  # attaches the Agg canvas explicitly, whatever pyplot's backend is
+    fig.savefig(buffer, format="png", dpi=dpi)
+    fig.clear()
+    return buffer.getvalue()
+
+
+def png_data_uri(png: bytes) -> str:
+    return PNG_DATA_URI_PREFIX + base64.b64encode(png).decode("ascii")
+
+
+def markdown_image(png: bytes, alt: str) -> str:
+    """Markdown image with the PNG inline as a data URI (what Dagster's markdown metadata renders)."""
+    clean = alt.replace("[", "(").replace("]", ")")
+    return f"![{clean}]({png_data_uri(png)})"
+
+
+def figure_markdown(render: Callable[[], bytes], alt: str) -> str:
+    """`markdown_image(render(), alt)`, or one line saying why the figure could not be drawn (logged
+    with its traceback): a figure is a view of results already recorded, so it must not fail them."""
+    try:
+        return markdown_image(render(), alt)
+    except Exception as exc:  # any drawing failure: the caller's step has already done its work
+        log.exception("figure %r could not be drawn", alt)
+        return f"*figure {alt!r} could not be drawn: {type(exc).__name__}: {exc}*"
+
+
+def _figure(n_panels: int, title: str, gap: float = 0.25) -> tuple[Figure, list]:
+    """A column of panels with fixed margins (inches): measured, constrained layout doubled the
+    render time, and these figures all have the same structure."""
+    top, bottom, left, right = 0.45, 0.5, 0.75, 0.15
+    height = top + bottom + PANEL_HEIGHT_IN * n_panels + gap * (n_panels - 1)
+    fig = Figure(figsize=(WIDTH_IN, height), dpi=DPI)
+    axes = fig.subplots(n_panels, 1, sharex=True, squeeze=False)[:, 0].tolist()
+    fig.subplots_adjust(left=left / WIDTH_IN, right=1 - right / WIDTH_IN, bottom=bottom / height,
+                        top=1 - top / height, hspace=gap / PANEL_HEIGHT_IN)
+    fig.suptitle(title, fontsize=10)
+    for ax in axes:
+        ax.tick_params(labelsize=8)
+        ax.grid(True, alpha=0.3)
+    return fig, axes
+
+
+def _time_unit(span_s: float) -> tuple[float, str]:
+    return (60.0, "min") if span_s > 1200 else (1.0, "s")
+
+
+def _band(band: Sequence[float | None] | None, n: int) -> np.ndarray:
+    """Band per CV as floats; a missing band (no UQ evidence) is NaN and is not drawn."""
+    if band is None:
+        return np.full(n, np.nan)
+    return np.array([np.nan if b is None else float(b) for b in band], float)
+
+
+# --------------------------------------------------------------------------- recommendation
+
+
+@dataclass(frozen=True)
+class PlanSeries:
+    """What the recommendation plot shows. t_hist (n,) s <= 0; y_hist (n, n_cv); u_hist (n, n_mv);
+    controls (N, n_mv) and predicted (N, n_cv) (N = 0 without a plan); band (n_cv,) NaN = none;
+    limits / targets per tag (engineering units). steady: the plan is a steady-state target
+    (predicted = the settled CVs, reached after an unknown time), not a trajectory."""
+
+    title: str
+    steady: bool
+    period_s: float
+    cv_tags: tuple[str, ...]
+    mv_tags: tuple[str, ...]
+    t_hist: np.ndarray
+    y_hist: np.ndarray
+    u_hist: np.ndarray
+    controls: np.ndarray
+    predicted: np.ndarray
+    band: np.ndarray
+    cv_lo: np.ndarray
+    cv_hi: np.ndarray
+    cv_target: np.ndarray
+    mv_lo: np.ndarray
+    mv_hi: np.ndarray
+
+
+def plan_series(spec: BindingSpec, live: RunSeries, rec: Recommendation, history_samples: int) -> PlanSeries:
+    """The last `history_samples` rows of the live run and the recommendation's plan."""
+    n = max(1, min(int(history_samples), len(live)))
+    t = np.asarray(live.t[-n:], float)
+    ny, nu = len(spec.cvs), len(spec.mvs)
+    return PlanSeries(
+        title=f"{spec.id}: {rec.status.value} ({rec.template.value})",
+        steady=rec.template is Template.STEADY_RESPONSE, period_s=spec.sample_period_s,
+        cv_tags=spec.cv_tags, mv_tags=spec.mv_tags, t_hist=t - t[-1],
+        y_hist=np.asarray(live.y[-n:], float), u_hist=np.asarray(live.u[-n:], float),
+        controls=np.asarray(rec.controls, float).reshape(-1, nu),
+        predicted=np.asarray(rec.predicted, float).reshape(-1, ny), band=_band(rec.band, ny),
+        cv_lo=np.array([c.lo for c in spec.cvs]), cv_hi=np.array([c.hi for c in spec.cvs]),
+        cv_target=np.array([c.target for c in spec.cvs]),
+        mv_lo=np.array([m.lo for m in spec.mvs]), mv_hi=np.array([m.hi for m in spec.mvs]))
+
+
+def recommendation_figure(s: PlanSeries) -> bytes:
+    """One panel per CV (history, predicted trajectory +- UQ band, limits, target), then one per MV
+    (history and planned moves as a step plot, bounds). PNG bytes.
+
+    A steady-state plan is drawn over a display span of a third of the history (its settling time
+    is not predicted): the MVs step to their targets at t = 0 and the settled CVs, with their band,
+    fill the second half of that span.
+    """
+    n_plan = s.controls.shape[0]
+    history_s = -float(s.t_hist[0])
+    plan_s = max(s.period_s, history_s / 3) if s.steady else s.period_s * n_plan
+    scale, unit = _time_unit(history_s + plan_s)
+    fig, axes = _figure(len(s.cv_tags) + len(s.mv_tags), s.title)
+    if s.steady:
+        t_pred = np.array([0.5, 1.0]) * plan_s / scale
+        t_steps = np.array([0.0, plan_s]) / scale
+        predicted = np.repeat(s.predicted[-1:], 2, axis=0)
+        controls = s.controls[-1:]
+    else:
+        t_pred = s.period_s * np.arange(1, n_plan + 1) / scale  # predicted CV at the end of each step
+        t_steps = s.period_s * np.arange(n_plan + 1) / scale
+        predicted, controls = s.predicted, s.controls
+    label = "steady-state prediction (time not to scale)" if s.steady else "predicted"
+    for j, (ax, tag) in enumerate(zip(axes, s.cv_tags)):
+        ax.plot(s.t_hist / scale, s.y_hist[:, j], color=MEASURED, lw=1.2, label="measured")
+        if n_plan:
+            ax.plot(np.concatenate([[0.0], t_pred]), np.concatenate([[s.y_hist[-1, j]], predicted[:, j]]),
+                    color=PREDICTED, lw=1.5, label=label)
+            if np.isfinite(s.band[j]):
+                ax.fill_between(t_pred, predicted[:, j] - s.band[j], predicted[:, j] + s.band[j],
+                                color=PREDICTED, alpha=0.35, lw=0, label=f"UQ band ±{s.band[j]:.3g}")
+        _limits(ax, s.cv_lo[j], s.cv_hi[j], "limits")
+        ax.axhline(s.cv_target[j], color=TARGET, ls=":", lw=1.2, label="target")
+        ax.set_ylabel(f"CV {tag}", fontsize=8)
+    for i, (ax, tag) in enumerate(zip(axes[len(s.cv_tags):], s.mv_tags)):
+        ax.step(s.t_hist / scale, s.u_hist[:, i], where="post", color=MEASURED, lw=1.2, label="measured")
+        if n_plan:
+            values = np.concatenate([controls[:, i], controls[-1:, i]])  # the last move holds to the end
+            ax.step(t_steps, values, where="post", color=PREDICTED, lw=1.5,
+                    label="steady-state target" if s.steady else "planned moves")
+        _limits(ax, s.mv_lo[i], s.mv_hi[i], "bounds")
+        ax.set_ylabel(f"MV {tag}", fontsize=8)
+    for ax in axes:
+        ax.axvline(0.0, color="black", lw=0.8, alpha=0.6)
+        ax.legend(fontsize=7, loc="upper left", ncols=5, framealpha=0.6)
+    axes[-1].set_xlabel(f"time from now [{unit}]", fontsize=8)
+    return png_bytes(fig)
+
+
+def _limits(ax, lo: float, hi: float, label: str) -> None:
+    ax.axhline(lo, color=LIMIT, ls="--", lw=1, label=label)
+    ax.axhline(hi, color=LIMIT, ls="--", lw=1)
+
+
+# --------------------------------------------------------------------------- calibration
+
+
+def calibration_figure(cv_tags: Sequence[str], val_scores: np.ndarray, test_scores: np.ndarray,
+                       qhat: Sequence[float] | None, coverage_per_cv: Sequence[float] | None,
+                       coverage_threshold: float | None, title: str) -> bytes:
+    """One panel per CV: val block scores, then test block scores (normalised units) against qhat;
+    test blocks above qhat are drawn red (the uncovered ones). val (n, n_cv), test (m, n_cv)."""
+    val, test = np.asarray(val_scores, float), np.asarray(test_scores, float)
+    n = val.shape[0]
+    fig, axes = _figure(len(cv_tags), title, gap=0.45)  # room for the per-CV coverage titles
+    for j, (ax, tag) in enumerate(zip(axes, cv_tags)):
+        ax.plot(np.arange(n), val[:, j], ".", color=VAL, ms=4, label=f"val ({n} blocks)")
+        x_test = n + np.arange(test.shape[0])
+        if qhat is None:
+            ax.plot(x_test, test[:, j], ".", color=TEST, ms=4, label=f"test ({test.shape[0]} blocks)")
+            ax.set_title(f"{tag}: no UQ evidence", fontsize=9)
+        else:
+            missed = ~(test[:, j] <= qhat[j])
+            ax.plot(x_test[~missed], test[~missed, j], ".", color=TEST, ms=4, label="test, covered")
+            ax.plot(x_test[missed], test[missed, j], "x", color=MISS, ms=5, label=f"test, above qhat ({missed.sum()})")
+            ax.axhline(qhat[j], color="black", lw=1.2, label=f"qhat {qhat[j]:.3g}")
+            cover = "" if coverage_per_cv is None else f"test coverage {coverage_per_cv[j]:.3f}"
+            need = "" if coverage_threshold is None else f" vs threshold {coverage_threshold:.3f}"
+            ax.set_title(f"{tag}: {cover}{need}", fontsize=9)
+        ax.axvline(n - 0.5, color="black", lw=0.6, alpha=0.5)
+        ax.set_yscale("log")
+        ax.yaxis.set_minor_locator(NullLocator())  # measured: log minor ticks cost ~0.1 s per panel
+        ax.set_ylabel("block score", fontsize=8)
+        ax.legend(fontsize=7, loc="lower left", ncols=4, framealpha=0.8)  # low scores are sparse
+    axes[-1].set_xlabel("block (val, then test)", fontsize=8)
+    return png_bytes(fig)
+
+
+# --------------------------------------------------------------------------- model fit
+
+
+@dataclass(frozen=True)
+class FitSeries:
+    """Measured CVs of one run and P-step open-loop rollouts restarted from the measured state every
+    P samples (NaN where no block covers a row). t (n,) s from the run start; measured and
+    predicted (n, n_cv) engineering units."""
+
+    run_id: str
+    horizon: int
+    cv_tags: tuple[str, ...]
+    t: np.ndarray
+    measured: np.ndarray
+    predicted: np.ndarray
+
+
+def model_fit_series(artifact: ModelArtifact, run: RunSeries, max_blocks: int = MODEL_FIT_BLOCKS) -> FitSeries:
+    """Rollouts of the artifact's state space over `run` in P-step blocks (the UQ block tiling)."""
+    h = artifact.horizon
+    stacked = stack_for(artifact, [run])
+    orders = Orders(artifact.na, artifact.nb, artifact.delay)
+    rows, _ = window_rows(stacked, orders.first_state_row, h, h)
+    rows = rows[:max_blocks]
+    mean, std = artifact.normalisation.of(artifact.cv_tags)
+    end = int(rows[-1]) + h + 1 if rows.size else len(run)
+    predicted = np.full((end, len(artifact.cv_tags)), np.nan)
+    if rows.size:
+        with np.errstate(over="ignore", invalid="ignore"):
+            rolled, _ = rollout_windows(artifact.state_space, stacked, orders, rows, h)
+        steps = (rows[:, None] + 1 + np.arange(h)).ravel()
+        predicted[steps] = rolled.reshape(-1, rolled.shape[-1]) * std + mean
+    t = np.asarray(run.t[:end], float)
+    return FitSeries(run.run_id, h, tuple(artifact.cv_tags), t - t[0], np.asarray(run.y[:end], float), predicted)
+
+
+def model_fit_figure(s: FitSeries, title: str) -> bytes:
+    """One panel per CV: measured vs the P-step open-loop rollouts (each block starts on the
+    measured state, drawn as its own segment)."""
+    scale, unit = _time_unit(float(s.t[-1]) if s.t.size else 0.0)
+    fig, axes = _figure(len(s.cv_tags), title)
+    for j, (ax, tag) in enumerate(zip(axes, s.cv_tags)):
+        ax.plot(s.t / scale, s.measured[:, j], color=MEASURED, lw=1.2, label="measured")
+        ax.plot(s.t / scale, s.predicted[:, j], color=PREDICTED, lw=1.4,
+                label=f"{s.horizon}-step open-loop rollout")
+        ax.set_ylabel(f"CV {tag}", fontsize=8)
+        ax.legend(fontsize=7, loc="upper left", ncols=2, framealpha=0.6)
+    axes[-1].set_xlabel(f"time in test run {s.run_id} [{unit}]", fontsize=8)
+    return png_bytes(fig)
+
+
+# --------------------------------------------------------------------------- outcomes
+
+
+def outcome_figure(cv_tags: Sequence[str], t_s: np.ndarray, predicted: np.ndarray, observed: np.ndarray,
+                   band: Sequence[float | None] | None, title: str,
+                   targets: Sequence[float] | None = None) -> bytes:
+    """Predicted vs observed CVs after a recommendation was applied, one panel per CV.
+
+    t_s (n,) seconds since the plan was applied; predicted and observed (n, n_cv) engineering
+    units (NaN = not observed); band (n_cv,) UQ half-width (None entries or None = no band);
+    targets (n_cv,) optional. Observations outside predicted +- band are marked red.
+    """
+    t = np.asarray(t_s, float)
+    pred, obs = np.asarray(predicted, float), np.asarray(observed, float)
+    widths = _band(band, len(cv_tags))
+    scale, unit = _time_unit(float(t[-1] - t[0]) if t.size else 0.0)
+    fig, axes = _figure(len(cv_tags), title)
+    for j, (ax, tag) in enumerate(zip(axes, cv_tags)):
+        ax.plot(t / scale, pred[:, j], color=PREDICTED, lw=1.5, label="predicted")
+        if np.isfinite(widths[j]):
+            ax.fill_between(t / scale, pred[:, j] - widths[j], pred[:, j] + widths[j], color=PREDICTED,
+                            alpha=0.25, lw=0, label=f"UQ band ±{widths[j]:.3g}")
+            outside = np.abs(obs[:, j] - pred[:, j]) > widths[j]
+        else:
+            outside = np.zeros(t.size, bool)
+        ax.plot(t / scale, obs[:, j], ".-", color=MEASURED, lw=1, ms=3, label="observed")
+        if outside.any():
+            ax.plot(t[outside] / scale, obs[outside, j], "x", color=MISS, ms=6, label=f"outside band ({outside.sum()})")
+        if targets is not None:
+            ax.axhline(targets[j], color=TARGET, ls=":", lw=1.2, label="target")
+        ax.set_ylabel(f"CV {tag}", fontsize=8)
+        ax.legend(fontsize=7, loc="upper left", ncols=4, framealpha=0.6)
+    axes[-1].set_xlabel(f"time since applied [{unit}]", fontsize=8)
+    return png_bytes(fig)
