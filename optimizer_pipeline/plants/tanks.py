@@ -17,7 +17,6 @@ from optimizer_pipeline.plants.base import Excitation, Plant
 AREA = np.array([28.0, 32.0, 28.0, 32.0])  # A1..A4, cm^2
 OUTLET = np.array([0.071, 0.057, 0.071, 0.057])  # a1..a4, cm^2
 PUMP = np.array([3.33, 3.35])  # k1, k2, cm^3 / (V s)
-GAMMA = np.array([0.70, 0.60])  # valve splits gamma1, gamma2 (minimum phase)
 SENSOR = 0.50  # kc, V / cm
 GRAVITY = 981.0  # cm / s^2
 
@@ -50,6 +49,7 @@ class QuadrupleTank(Plant):
     settling_time_s: ClassVar[float] = 1500.0  # slowest tank ~115 s at the top of the band
     substeps: ClassVar[int] = 10  # 1 s RK4 steps; fastest tank ~23 s
     cv_noise: ClassVar[tuple[float, ...]] = (0.02, 0.02)
+    gamma: ClassVar[tuple[float, float]] = (0.70, 0.60)  # valve splits; gamma1 + gamma2 < 1 is non-minimum phase
     excitation: ClassVar[Excitation] = Excitation(
         mv_band=((2.2, 3.6), (2.2, 3.6)),  # keeps both lower levels below 19 cm (tanks are 20 cm tall)
         mv_hold=(4, 30),
@@ -59,11 +59,12 @@ class QuadrupleTank(Plant):
     def _rhs(self, xc: np.ndarray, u: np.ndarray, d: np.ndarray) -> np.ndarray:
         outflow = OUTLET * np.sqrt(2.0 * GRAVITY * np.maximum(xc, 0.0))  # (m, 4) cm^3/s
         pumped = PUMP * u  # (m, 2) cm^3/s
+        gamma = self.gamma
         inflow = np.stack([
-            GAMMA[0] * pumped[:, 0] + outflow[:, 2],
-            GAMMA[1] * pumped[:, 1] + outflow[:, 3],
-            (1.0 - GAMMA[1]) * pumped[:, 1],
-            (1.0 - GAMMA[0]) * pumped[:, 0],
+            gamma[0] * pumped[:, 0] + outflow[:, 2],
+            gamma[1] * pumped[:, 1] + outflow[:, 3],
+            (1.0 - gamma[1]) * pumped[:, 1],
+            (1.0 - gamma[0]) * pumped[:, 0],
         ], axis=1)
         return (inflow - outflow) / AREA
 
@@ -73,10 +74,11 @@ class QuadrupleTank(Plant):
     def _equilibrium(self, u: np.ndarray, d: np.ndarray) -> np.ndarray:
         # Each tank's outflow equals its total inflow; the lower tanks also receive the upper outflow.
         pumped = PUMP * u
+        gamma = self.gamma
         inflow = np.array([
-            GAMMA[0] * pumped[0] + (1.0 - GAMMA[1]) * pumped[1],
-            GAMMA[1] * pumped[1] + (1.0 - GAMMA[0]) * pumped[0],
-            (1.0 - GAMMA[1]) * pumped[1],
-            (1.0 - GAMMA[0]) * pumped[0],
+            gamma[0] * pumped[0] + (1.0 - gamma[1]) * pumped[1],
+            gamma[1] * pumped[1] + (1.0 - gamma[0]) * pumped[0],
+            (1.0 - gamma[1]) * pumped[1],
+            (1.0 - gamma[0]) * pumped[0],
         ])
         return (inflow / OUTLET) ** 2 / (2.0 * GRAVITY)
