@@ -235,10 +235,11 @@ def evaluate(rec: Mapping[str, Any], observation: Observation, applied_at_s: flo
         reason = (f"{hits} of {trials} judged CV steps inside the band; promised rate {promised:.3f}, "
                   f"one-sided binomial p = {p_value:.3g} ({'<' if p_value < SIGNIFICANCE else '>='} {SIGNIFICANCE})")
 
-    # Did the operator follow the plan? u held during step k is the sample at applied_at + k*T.
-    u_steps = np.arange(controls.shape[0]) if not steady else np.arange(max(len(steps), 1))
-    u_obs = nearest_samples(observation.t, observation.column(mv_tags), applied_at_s + u_steps * period_s, period_s)
-    u_plan = controls if not steady else np.repeat(controls[:1], len(u_steps), axis=0)
+    # Did the operator follow the plan? u held during step k is the sample at applied_at + k*T; the
+    # steady target is held from applied_at to the end of the observation.
+    u_plan = controls if not steady else np.repeat(controls[:1], max(last + 1, 1), axis=0)
+    u_times = applied_at_s + np.arange(u_plan.shape[0]) * period_s
+    u_obs = nearest_samples(observation.t, observation.column(mv_tags), u_times, period_s)
     mv_dev = np.abs(u_obs - u_plan)
 
     def per_tag(tags: Sequence[str], values: np.ndarray) -> dict[str, float | None]:

@@ -258,3 +258,10 @@ def test_a_pooled_hit_rate_significantly_below_the_promise_is_drift():
 def test_outcomes_from_before_the_current_calibration_do_not_count():
     rows = [outcome_row(0, "deviated"), outcome_row(1, "deviated")]
     assert drift_finding("b", rows, "2027-01-16T08:00:00+00:00") is None
+
+
+def test_steady_target_not_held_is_reported_as_mv_deviation():
+    obs = observation([40.0] * 5 + [60.0] * 8)
+    obs.values[2, 0] = 96.0  # step 2, during the transient
+    ev = evaluate(steady_rec(), obs, T0, PERIOD, settle=5)
+    assert ev.details["mv_max_abs_deviation_from_plan"] == {"q": pytest.approx(4.0)}
