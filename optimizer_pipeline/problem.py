@@ -123,8 +123,35 @@ def problem_from_dict(doc: Any) -> ProblemIR:
     except ContractError:
         raise
     except (TypeError, ValueError, AttributeError, IndexError) as exc:
-        raise ProblemError(f"problem: malformed document ({exc})") from None
+        raise ProblemError(f"{_malformed_field(doc)}: malformed ({exc})") from None
     return validate_problem(problem)
+
+
+_TEXT_FIELDS = {"binding_id", "profile_id", "model_artifact_hash", "mv_tags", "cv_tags", "dv_tags"}
+
+
+def _malformed_field(doc: Mapping[str, Any]) -> str:
+    """The dotted name of the first field of `doc` that does not convert (for the error message)."""
+    if doc.get("template") not in {t.value for t in Template}:
+        return "problem.template"
+
+    def numeric(value: Any) -> bool:
+        if isinstance(value, Mapping):
+            return all(numeric(v) for v in value.values())
+        if isinstance(value, (list, tuple)):
+            return all(numeric(v) for v in value)
+        return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+    for name, value in doc.items():
+        if name in _TEXT_FIELDS or name == "template":
+            continue
+        if isinstance(value, Mapping):
+            for key, inner in value.items():
+                if not numeric(inner):
+                    return f"problem.{name}.{key}"
+        elif not numeric(value):
+            return f"problem.{name}"
+    return "problem"
 
 
 # --------------------------------------------------------------------------- robust limits
