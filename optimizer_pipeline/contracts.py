@@ -30,17 +30,30 @@ class ContractError(ValueError):
 
 
 def _canonical(value: Any, path: str) -> Any:
+    # Exact-type fast paths first (this runs on every solver frame); the error path text is built
+    # only when a value is refused.
+    kind = type(value)
+    if kind is float:
+        if value != value or value in (math.inf, -math.inf):
+            raise ContractError(f"canonical JSON: non-finite number {value!r} at {path or '<root>'}")
+        return 0.0 if value == 0.0 else value  # -0.0 and 0.0 are one value
+    if kind is str or kind is int or kind is bool or value is None:
+        return value
+    if kind is tuple or kind is list:
+        return [_canonical(v, f"{path}[{i}]") if type(v) is not float or not math.isfinite(v) or v == 0.0
+                else v for i, v in enumerate(value)]
+    if kind is dict:
+        return {str(k): _canonical(v, f"{path}.{k}") for k, v in value.items()}
     if isinstance(value, Enum):
         return value.value
-    if isinstance(value, (bool, type(None), str)):
-        return value
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, str):
+        return str(value)
     if isinstance(value, (int, np.integer)):
         return int(value)
     if isinstance(value, (float, np.floating)):
-        number = float(value)
-        if not math.isfinite(number):
-            raise ContractError(f"canonical JSON: non-finite number {number!r} at {path or '<root>'}")
-        return 0.0 if number == 0.0 else number  # -0.0 and 0.0 are one value
+        return _canonical(float(value), path)
     if isinstance(value, np.ndarray):
         return _canonical(value.tolist(), path)
     if isinstance(value, Mapping):
@@ -48,7 +61,7 @@ def _canonical(value: Any, path: str) -> Any:
     if isinstance(value, (list, tuple)):
         return [_canonical(v, f"{path}[{i}]") for i, v in enumerate(value)]
     if hasattr(value, "__dataclass_fields__"):
-        return _canonical({f.name: getattr(value, f.name) for f in fields(value)}, path)
+        return {f.name: _canonical(getattr(value, f.name), f"{path}.{f.name}") for f in fields(value)}
     raise ContractError(f"canonical JSON: unsupported type {type(value).__name__} at {path or '<root>'}")
 
 
