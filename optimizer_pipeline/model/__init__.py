@@ -3,11 +3,26 @@
 Public entry points: `identify(split, binding, revision) -> ModelArtifact`, `current_state(artifact,
 run) -> (x0, bias)`, `arx_of(artifact)`, `stack_for(artifact, runs)`; arrays-level tools in
 `model.arx`, simulation in `model.statespace`.
+
+The identification names are imported on first use (PEP 562): the solver worker imports
+`model.statespace` and must not pay for scipy.optimize at start.
 """
 
-from optimizer_pipeline.model.artifact import artifact_from_model, arx_of, current_state, identify, quality_gates, stack_for
-from optimizer_pipeline.model.arx import ArxModel, Orders, Stacked, rollout_windows, stack_runs
+from importlib import import_module
+from typing import Any
+
 from optimizer_pipeline.model.statespace import rollout, steady_state
 
-__all__ = ["ArxModel", "artifact_from_model", "Orders", "Stacked", "arx_of", "current_state", "identify", "quality_gates", "rollout",
-           "rollout_windows", "stack_for", "stack_runs", "steady_state"]
+_LAZY = {
+    "artifact_from_model": "artifact", "arx_of": "artifact", "current_state": "artifact", "identify": "artifact",
+    "quality_gates": "artifact", "stack_for": "artifact",
+    "ArxModel": "arx", "Orders": "arx", "Stacked": "arx", "rollout_windows": "arx", "stack_runs": "arx",
+}
+
+__all__ = sorted([*_LAZY, "rollout", "steady_state"])
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(f"optimizer_pipeline.model.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
