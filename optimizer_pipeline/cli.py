@@ -50,8 +50,10 @@ def _run_job(home: Path, binding_ids: Sequence[str], job_name: str = "refresh") 
 
     defs = build_definitions(home)
     job = defs.resolve_job_def(job_name)
+    from optimizer_pipeline.solver.pool import kept_alive
+
     outcomes = []
-    with DagsterInstance.get() as instance:
+    with DagsterInstance.get() as instance, kept_alive():
         known = set(instance.get_dynamic_partitions("bindings"))
         missing = [b for b in binding_ids if b not in known]
         if missing:

@@ -4,6 +4,8 @@ The pool starts when the resource is initialised and is shut down when the run (
 when it fails: `yield_for_execution` wraps the run in try / finally, and a failed start shuts down
 whatever it had started before raising, so no worker process outlives the run either way
 (DAGSTER-NOTES.md: teardown runs when the step fails, not when setup failed).
+Inside `solver.pool.kept_alive()` (the CLI running many partitions in one process) the pool is
+shared by the runs and stopped when that block ends instead.
 """
 
 from contextlib import contextmanager
@@ -14,7 +16,7 @@ from pydantic import Field, PrivateAttr
 
 from optimizer_pipeline.contracts import ProblemIR
 from optimizer_pipeline.solver.errors import SOLVER_UNAVAILABLE, SolverError
-from optimizer_pipeline.solver.pool import SolverPool
+from optimizer_pipeline.solver.pool import SolverPool, acquire
 
 
 class SolverPoolResource(ConfigurableResource):
@@ -28,20 +30,22 @@ class SolverPoolResource(ConfigurableResource):
 
     @contextmanager
     def yield_for_execution(self, context: InitResourceContext) -> Iterator["SolverPoolResource"]:
-        pool = SolverPool(size=self.pool_size, request_timeout_ms=self.request_timeout_ms, threads=self.threads)
-        pool.start()  # on failure it has already stopped every worker it started
+        # on a failed start the pool has already stopped every worker it started
+        pool, owned = acquire(self.pool_size, self.request_timeout_ms, self.threads)
         self._pool = pool
         stats = pool.stats()
-        context.log.info(f"solver pool started: {stats['ready']} of {stats['size']} workers, pids {stats['pids']}, "
+        context.log.info(f"solver pool {'started' if owned else 'shared (kept alive across runs)'}: "
+                         f"{stats['ready']} of {stats['size']} workers, pids {stats['pids']}, "
                          f"ready in {stats['ready_ms']} ms, probe {pool.probe_report}")
         try:
             yield self
         finally:
             stats = pool.stats()
-            exits = pool.shutdown()
             self._pool = None
-            context.log.info(f"solver pool stopped: consecutive_failures {stats['consecutive_failures']}, "
-                             f"degraded {stats['degraded']}; worker exit codes {exits}")
+            if owned:
+                exits = pool.shutdown()
+                context.log.info(f"solver pool stopped: consecutive_failures {stats['consecutive_failures']}, "
+                                 f"degraded {stats['degraded']}; worker exit codes {exits}")
 
     def solve(self, problem: ProblemIR | Mapping[str, Any], timeout_ms: Optional[int] = None) -> dict[str, Any]:
         """The SolveResult JSON dict of `problem` (SolverError with a stable code otherwise)."""

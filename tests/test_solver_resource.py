@@ -81,3 +81,30 @@ def test_failed_pool_start_fails_the_run_cleanly(tmp_path, monkeypatch):
     result = materialize([solved], resources={"solver": SolverPoolResource(pool_size=1)}, raise_on_error=False)
     assert not result.success and "stats" not in seen
     assert "ENV_MISSING_DEP" in " ".join(str(e.event_specific_data) for e in result.all_events if e.is_failure)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    state = Path(f"/proc/{pid}/stat").read_text().split()[2] if Path(f"/proc/{pid}/stat").exists() else "X"
+    return state not in ("Z", "X")
+
+
+def test_runs_inside_kept_alive_share_one_pool_that_stops_at_the_end(tmp_path):
+    from optimizer_pipeline.solver.pool import kept_alive
+
+    seen = []
+
+    @asset
+    def uses_pool(solver: SolverPoolResource):
+        seen.append(tuple(solver.stats()["pids"]))
+
+    with kept_alive():
+        for _ in range(2):
+            assert materialize([uses_pool], resources={"solver": SolverPoolResource(pool_size=1)}).success
+        assert seen[0] == seen[1]
+        assert all(_alive(pid) for pid in seen[0])
+    assert not any(_alive(pid) for pid in seen[0])
+    assert os.getpid() not in seen[0]

@@ -28,7 +28,8 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -585,3 +586,51 @@ def _check_int(name: str, value: Any, lo: int, hi: int) -> None:
 def _check_positive(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise SolverConfigError(f"solver pool {name}: expected a number > 0, got {value!r}")
+
+
+# ------------------------------------------------------------------ one pool across runs of a process
+
+_shared_lock = threading.Lock()
+_keepers = 0
+_shared: dict[tuple[int, int, int], SolverPool] = {}
+
+
+@contextmanager
+def kept_alive() -> Iterator[None]:
+    """While inside, a pool from `acquire` outlives the run that started it and serves the next run
+    with the same settings (the CLI and benchmarks run many partitions in one process; a pool start
+    costs ~0.6 s). On leaving the outermost block every shared pool is shut down."""
+    global _keepers
+    with _shared_lock:
+        _keepers += 1
+    try:
+        yield
+    finally:
+        with _shared_lock:
+            _keepers -= 1
+            pools = list(_shared.values()) if _keepers == 0 else []
+            if _keepers == 0:
+                _shared.clear()
+        for pool in pools:
+            pool.shutdown()
+
+
+def acquire(size: int, request_timeout_ms: int, threads: int) -> tuple[SolverPool, bool]:
+    """A started pool and whether the caller owns it (and must shut it down).
+
+    Outside `kept_alive` every call starts a pool of its own. Inside, pools are shared by settings;
+    a shared pool left degraded by an earlier run is reset, since a new run is a new start."""
+    key = (size, request_timeout_ms, threads)
+    with _shared_lock:
+        shared = _keepers > 0
+        pool = _shared.get(key) if shared else None
+    if pool is not None and pool.stats()["state"] == "running":
+        if pool.stats()["degraded"]:
+            pool.reset()
+        return pool, False
+    pool = SolverPool(size=size, request_timeout_ms=request_timeout_ms, threads=threads).start()
+    if not shared:
+        return pool, True
+    with _shared_lock:
+        _shared[key] = pool
+    return pool, False

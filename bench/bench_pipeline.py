@@ -1,0 +1,114 @@
+"""Benchmark: `refresh` for many small bindings in one process, and where the time goes.
+
+Usage: .venv/bin/python bench/bench_pipeline.py [--bindings 100] [--plant tanks]
+Target (issue 5 / 8): <= 60 s for 100 bindings. The split is measured by timing the domain steps
+(history preparation, identification, scoring + calibration, compile + solve + verify + ledger)
+separately in the same process with the same data; Dagster overhead = run wall time - domain time.
+"""
+
+import argparse
+import os
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bindings", type=int, default=100)
+    parser.add_argument("--plant", default="tanks")
+    args = parser.parse_args()
+
+    home = Path(tempfile.mkdtemp(prefix="bench-pipeline-"))
+    os.environ["OPTIMIZER_HOME"] = str(home)
+    os.environ["DAGSTER_HOME"] = str(home / "dagster")
+    (home / "dagster").mkdir(parents=True)
+    (home / "dagster" / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+
+    from dagster import DagsterInstance
+
+    from optimizer_pipeline import pipeline
+    from optimizer_pipeline.contracts import SolveResult, binding_from_dict, utc_now
+    from optimizer_pipeline.data import prepare_history, validate_history_frame
+    from optimizer_pipeline.definitions import build_definitions
+    from optimizer_pipeline.ledger import Ledger
+    from optimizer_pipeline.model import identify
+    from optimizer_pipeline.plants import get_plant
+    from optimizer_pipeline.settings import ledger_path, load_settings
+    from optimizer_pipeline.solver.pool import SolverPool, kept_alive
+
+    plant = get_plant(args.plant)
+    frame = plant.history(1).frame
+    ledger = Ledger(ledger_path(home))
+    ids = [f"{args.plant}-{i:03d}" for i in range(args.bindings)]
+    t0 = time.perf_counter()
+    for binding_id in ids:
+        ledger.ingest(binding_from_dict({**plant.binding_doc(), "id": binding_id}), frame, "simulation")
+    ingest_s = time.perf_counter() - t0
+
+    defs = build_definitions(home)
+    job = defs.resolve_job_def("refresh")
+    quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+    walls = []
+    with DagsterInstance.get() as instance, kept_alive():
+        instance.add_dynamic_partitions("bindings", ids)
+        t_all = time.perf_counter()
+        for binding_id in ids:
+            t = time.perf_counter()
+            assert job.execute_in_process(partition_key=binding_id, instance=instance, run_config=quiet).success
+            walls.append(time.perf_counter() - t)
+        total = time.perf_counter() - t_all
+    statuses = [ledger.latest_recommendation(b)["status"] for b in ids]
+
+    # Domain split on the same data, in the same process (one binding, repeated).
+    settings = load_settings(home)
+    stored = ledger.get_binding(ids[0])
+    split_t, ident_t, cal_t, solve_t = [], [], [], []
+    with SolverPool(size=settings.solver_pool_size, request_timeout_ms=settings.solver_request_timeout_ms) as pool:
+        for _ in range(5):
+            t = time.perf_counter()
+            split = prepare_history(validate_history_frame(ledger.history_frame(stored.spec.id, stored.spec.tags),
+                                                           stored.spec, "bench"), stored.spec)
+            t1 = time.perf_counter()
+            artifact = identify(split, stored.spec, stored.revision)
+            ledger.put_artifact(artifact)
+            t2 = time.perf_counter()
+            scores = pipeline.score_blocks(stored.spec, artifact, split)
+            pipeline.persist_scores(ledger, artifact, scores)
+            calibration = pipeline.calibrate(ledger, artifact, scores, settings, utc_now())
+            t3 = time.perf_counter()
+            pipeline.recommend(stored, artifact, split, calibration, lambda p: SolveResult.from_dict(pool.solve(p)),
+                               ledger, settings, "simulation", utc_now())
+            t4 = time.perf_counter()
+            split_t.append(t1 - t)
+            ident_t.append(t2 - t1)
+            cal_t.append(t3 - t2)
+            solve_t.append(t4 - t3)
+
+    def med(values):
+        return sorted(values)[len(values) // 2]
+
+    domain = med(split_t) + med(ident_t) + med(cal_t) + med(solve_t)
+    per = med(walls)
+    print(f"refresh of {args.bindings} '{args.plant}' bindings in one process (pool kept alive across runs)")
+    print(f"  ingest of {args.bindings} bindings: {ingest_s:.2f} s")
+    print(f"  total wall: {total:.1f} s  (target 60 s for 100 -> ratio {total / 60 * 100 / args.bindings:.2f} "
+          f"scaled to 100)")
+    print(f"  per binding: median {per:.3f} s, min {min(walls):.3f} s, max {max(walls):.3f} s (first run "
+          f"includes the pool start: {walls[0]:.3f} s)")
+    print(f"  statuses: {dict((s, statuses.count(s)) for s in set(statuses))}")
+    print("  split of one binding (median of 5, domain functions in process):")
+    for name, values in (("history prep", split_t), ("identification", ident_t), ("scores + calibration", cal_t),
+                         ("compile + solve + verify + ledger", solve_t)):
+        print(f"    {name:<34} {med(values) * 1000:8.1f} ms")
+    print(f"    {'Dagster overhead (wall - domain)':<34} {max(0.0, per - domain) * 1000:8.1f} ms")
+    print(f"  peak RSS of this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
+
+
+if __name__ == "__main__":
+    main()
