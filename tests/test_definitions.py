@@ -21,12 +21,14 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_definitions_are_loadable_with_every_job_schedule_and_sensor(tmp_path):
     defs = build_definitions(tmp_path)
     Definitions.validate_loadable(defs)
-    assert {j.name for j in defs.resolve_all_job_defs()} >= {"recalibrate", "solve", "refresh"}
+    assert {j.name for j in defs.resolve_all_job_defs()} >= {"recalibrate", "solve", "refresh", "outcomes"}
     assert defs.resolve_schedule_def("daily_recalibration").job_name == "recalibrate"
-    assert {s.name for s in defs.sensors} >= {"binding_changes", "uq_freshness", "recommendation_expiry"}
+    assert {s.name for s in defs.sensors} >= {"binding_changes", "uq_freshness", "recommendation_expiry",
+                                               "outcome_drift"}
     graph = defs.resolve_asset_graph()
     keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
-    assert keys >= {"plant_history", "model_artifact", "uq_block_scores", "uq_calibration", "recommendation"}
+    assert keys >= {"plant_history", "model_artifact", "uq_block_scores", "uq_calibration", "recommendation",
+                    "outcome_deltas"}
 
 
 def _env(home: Path, dagster_home: Path) -> dict:
