@@ -175,6 +175,9 @@ def recommendation_figure(s: PlanSeries) -> bytes:
                                 color=PREDICTED, alpha=0.35, lw=0, label=f"UQ band ±{s.band[j]:.3g}")
         _limits(ax, s.cv_lo[j], s.cv_hi[j], "limits")
         ax.axhline(s.cv_target[j], color=TARGET, ls=":", lw=1.2, label="target")
+        shown = [s.y_hist[:, j], predicted[:, j] - np.nan_to_num(s.band[j]), predicted[:, j] + np.nan_to_num(s.band[j]),
+                 [s.cv_target[j]]]
+        ax.set_ylim(*_zoom(np.concatenate(shown), (s.cv_lo[j], s.cv_hi[j])))
         ax.set_ylabel(f"CV {tag}", fontsize=8)
     for i, (ax, tag) in enumerate(zip(axes[len(s.cv_tags):], s.mv_tags)):
         ax.step(s.t_hist / scale, s.u_hist[:, i], where="post", color=MEASURED, lw=1.2, label="measured")
@@ -192,8 +195,24 @@ def recommendation_figure(s: PlanSeries) -> bytes:
 
 
 def _limits(ax, lo: float, hi: float, label: str) -> None:
-    ax.axhline(lo, color=LIMIT, ls="--", lw=1, label=label)
+    ax.axhline(lo, color=LIMIT, ls="--", lw=1, label=f"{label} [{lo:g}, {hi:g}]")
     ax.axhline(hi, color=LIMIT, ls="--", lw=1)
+
+
+def _zoom(values: np.ndarray, limits: Sequence[float]) -> tuple[float, float]:
+    """y range of a CV panel: the data (history, plan +- band, target) with a margin, widened to a
+    limit only when it is near; wide limits would squeeze a narrow UQ band to a line. The limit
+    values stay in the legend."""
+    finite = values[np.isfinite(values)]
+    lo, hi = float(finite.min()), float(finite.max())
+    pad = 0.15 * (hi - lo) or 0.05 * abs(hi) or 1.0
+    lo, hi = lo - pad, hi + pad
+    for limit in limits:
+        if lo - 3 * pad <= limit < lo:
+            lo = limit - pad
+        elif hi < limit <= hi + 3 * pad:
+            hi = limit + pad
+    return lo, hi
 
 
 # --------------------------------------------------------------------------- calibration
