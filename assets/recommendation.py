@@ -125,7 +125,8 @@ def recommendation(context: AssetExecutionContext, model_artifact: ModelArtifact
     store, settings = ledger.ledger(), ledger.settings()
     expired = store.expire_past_valid_until()
     stored = plant_store.binding(context.partition_key)
-    record = pipeline.recommend(stored, model_artifact, plant_history, uq_calibration, lambda problem: SolveResult.from_dict(solver.solve(problem)),
+    record = pipeline.recommend(stored, model_artifact, plant_history, uq_calibration,
+                                lambda problem: SolveResult.from_dict(solver.solve(problem)),
                                 store, settings, plant_store.source(stored.spec.id), utc_now())
     rec = record.recommendation
     context.log.info(f"solver pool: {solver.stats()}")

@@ -1,8 +1,10 @@
 """Figures shown in the Dagster UI, as small PNGs (matplotlib, Agg canvas; no pyplot state).
 
-Each `*_figure` takes plain arrays (engineering units unless stated) and returns PNG bytes;
-`markdown_image` wraps PNG bytes in a markdown image with a base64 data URI, which the Dagster UI
-renders inline in a markdown metadata value (the caller wraps it in `MetadataValue.md`).
+Each `draw_*` builds a figure from plain arrays (engineering units unless stated) and the matching
+`*_figure` returns it as PNG bytes. `markdown_image` wraps PNG bytes in a markdown image with a
+base64 data URI: the Dagster UI shows a markdown metadata value (`MetadataValue.md`, wrapped by the
+caller) longer than 1000 characters as a "[Show Markdown]" link that opens the rendered image in a
+dialog on the asset page (its sanitizer allows data: image sources).
 The `*_series` functions prepare those arrays from the pipeline's contracts (pure, no plotting).
 
 Time axes are seconds relative to "now" (the live run's last row, t = 0): history at t <= 0, the
@@ -142,9 +144,9 @@ def plan_series(spec: BindingSpec, live: RunSeries, rec: Recommendation, history
         mv_lo=np.array([m.lo for m in spec.mvs]), mv_hi=np.array([m.hi for m in spec.mvs]))
 
 
-def recommendation_figure(s: PlanSeries) -> bytes:
+def draw_plan(s: PlanSeries) -> Figure:
     """One panel per CV (history, predicted trajectory +- UQ band, limits, target), then one per MV
-    (history and planned moves as a step plot, bounds). PNG bytes.
+    (history and planned moves as a step plot, bounds).
 
     A steady-state plan is drawn over a display span of a third of the history (its settling time
     is not predicted): the MVs step to their targets at t = 0 and the settled CVs, with their band,
@@ -191,7 +193,12 @@ def recommendation_figure(s: PlanSeries) -> bytes:
         ax.axvline(0.0, color="black", lw=0.8, alpha=0.6)
         ax.legend(fontsize=7, loc="upper left", ncols=5, framealpha=0.6)
     axes[-1].set_xlabel(f"time from now [{unit}]", fontsize=8)
-    return png_bytes(fig)
+    return fig
+
+
+def recommendation_figure(s: PlanSeries) -> bytes:
+    """PNG bytes of `draw_plan`."""
+    return png_bytes(draw_plan(s))
 
 
 def _limits(ax, lo: float, hi: float, label: str) -> None:
@@ -218,9 +225,9 @@ def _zoom(values: np.ndarray, limits: Sequence[float]) -> tuple[float, float]:
 # --------------------------------------------------------------------------- calibration
 
 
-def calibration_figure(cv_tags: Sequence[str], val_scores: np.ndarray, test_scores: np.ndarray,
+def draw_calibration(cv_tags: Sequence[str], val_scores: np.ndarray, test_scores: np.ndarray,
                        qhat: Sequence[float] | None, coverage_per_cv: Sequence[float] | None,
-                       coverage_threshold: float | None, title: str) -> bytes:
+                       coverage_threshold: float | None, title: str) -> Figure:
     """One panel per CV: val block scores, then test block scores (normalised units) against qhat;
     test blocks above qhat are drawn red (the uncovered ones). val (n, n_cv), test (m, n_cv)."""
     val, test = np.asarray(val_scores, float), np.asarray(test_scores, float)
@@ -246,7 +253,15 @@ def calibration_figure(cv_tags: Sequence[str], val_scores: np.ndarray, test_scor
         ax.set_ylabel("block score", fontsize=8)
         ax.legend(fontsize=7, loc="lower left", ncols=4, framealpha=0.8)  # low scores are sparse
     axes[-1].set_xlabel("block (val, then test)", fontsize=8)
-    return png_bytes(fig)
+    return fig
+
+
+def calibration_figure(cv_tags: Sequence[str], val_scores: np.ndarray, test_scores: np.ndarray,
+                       qhat: Sequence[float] | None, coverage_per_cv: Sequence[float] | None,
+                       coverage_threshold: float | None, title: str) -> bytes:
+    """PNG bytes of `draw_calibration`."""
+    return png_bytes(draw_calibration(cv_tags, val_scores, test_scores, qhat, coverage_per_cv, coverage_threshold,
+                                      title))
 
 
 # --------------------------------------------------------------------------- model fit
@@ -285,7 +300,7 @@ def model_fit_series(artifact: ModelArtifact, run: RunSeries, max_blocks: int = 
     return FitSeries(run.run_id, h, tuple(artifact.cv_tags), t - t[0], np.asarray(run.y[:end], float), predicted)
 
 
-def model_fit_figure(s: FitSeries, title: str) -> bytes:
+def draw_model_fit(s: FitSeries, title: str) -> Figure:
     """One panel per CV: measured vs the P-step open-loop rollouts (each block starts on the
     measured state, drawn as its own segment)."""
     scale, unit = _time_unit(float(s.t[-1]) if s.t.size else 0.0)
@@ -297,15 +312,20 @@ def model_fit_figure(s: FitSeries, title: str) -> bytes:
         ax.set_ylabel(f"CV {tag}", fontsize=8)
         ax.legend(fontsize=7, loc="upper left", ncols=2, framealpha=0.6)
     axes[-1].set_xlabel(f"time in test run {s.run_id} [{unit}]", fontsize=8)
-    return png_bytes(fig)
+    return fig
+
+
+def model_fit_figure(s: FitSeries, title: str) -> bytes:
+    """PNG bytes of `draw_model_fit`."""
+    return png_bytes(draw_model_fit(s, title))
 
 
 # --------------------------------------------------------------------------- outcomes
 
 
-def outcome_figure(cv_tags: Sequence[str], t_s: np.ndarray, predicted: np.ndarray, observed: np.ndarray,
+def draw_outcome(cv_tags: Sequence[str], t_s: np.ndarray, predicted: np.ndarray, observed: np.ndarray,
                    band: Sequence[float | None] | None, title: str,
-                   targets: Sequence[float] | None = None) -> bytes:
+                   targets: Sequence[float] | None = None) -> Figure:
     """Predicted vs observed CVs after a recommendation was applied, one panel per CV.
 
     t_s (n,) seconds since the plan was applied; predicted and observed (n, n_cv) engineering
@@ -333,4 +353,11 @@ def outcome_figure(cv_tags: Sequence[str], t_s: np.ndarray, predicted: np.ndarra
         ax.set_ylabel(f"CV {tag}", fontsize=8)
         ax.legend(fontsize=7, loc="upper left", ncols=4, framealpha=0.6)
     axes[-1].set_xlabel(f"time since applied [{unit}]", fontsize=8)
-    return png_bytes(fig)
+    return fig
+
+
+def outcome_figure(cv_tags: Sequence[str], t_s: np.ndarray, predicted: np.ndarray, observed: np.ndarray,
+                   band: Sequence[float | None] | None, title: str,
+                   targets: Sequence[float] | None = None) -> bytes:
+    """PNG bytes of `draw_outcome`."""
+    return png_bytes(draw_outcome(cv_tags, t_s, predicted, observed, band, title, targets))
