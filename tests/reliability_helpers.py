@@ -343,17 +343,19 @@ def check_ledger_whole(ledger: Ledger, committed: list[str] = ()) -> int:
 # ---------------------------------------------------------------------------- load
 
 
-def _mixed_writer(path: str, index: int, runs: int, queue) -> None:
+def _mixed_writer(path: str, index: int, runs: int, start, queue) -> None:
     sys.path.insert(0, str(TESTS))
     from ledger_helpers import solve
 
     ledger = Ledger(path)
+    start.wait(timeout=120)
     queue.put(("wrote", [solve(ledger, binding_id=f"w{index}")[0] for _ in range(runs)]))
 
 
-def _mixed_reader(path: str, stop, queue) -> None:
+def _mixed_reader(path: str, start, stop, queue) -> None:
     """Reads until `stop`: every snapshot must be whole (runs with candidates and recommendation)."""
     ledger = Ledger(path)
+    start.wait(timeout=120)
     reads, errors_seen = 0, []
     while not stop.is_set() or reads == 0:
         try:
@@ -382,9 +384,10 @@ def mixed_readers_writers(path: Path, writers: int, readers: int, runs_each: int
     Ledger(path)
     ctx = mp.get_context("spawn")
     queue, stop = ctx.Queue(), ctx.Event()
+    start = ctx.Barrier(writers + readers)  # every process imported and connected: the load overlaps
     started = time.monotonic()
-    procs = [ctx.Process(target=_mixed_writer, args=(str(path), i, runs_each, queue)) for i in range(writers)]
-    procs += [ctx.Process(target=_mixed_reader, args=(str(path), stop, queue)) for _ in range(readers)]
+    procs = [ctx.Process(target=_mixed_writer, args=(str(path), i, runs_each, start, queue)) for i in range(writers)]
+    procs += [ctx.Process(target=_mixed_reader, args=(str(path), start, stop, queue)) for _ in range(readers)]
     for proc in procs:
         proc.start()
     written, reads, reader_errors = [], 0, []
