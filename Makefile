@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test ui bench clean
+.PHONY: demo test ui browser clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,8 +15,12 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/optimizer-pipeline demo
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(BIN)/python -m pytest -q
+
+# headless Chromium + chromedriver for the UI test (Debian packages; installed when missing)
+browser:
+	bash .ci/ensure-chromium
 
 ui: $(STAMP)
 	$(BIN)/optimizer-pipeline ui

@@ -35,7 +35,8 @@ def prepare_dagster_home(home: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     config = path / "dagster.yaml"
     if not config.exists():
-        config.write_text("telemetry:\n  enabled: false\n", encoding="utf-8")
+        # nux off: the UI's first-visit "join the community" dialog covers the page
+        config.write_text("telemetry:\n  enabled: false\nnux:\n  enabled: false\n", encoding="utf-8")
     os.environ["DAGSTER_HOME"] = str(path)
     os.environ["OPTIMIZER_HOME"] = str(home)
     return path
