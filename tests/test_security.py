@@ -1,0 +1,231 @@
+"""Security (issue 9): parent secrets stay out of solver workers; binding ids and tag names cannot
+inject SQL or reach outside the home folder; every ledger statement passes values as parameters;
+the UI listens on loopback unless told otherwise. (Bad-input refusals: test_bad_input_corpus.py.)
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+import yaml
+
+from optimizer_pipeline import ledger as ledger_package
+from optimizer_pipeline.cli import build_parser, main
+from optimizer_pipeline.contracts import ContractError, binding_from_dict
+from optimizer_pipeline.ledger import Ledger, NotFoundError
+from optimizer_pipeline.plants import get_plant
+from optimizer_pipeline.settings import ledger_path
+from optimizer_pipeline.solver.pool import ENV_PASS_THROUGH, ENV_WHITELIST, THREAD_VARS, SolverPool
+
+from ledger_helpers import solve
+from reliability_helpers import heater_case, pool_solve
+
+PLANT = get_plant("heater")
+# heater tag -> a name built to break string-built SQL, identifiers and shell / path handling
+HOSTILE_TAGS = {"q_heat": "q'); DROP TABLE plant_samples; --",
+                "t_out": 'y1"; DELETE FROM bindings WHERE \'1\'=\'1',
+                "t_in": "../../t_in`) OR 1=1 /* ; \\ %s {0}"}
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(item.split("=", 1) for item in raw.decode().split("\0") if "=" in item)
+
+
+def test_worker_environment_holds_only_the_whitelist_whatever_secrets_the_parent_has(monkeypatch):
+    secrets = {"AWS_SECRET_ACCESS_KEY": "a", "GITHUB_TOKEN": "b", "DATABASE_URL": "postgres://u:p@h/d",
+               "DAGSTER_CLOUD_API_TOKEN": "c", "OPTIMIZER_SECRET": "d", "PYTHONSTARTUP": "/tmp/evil.py"}
+    for key, value in secrets.items():
+        monkeypatch.setenv(key, value)
+    with SolverPool(size=1) as pool:
+        env = _environ(pool.stats()["pids"][0])
+    allowed = set(ENV_WHITELIST) | set(ENV_PASS_THROUGH) | set(THREAD_VARS) | {"PYTHONHASHSEED"}
+    assert set(env) <= allowed, set(env) - allowed
+    assert not set(secrets.values()) & set(env.values())
+
+
+# ---------------------------------------------------------------------------- hostile tags and ids
+
+
+def _hostile_binding_and_history(folder: Path):
+    doc = PLANT.binding_doc()
+    for group in ("mvs", "cvs", "dvs"):
+        for item in doc[group]:
+            item["tag"] = HOSTILE_TAGS[item["tag"]]
+    frame = PLANT.history(1).frame.rename(columns=HOSTILE_TAGS)
+    (folder / "binding.yaml").write_text(yaml.safe_dump(doc))
+    frame.to_csv(folder / "history.csv", index=False)
+    return doc, frame
+
+
+def _tables(ledger: Ledger) -> list[str]:
+    return sorted(ledger.query("SELECT table_name FROM duckdb_tables()")["table_name"])
+
+
+def _files(root: Path) -> set[Path]:
+    return {p for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory):
+    """A home where the heater binding was ingested through the CLI with hostile tag names."""
+    root = tmp_path_factory.mktemp("root")
+    home, files = root / "home", root / "files"
+    files.mkdir()
+    doc, frame = _hostile_binding_and_history(files)
+    outside = _files(root)  # the home folder does not exist yet
+    assert main(["--home", str(home), "ingest", str(files / "binding.yaml"), str(files / "history.csv"),
+                 "--source", "simulation"]) == 0
+    return root, home, doc, frame, outside
+
+
+def test_hostile_tag_names_round_trip_through_ingest_and_history_with_every_table_intact(hostile, tmp_path):
+    _, home, doc, frame, _ = hostile
+    ledger = Ledger(ledger_path(home))
+    assert _tables(ledger) == _tables(Ledger(tmp_path / "fresh.duckdb"))
+    spec = ledger.get_binding(doc["id"]).spec
+    assert list(spec.tags) == [HOSTILE_TAGS[t] for t in ("q_heat", "t_out", "t_in")]
+    stored = ledger.history_frame(spec.id, spec.tags)
+    assert list(stored.columns) == ["run_id", "timestamp", *spec.tags]
+    expected = frame.sort_values(["run_id", "timestamp"], kind="stable").reset_index(drop=True)
+    for column in spec.tags:
+        assert stored[column].to_numpy() == pytest.approx(expected[column].to_numpy(), nan_ok=True)
+    assert ledger.counts()["plant_samples"] == int(frame[list(spec.tags)].notna().sum().sum())
+
+
+def test_hostile_tag_names_flow_through_a_recommendation_and_write_only_inside_home(hostile, tmp_path):
+    root, home, doc, _, outside = hostile
+    case = heater_case(Ledger(ledger_path(home)), doc=doc, ingest=False)
+    with SolverPool(size=1) as pool:
+        record = case.recommend(pool_solve(pool))
+    row = case.ledger.latest_recommendation(doc["id"])
+    assert row["id"] == record.recommendation.id and row["status"] == "verified", row["reasons"]
+    assert (tuple(row["payload"]["mv_tags"]), tuple(row["payload"]["cv_tags"])) == (
+        (HOSTILE_TAGS["q_heat"],), (HOSTILE_TAGS["t_out"],))
+    assert _tables(case.ledger) == _tables(Ledger(tmp_path / "fresh.duckdb"))
+    assert case.ledger.counts()["bindings"] == 1
+    assert _files(root) - _files(home) == outside  # nothing written beside the home folder
+
+
+@pytest.mark.parametrize("binding_id", ["..", "../outside", "a/b", "a\\b", "/etc", "~root", ".hidden", "a\0b",
+                                        "a b", "héater", "a;drop", "a'b", "A", "-a", ""])
+def test_path_like_or_sql_like_binding_ids_are_refused(binding_id):
+    with pytest.raises(ContractError, match="does not match"):
+        binding_from_dict({**PLANT.binding_doc(), "id": binding_id})
+
+
+def test_ledger_lookups_with_sql_in_the_value_match_nothing(tmp_path):
+    ledger = Ledger(tmp_path / "optimizer.duckdb")
+    solve(ledger, binding_id="tanks-1")
+    for value in ("x' OR '1'='1", "tanks-1' --", "%", "tanks-1'; DELETE FROM optimizer_runs; --"):
+        assert ledger.latest_recommendation(value) is None and ledger.list_runs(value) == []
+        assert ledger.expire(binding_id=value, reason="injection attempt") == 0
+        with pytest.raises(NotFoundError):
+            ledger.get_binding(value)
+    assert [r["status"] for r in ledger.list_recommendations("tanks-1")] == ["verified"]
+    assert ledger.counts()["optimizer_runs"] == 1
+
+
+# ---------------------------------------------------------------------------- SQL built only from constants
+
+SQL_CALLS = {"execute", "executemany", "query"}
+# Names an f-string may splice into SQL, each an identifier or a fragment built from literals:
+IDENTIFIERS = {
+    "table": "_select: every call site passes a string literal",
+    "order": "_select: every call site passes a string literal",
+    "t": "counts(): iterates a literal list of table names",
+    "condition": "_expire: f'({where}) AND status IN ({placeholders})', both built from literals",
+}
+LEDGER_SOURCES = sorted(Path(ledger_package.__file__).parent.glob("*.py"))
+
+
+PACKAGE = Path(ledger_package.__file__).parents[1]
+# Sources whose `.query(` calls reach Ledger.query (a pass-through of its `sql` parameter).
+QUERY_CALLERS = sorted({*PACKAGE.rglob("*.py"), *(PACKAGE.parent / "assets").glob("*.py"),
+                        *(PACKAGE.parent / "resources").glob("*.py")})
+
+
+def _loop_iters(scope: ast.AST, name: str) -> list[ast.AST]:
+    """The iterables of the `for` loops in `scope` that bind `name` (alone or in a tuple target)."""
+    out = []
+    for loop in (n for n in ast.walk(scope) if isinstance(n, ast.For)):
+        targets = loop.target.elts if isinstance(loop.target, ast.Tuple) else [loop.target]
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            out.append(loop.iter)
+    return out
+
+
+def _from_constant(node: ast.AST, scope: ast.AST) -> bool:
+    """An iterable rooted at a module constant (e.g. the schema's MIGRATIONS and their statements)."""
+    if not isinstance(node, ast.Name):
+        return False
+    if node.id.isupper():
+        return True
+    iters = _loop_iters(scope, node.id)
+    return bool(iters) and all(_from_constant(i, scope) for i in iters)
+
+
+def _static(node: ast.AST, scope: ast.FunctionDef) -> bool:
+    """SQL text whose every piece is a literal, an allowed identifier, or a local built from those."""
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, str)
+    if isinstance(node, ast.JoinedStr):
+        return all(isinstance(v, ast.Constant) or (isinstance(v.value, ast.Name) and v.value.id in IDENTIFIERS)
+                   for v in node.values)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        return _static(node.left, scope) and _static(node.right, scope)
+    if isinstance(node, ast.Name):
+        if (scope.name, node.id) == ("query", "sql"):
+            return True  # Ledger.query passes its caller's text on; every `.query(` call is checked too
+        sources = [n.value for n in ast.walk(scope) if isinstance(n, (ast.Assign, ast.AugAssign))
+                   and any(isinstance(t, ast.Name) and t.id == node.id
+                           for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))]
+        iters = _loop_iters(scope, node.id)
+        return bool(sources or iters) and all(_static(s, scope) for s in sources) \
+            and all(_from_constant(i, scope) for i in iters)
+    return False
+
+
+def _sql_calls():
+    for path in sorted(set(LEDGER_SOURCES) | set(QUERY_CALLERS)):
+        methods = SQL_CALLS if path in LEDGER_SOURCES else {"query"}
+        tree = ast.parse(path.read_text())
+        for function in [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
+            for call in ast.walk(function):
+                if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) \
+                        and call.func.attr in methods and call.args:
+                    yield path, function, call
+
+
+def test_every_ledger_statement_passes_values_as_parameters():
+    calls = list(_sql_calls())
+    assert len(calls) > 40  # the walk found the ledger's statements
+    loose = [f"{path.name}:{call.lineno} in {function.name}" for path, function, call in calls
+             if not _static(call.args[0], function)]
+    assert loose == [], f"SQL text built from values (pass them as ? parameters): {loose}"
+
+
+def test_identifiers_spliced_into_sql_come_from_literals_at_every_call_site():
+    tree = ast.parse((Path(ledger_package.__file__).parent / "store.py").read_text())
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+             and n.func.attr in ("_select", "_expire")]
+    assert {c.func.attr for c in calls} == {"_select", "_expire"}
+    for call in calls:
+        pieces = [call.args[0], call.args[2]] if call.func.attr == "_select" else [call.args[1]]
+        for piece in pieces:
+            literal = isinstance(piece, ast.Constant) and isinstance(piece.value, str)
+            # expire(): " AND ".join(clauses) of f"{column} = ?" over a literal tuple of column names
+            joined = (isinstance(piece, ast.Call) and isinstance(piece.func, ast.Attribute)
+                      and piece.func.attr == "join" and isinstance(piece.func.value, ast.Constant))
+            assert literal or joined, f"store.py:{call.lineno}: {ast.unparse(piece)}"
+    expire = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "expire")
+    loop = next(n for n in ast.walk(expire) if isinstance(n, ast.For))
+    assert all(isinstance(pair.elts[0], ast.Constant) for pair in loop.iter.elts)
+
+
+# ---------------------------------------------------------------------------- UI
+
+
+def test_ui_listens_on_loopback_by_default():
+    args = build_parser().parse_args(["ui"])
+    assert (args.host, args.port) == ("127.0.0.1", 3000)
