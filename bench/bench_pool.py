@@ -1,19 +1,30 @@
-"""Benchmark: solver round trip through the worker pool vs in-process OSQP vs a process per solve.
+"""Benchmark: solver round trip through the worker pool vs in-process OSQP, cvxpy, a process per solve
+and the original system's probe + process per solve.
 
-Issue 4 "Performance". Two plants, 200 receding-horizon re-solves each (N = 30):
+Issue 4 "Performance" / issue 8. Two plants, 200 receding-horizon re-solves each (N = 30):
   * quadruple tank (Johansson's linearised 4-tank: 4 states, 2 MVs, 2 CVs), sampled at 5 s;
   * a random stable system, nx = 10, nu = 3, ny = 3 (seeded).
 The closed loop is run once in process (the plan's first move applied to the model, targets stepped
 half way) to record 200 ProblemIRs; every mode then solves that same sequence, so warm starts see
-the same re-solves (raw and pool interleaved step by step: on a shared machine both see the same load):
-  raw      solve_problem(problem, cache) in this process, one SolverCache (warm start)
-  pool     SolverPool(size=1).solve(problem): JSON over a pipe to a long-lived worker (warm cache)
-  process  a fresh worker process per solve (spawn, imports, ready, one solve, exit); 20 measured,
-           the 200-solve total extrapolated
-  cvxpy    a parameterised re-solve, if cvxpy is installed
-Targets: pool p50 <= raw p50 + 1 ms, and >= 100x faster than a process per solve.
+the same re-solves. Modes (seconds per solve):
+  bare      the nominal QP alone on one warm osqp.OSQP object: update(q, l, u) + solve (the floor)
+  cvxpy     the same nominal QP as a cvxpy problem with q, l, u as Parameters, re-solved with OSQP
+            and warm_start (skipped with a note when cvxpy is not installed; never a dependency)
+  raw       solve_problem(problem, cache) in this process, one SolverCache (warm): HOLD + NOMINAL +
+            ROBUST + verification, i.e. exactly the work a worker does per request
+  codec     raw plus the pool's JSON codec both ways, no IPC (where the pool's overhead goes)
+  pool      SolverPool(size=1).solve(problem): JSON over a pipe to a long-lived worker (warm cache)
+  process   a fresh worker process per solve (spawn, imports, ready, one solve, exit)
+  original  the original system's way: the capability probe process
+            (`python -m optimizer_pipeline.solver.probe`) before every solve, then a process per solve
+  probe     the probe process alone (part of `original`)
+bare / cvxpy / raw / codec / pool are interleaved step by step so they see the same machine load;
+process / original run `process_samples` solves each and the 200-solve total is extrapolated.
+Targets: pool p50 <= raw p50 + 1 ms, and a process per solve >= 100x the pool's p50.
 
-    .venv/bin/python bench/bench_pool.py [--steps 200] [--process-samples 20] [--seed 7]
+    OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/bench_pool.py [--steps 200] [--process-samples 20] [--seed 7]
+
+bench/run.py calls `measure` for repeated rounds and reports medians, spreads and ratios.
 """
 
 import argparse
@@ -24,13 +35,18 @@ import sys
 import time
 
 import numpy as np
+import osqp
+import scipy.sparse as sparse
 from scipy.linalg import expm
 
 from optimizer_pipeline.contracts import ProblemIR, SolveResult, StateSpace, Template, canonical_json
+from optimizer_pipeline.solver import mpc
 from optimizer_pipeline.solver.pool import SolverPool
-from optimizer_pipeline.solver.solve import SolverCache, solve_problem
+from optimizer_pipeline.solver.solve import OSQP_SETTINGS, SolverCache, solve_problem
 
 HORIZON = 30
+INTERLEAVED = ("bare", "cvxpy", "raw", "codec", "pool")
+SPAWNED = ("process", "original", "probe")
 
 
 def quadruple_tank(sample_s: float = 5.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -57,6 +73,12 @@ def random_stable(nx: int, nu: int, ny: int, seed: int) -> tuple[np.ndarray, np.
     Q, _ = np.linalg.qr(rng.standard_normal((nx, nx)))
     A = Q @ np.diag(rng.uniform(0.5, 0.95, nx)) @ Q.T
     return A, 0.3 * rng.standard_normal((nx, nu)), rng.standard_normal((ny, nx))
+
+
+def plants(seed: int) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """The two benchmark plants by display name."""
+    return {"quadruple tank (nx 4, nu 2, ny 2)": quadruple_tank(),
+            "random stable (nx 10, nu 3, ny 3)": random_stable(10, 3, 3, seed)}
 
 
 def problem_at(A: np.ndarray, B: np.ndarray, C: np.ndarray, x0: np.ndarray, u_prev: np.ndarray,
@@ -95,62 +117,126 @@ def closed_loop(A: np.ndarray, B: np.ndarray, C: np.ndarray, steps: int, seed: i
     return problems
 
 
-def percentiles(samples_s: list[float]) -> tuple[float, float]:
-    ms = np.asarray(samples_s) * 1000.0
-    return float(np.percentile(ms, 50)), float(np.percentile(ms, 90))
+class BareQP:
+    """The nominal QP of a problem sequence on one osqp.OSQP object (the product's settings)."""
+
+    def __init__(self, first: ProblemIR) -> None:
+        P, A = mpc.matrices(first)
+        q, l, u, _ = self.vectors(first)
+        self.solver = osqp.OSQP()
+        self.solver.setup(P=sparse.triu(P, format="csc"), q=q, A=A, l=l, u=u, **OSQP_SETTINGS)
+        self.P, self.A = P, A
+
+    @staticmethod
+    def vectors(problem: ProblemIR) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+        return mpc.vectors(problem, np.asarray(problem.y_lo, float), np.asarray(problem.y_hi, float))
+
+    def solve(self, q: np.ndarray, l: np.ndarray, u: np.ndarray) -> np.ndarray:
+        self.solver.update(q=q, l=l, u=u)
+        result = self.solver.solve(raise_error=False)
+        assert result.info.status == "solved", result.info.status
+        return np.asarray(result.x)
 
 
-def time_raw_and_pool(pool: SolverPool, problems: list[ProblemIR]) -> tuple[list[float], list[float], list[float]]:
-    """Seconds per solve in process, in process through the pool's JSON codec, and through the pool.
+class CvxpyQP:
+    """The same nominal QP in cvxpy: q, l, u are Parameters, re-solved with OSQP, warm-started."""
 
-    The three are interleaved step by step so they see the same machine load. The codec path does
-    the CPU work of a pool round trip without the pipes and process switches: problem to canonical
-    JSON, parse + ProblemIR.from_dict, solve, result to canonical JSON, parse.
-    """
-    cache, codec_cache, raw, codec, pooled = SolverCache(), SolverCache(), [], [], []
+    def __init__(self, bare: BareQP) -> None:
+        import cvxpy as cp  # bench-only, optional
+
+        n, m = bare.A.shape[1], bare.A.shape[0]
+        self.z = cp.Variable(n)
+        self.q, self.l, self.u = cp.Parameter(n), cp.Parameter(m), cp.Parameter(m)
+        objective = 0.5 * cp.quad_form(self.z, cp.psd_wrap(bare.P)) + self.q @ self.z
+        self.problem = cp.Problem(cp.Minimize(objective), [bare.A @ self.z >= self.l, bare.A @ self.z <= self.u])
+        self.settings = {"eps_abs": OSQP_SETTINGS["eps_abs"], "eps_rel": OSQP_SETTINGS["eps_rel"],
+                         "polish": True, "max_iter": OSQP_SETTINGS["max_iter"]}
+
+    def solve(self, q: np.ndarray, l: np.ndarray, u: np.ndarray) -> np.ndarray:
+        self.q.value, self.l.value, self.u.value = q, l, u
+        self.problem.solve(solver="OSQP", warm_start=True, **self.settings)
+        assert self.problem.status == "optimal", self.problem.status
+        return np.asarray(self.z.value)
+
+
+def cvxpy_version() -> str | None:
+    if importlib.util.find_spec("cvxpy") is None:
+        return None
+    import cvxpy
+
+    return cvxpy.__version__
+
+
+def time_interleaved(pool: SolverPool, problems: list[ProblemIR], use_cvxpy: bool) -> dict[str, list[float]]:
+    """Seconds per solve of the interleaved modes (module docstring), plus the largest |cvxpy - bare|
+    of the first MV move (normalised units) as a check that both solve the same QP."""
+    bare = BareQP(problems[0])
+    cvx = CvxpyQP(bare) if use_cvxpy else None
+    cache, codec_cache = SolverCache(), SolverCache()
+    times: dict[str, list[float]] = {mode: [] for mode in INTERLEAVED}
+    worst_move_gap = 0.0
     for problem in problems:
+        q, l, u, _ = bare.vectors(problem)
+        t = time.perf_counter()
+        z_bare = bare.solve(q, l, u)
+        times["bare"].append(time.perf_counter() - t)
+        if cvx is not None:
+            t = time.perf_counter()
+            z_cvx = cvx.solve(q, l, u)
+            times["cvxpy"].append(time.perf_counter() - t)
+            first_moves = [mpc.plan(problem, z)[0][0] for z in (z_cvx, z_bare)]
+            worst_move_gap = max(worst_move_gap, float(np.max(np.abs(first_moves[0] - first_moves[1]))))
         t = time.perf_counter()
         local: SolveResult = solve_problem(problem, cache)
-        raw.append(time.perf_counter() - t)
+        times["raw"].append(time.perf_counter() - t)
         t = time.perf_counter()
         decoded = ProblemIR.from_dict(json.loads(problem.canonical_json()))
         json.loads(canonical_json(solve_problem(decoded, codec_cache)))
-        codec.append(time.perf_counter() - t)
+        times["codec"].append(time.perf_counter() - t)
         t = time.perf_counter()
         remote = pool.solve(problem)
-        pooled.append(time.perf_counter() - t)
+        times["pool"].append(time.perf_counter() - t)
         assert local.ok and remote["ok"], (local.error_message, remote.get("error_message"))
-    return raw, codec, pooled
+    times["cvxpy_move_gap"] = [worst_move_gap] if cvx is not None else []
+    return times
 
 
-def time_process_per_solve(problems: list[ProblemIR], samples: int) -> list[float]:
-    """Spawn a worker, wait for ready, one solve, close: what a process-per-solve design pays."""
-    times = []
+def time_spawned(problems: list[ProblemIR], samples: int) -> dict[str, list[float]]:
+    """A fresh worker per solve (spawn, imports, ready, one solve, exit), and the original system's
+    way: the probe process first, then the fresh worker. The two alternate so they see the same load."""
+    times: dict[str, list[float]] = {mode: [] for mode in SPAWNED}
+    worker = [sys.executable, "-m", "optimizer_pipeline.solver.worker"]
+    probe = [sys.executable, "-m", "optimizer_pipeline.solver.probe"]
     for problem in problems[:samples]:
-        frame = json.dumps({"protocolVersion": 1, "reqId": 1, "op": "solve", "payload": {"problemIr": problem.to_dict()}})
+        frame = json.dumps({"protocolVersion": 1, "reqId": 1, "op": "solve",
+                            "payload": {"problemIr": problem.to_dict()}}).encode() + b"\n"
         t = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "optimizer_pipeline.solver.worker"], input=frame.encode() + b"\n",
-                              capture_output=True, check=True)
-        times.append(time.perf_counter() - t)
+        done = subprocess.run(worker, input=frame, capture_output=True, check=True)
+        times["process"].append(time.perf_counter() - t)
+        assert json.loads(done.stdout.splitlines()[-1])["ok"]
+        t = time.perf_counter()
+        subprocess.run(probe, capture_output=True, check=True, stdin=subprocess.DEVNULL)
+        probed = time.perf_counter()
+        done = subprocess.run(worker, input=frame, capture_output=True, check=True)
+        times["original"].append(time.perf_counter() - t)
+        times["probe"].append(probed - t)
         assert json.loads(done.stdout.splitlines()[-1])["ok"]
     return times
 
 
-def report(name: str, problems: list[ProblemIR], pool: SolverPool, process_samples: int) -> dict[str, float]:
-    raw, codec, pooled = time_raw_and_pool(pool, problems)
-    spawned = time_process_per_solve(problems, process_samples)
-    (raw50, raw90), (pool50, pool90), (proc50, proc90) = percentiles(raw), percentiles(pooled), percentiles(spawned)
-    codec50, codec90 = percentiles(codec)
-    payload_kb = len(canonical_json(problems[0])) / 1024
-    print(f"\n{name}: {len(problems)} receding-horizon re-solves, N = {HORIZON}, ProblemIR {payload_kb:.1f} kB")
-    print(f"  raw in-process solve_problem (warm)  p50 {raw50:8.3f} ms  p90 {raw90:8.3f} ms  total {sum(raw):7.2f} s")
-    print(f"  in-process + pool JSON codec, no IPC p50 {codec50:8.3f} ms  p90 {codec90:8.3f} ms  total {sum(codec):7.2f} s")
-    print(f"  pool round trip (1 worker, warm)     p50 {pool50:8.3f} ms  p90 {pool90:8.3f} ms  total {sum(pooled):7.2f} s")
-    print(f"  fresh process per solve ({len(spawned)} runs)   p50 {proc50:8.1f} ms  p90 {proc90:8.1f} ms  "
-          f"total for {len(problems)} ~{np.mean(spawned) * len(problems):7.1f} s (extrapolated)")
-    print(f"  pool overhead p50 {pool50 - raw50:+.3f} ms (target <= +1 ms: {'met' if pool50 <= raw50 + 1 else 'MISSED'}); "
-          f"process-per-solve / pool p50 = {proc50 / pool50:.0f}x (target >= 100x: {'met' if proc50 >= 100 * pool50 else 'MISSED'})")
-    return {"raw_p50": raw50, "pool_p50": pool50, "process_p50": proc50}
+def measure(pool: SolverPool, steps: int, process_samples: int, seed: int,
+            use_cvxpy: bool = True) -> dict[str, dict[str, list[float]]]:
+    """One round: {plant name: {mode: seconds per solve}} for every mode of the module docstring."""
+    use_cvxpy = use_cvxpy and cvxpy_version() is not None
+    out = {}
+    for name, (A, B, C) in plants(seed).items():
+        problems = closed_loop(A, B, C, steps, seed)
+        out[name] = {**time_interleaved(pool, problems, use_cvxpy), **time_spawned(problems, process_samples)}
+    return out
+
+
+def ms(samples_s: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(samples_s) * 1000.0, q))
 
 
 def main() -> None:
@@ -161,21 +247,29 @@ def main() -> None:
     args = parser.parse_args()
 
     with SolverPool(size=1, request_timeout_ms=10_000) as pool:
-        stats = pool.stats()
-        print(f"worker start-to-ready {stats['ready_ms'][0]:.0f} ms (spawn, imports, ready frame)")
+        print(f"worker start-to-ready {pool.stats()['ready_ms'][0]:.0f} ms (spawn, imports, ready frame)")
         pings = []
         for _ in range(500):
             t = time.perf_counter()
             pool.ping()
             pings.append(time.perf_counter() - t)
-        p50, p90 = percentiles(pings)
-        print(f"ping round trip (protocol + pipes + threads, no solve): p50 {p50:.3f} ms  p90 {p90:.3f} ms")
-        report("quadruple tank (nx 4, nu 2, ny 2)", closed_loop(*quadruple_tank(), args.steps, args.seed),
-               pool, args.process_samples)
-        report("random stable (nx 10, nu 3, ny 3)", closed_loop(*random_stable(10, 3, 3, args.seed), args.steps, args.seed),
-               pool, args.process_samples)
-    cvxpy = "not installed" if importlib.util.find_spec("cvxpy") is None else "installed, no formulation written"
-    print(f"\ncvxpy parameterised re-solve: skipped ({cvxpy})")
+        print(f"ping round trip (protocol + pipes + threads, no solve): p50 {ms(pings, 50):.3f} ms  "
+              f"p90 {ms(pings, 90):.3f} ms")
+        results = measure(pool, args.steps, args.process_samples, args.seed)
+    version = cvxpy_version()
+    for name, times in results.items():
+        print(f"\n{name}: {args.steps} receding-horizon re-solves, N = {HORIZON}")
+        for mode in INTERLEAVED + SPAWNED:
+            if times[mode]:
+                print(f"  {mode:<9} p50 {ms(times[mode], 50):9.3f} ms  p90 {ms(times[mode], 90):9.3f} ms  "
+                      f"({len(times[mode])} solves)")
+        raw50, pool50, proc50 = (ms(times[m], 50) for m in ("raw", "pool", "process"))
+        print(f"  pool - raw p50 {pool50 - raw50:+.3f} ms (target <= +1 ms: {'PASS' if pool50 <= raw50 + 1 else 'MISS'}); "
+              f"process / pool p50 {proc50 / pool50:.0f}x (target >= 100x: {'PASS' if proc50 >= 100 * pool50 else 'MISS'})")
+        if not times["cvxpy"]:
+            print("  cvxpy: skipped (not installed; `pip install cvxpy` into the venv for this bench only)")
+        else:
+            print(f"  cvxpy {version}: largest |first move - bare OSQP's| {times['cvxpy_move_gap'][0]:.2e}")
 
 
 if __name__ == "__main__":

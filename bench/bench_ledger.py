@@ -1,0 +1,172 @@
+"""Benchmark: ledger writes — one solve record (run + 3 candidates + recommendation) and 10 000 candidates.
+
+Issue 8. A fresh DuckDB ledger in a temporary directory; the rows are the ones the pipeline writes
+(canonical JSON plans of 30 steps x 2 MVs / CVs, verify reports). Figures (seconds):
+  record_solve   Ledger.record_solve: run + HOLD / NOMINAL / ROBUST candidates + finish + recommendation
+                 (superseding the binding's open ones) in one transaction: the pipeline's write per solve
+  connect_close  the cross-process lock + duckdb.connect + close of the ledger file alone (the fixed
+                 cost of Ledger's connection-per-transaction design, part of record_solve)
+  executemany    Ledger.insert_candidates with 10 000 candidates of one run (one executemany)
+  per_row        the same rows through one INSERT per row, in one transaction (the anchor)
+  dataframe      the same rows as one pandas DataFrame insert (`INSERT INTO ... SELECT * FROM frame`),
+                 in one transaction: what insert_candidates would cost if it built a frame
+  build_rows     building the 10 000 rows alone (4 canonical_json texts per candidate), no SQL:
+                 the part of every variant above that no insert method removes
+Targets: record_solve <= 5 ms p50; 10 000 candidates <= 0.3 s.
+
+    .venv/bin/python bench/bench_ledger.py [--writes 200] [--batch 10000]
+
+bench/run.py calls `measure` for repeated rounds and reports medians, spreads and ratios.
+"""
+
+import argparse
+import tempfile
+import time
+from dataclasses import replace
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from optimizer_pipeline.contracts import (
+    CandidateKind,
+    Recommendation,
+    RecommendationStatus,
+    SolveCandidate,
+    Template,
+    canonical_json,
+    iso_utc,
+    utc_now,
+)
+from optimizer_pipeline.ledger import Ledger, candidate_id, new_id
+
+HORIZON = 30
+CANDIDATE_COLUMNS = 15  # optimizer_candidates
+
+
+def plan_candidates(seed: int = 0) -> list[SolveCandidate]:
+    """HOLD, NOMINAL, ROBUST candidates with N = 30 plans of 2 MVs / 2 CVs, as a solve returns them."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for seq, kind in enumerate((CandidateKind.HOLD, CandidateKind.NOMINAL, CandidateKind.ROBUST)):
+        controls = tuple(map(tuple, rng.uniform(0, 6, (HORIZON, 2)).tolist()))
+        predicted = tuple(map(tuple, rng.uniform(2, 10, (HORIZON, 2)).tolist()))
+        out.append(SolveCandidate(seq=seq, kind=kind, solver_status="solved", controls=controls, predicted=predicted,
+                                  cost=1.0 + seq, constraints={"osqp_status": "solved", "iterations": 25,
+                                                               "y_lo": [2.0, 2.0], "y_hi": [10.0, 10.0]},
+                                  feasible=True, verified=True, independent_cost=1.0 + seq,
+                                  verify_report={"ok": True, "max_dynamics_residual": 1e-9}))
+    return out
+
+
+def run_row(binding_id: str) -> dict:
+    return {"id": new_id("or"), "binding_id": binding_id, "binding_revision": 1, "profile_id": "track",
+            "profile_version": 1, "problem_ir_hash": "p" * 64, "context": {"source": "bench"},
+            "problem": {"template": "linear_mpc_quadratic@1", "horizon": HORIZON}}
+
+
+def recommendation(run_id: str, binding_id: str, nominal: SolveCandidate) -> Recommendation:
+    now = utc_now()
+    return Recommendation(
+        id=new_id("rec"), binding_id=binding_id, binding_revision=1, run_id=run_id,
+        candidate_id=candidate_id(run_id, nominal.seq), template=Template.LINEAR_MPC,
+        status=RecommendationStatus.VERIFIED, reasons=(), created_at=iso_utc(now),
+        valid_until=iso_utc(now + timedelta(hours=1)), mv_tags=("v1", "v2"), cv_tags=("y1", "y2"),
+        controls=nominal.controls, predicted=nominal.predicted, band=(0.1, 0.2), cost=nominal.cost,
+        independent_cost=nominal.independent_cost, problem_ir_hash="p" * 64, model_artifact_hash="m" * 64,
+        evidence={"source": "simulation", "uq": None})
+
+
+def time_record_solve(ledger: Ledger, writes: int) -> list[float]:
+    candidates = plan_candidates()
+    times = []
+    for i in range(writes):
+        run = run_row(f"bench-{i % 10}")
+        rec = recommendation(run["id"], run["binding_id"], candidates[1])
+        t = time.perf_counter()
+        ledger.record_solve(run, candidates, "m" * 64, rec, run_status="succeeded", independent_cost=2.0,
+                            diagnostics={"iterations": 25}, evidence_source="simulation")
+        times.append(time.perf_counter() - t)
+    return times
+
+
+def time_connect_close(ledger: Ledger, samples: int) -> list[float]:
+    times = []
+    for _ in range(samples):
+        t = time.perf_counter()
+        with ledger.transaction():
+            pass
+        times.append(time.perf_counter() - t)
+    return times
+
+
+def candidate_rows(run_id: str, candidates: list[SolveCandidate]) -> list[list]:
+    """The optimizer_candidates rows of Ledger.insert_candidates, built the same way."""
+    now = utc_now().replace(tzinfo=None)
+    return [[candidate_id(run_id, c.seq), run_id, c.seq, c.kind.value, c.solver_status, canonical_json(c.controls),
+             canonical_json(c.predicted), c.cost, canonical_json(c.constraints), c.feasible, c.verified,
+             c.independent_cost, canonical_json(c.verify_report), "m" * 64, now] for c in candidates]
+
+
+def time_batches(ledger: Ledger, batch: int) -> dict[str, float]:
+    """Seconds for `batch` candidates of one run: executemany (Ledger), one INSERT per row, DataFrame."""
+    template = plan_candidates()[1]
+    many = [replace(template, seq=i) for i in range(batch)]
+    out = {}
+    t = time.perf_counter()
+    ids = ledger.insert_candidates(new_id("or"), many, "m" * 64)
+    out["executemany"] = time.perf_counter() - t
+    assert len(ids) == batch
+    t = time.perf_counter()
+    candidate_rows(new_id("or"), many)
+    out["build_rows"] = time.perf_counter() - t
+    placeholders = ", ".join("?" * CANDIDATE_COLUMNS)
+    t = time.perf_counter()
+    with ledger.transaction() as conn:
+        for row in candidate_rows(new_id("or"), many):
+            conn.execute(f"INSERT INTO optimizer_candidates VALUES ({placeholders})", row)
+    out["per_row"] = time.perf_counter() - t
+    t = time.perf_counter()
+    with ledger.transaction() as conn:
+        frame = pd.DataFrame(candidate_rows(new_id("or"), many))  # noqa: F841 (read by DuckDB by name)
+        conn.execute("INSERT INTO optimizer_candidates SELECT * FROM frame")
+    out["dataframe"] = time.perf_counter() - t
+    with ledger.transaction() as conn:
+        stored = conn.execute("SELECT count(*) FROM optimizer_candidates").fetchone()[0]
+    assert stored >= 3 * batch, stored
+    return out
+
+
+def measure(writes: int, batch: int) -> dict[str, list[float] | float]:
+    """One round in a fresh ledger: per-write seconds of record_solve and connect_close, and the
+    seconds of each 10 000-candidate batch."""
+    with tempfile.TemporaryDirectory(prefix="bench-ledger-") as home:
+        ledger = Ledger(Path(home) / "optimizer.duckdb")
+        time_record_solve(ledger, 10)  # warm-up: first writes create the table files
+        out: dict[str, list[float] | float] = {"record_solve": time_record_solve(ledger, writes),
+                                               "connect_close": time_connect_close(ledger, writes)}
+        out.update(time_batches(ledger, batch))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--writes", type=int, default=200)
+    parser.add_argument("--batch", type=int, default=10_000)
+    args = parser.parse_args()
+    result = measure(args.writes, args.batch)
+    for name in ("record_solve", "connect_close"):
+        ms = np.asarray(result[name]) * 1000
+        print(f"{name:<14} p50 {np.median(ms):7.2f} ms  p10-p90 {np.percentile(ms, 10):.2f}-{np.percentile(ms, 90):.2f} ms "
+              f"({args.writes} writes)")
+    print(f"record_solve p50 target 5 ms: {'PASS' if np.median(result['record_solve']) <= 0.005 else 'MISS'}")
+    print(f"{args.batch} candidates, build_rows   {result['build_rows']:7.3f} s  (JSON texts only, no SQL)")
+    for name in ("executemany", "per_row", "dataframe"):
+        print(f"{args.batch} candidates, {name:<12} {result[name]:7.3f} s  "
+              f"(per-row anchor / this = {result['per_row'] / result[name]:.1f}x)")
+    print(f"Ledger.insert_candidates target 0.3 s: {'PASS' if result['executemany'] <= 0.3 else 'MISS'}")
+
+
+if __name__ == "__main__":
+    main()
