@@ -2,9 +2,11 @@
 
 from dagster import AssetExecutionContext, AssetKey, MetadataValue, Output, TableColumn, TableRecord, TableSchema, asset
 
+import numpy as np
+
 from assets.partitions import BINDINGS
-from optimizer_pipeline import outcomes
-from optimizer_pipeline.contracts import OutcomeVerdict
+from optimizer_pipeline import outcomes, plots
+from optimizer_pipeline.contracts import OutcomeVerdict, parse_iso_utc
 from resources.ledger import LedgerResource
 
 OUTCOMES_GROUP = "outcomes"
@@ -37,6 +39,17 @@ def _delta_table(row: dict) -> MetadataValue:
     return MetadataValue.table(records, schema=TableSchema(columns=columns))
 
 
+def _plot(row: dict) -> MetadataValue:
+    """Predicted vs observed CVs of one outcome, with the reported band, against time since applied."""
+    delta = row["delta"]
+    tags = delta["cv_tags"]
+    band = row["details"].get("band") or {}
+    t_s = np.asarray(delta["t"], float) - parse_iso_utc(row["applied_at"]).timestamp()
+    return MetadataValue.md(plots.figure_markdown(lambda: plots.outcome_figure(
+        tags, t_s, np.asarray(delta["predicted"], float), np.asarray(delta["observed"], float),
+        [band.get(t) for t in tags], title=f"{row['recommendation_id']}: {row['verdict']}"), "predicted vs observed"))
+
+
 @asset(partitions_def=BINDINGS, group_name=OUTCOMES_GROUP, deps=[AssetKey("recommendation")],
        description="Applied recommendations vs what the plant did: deltas per CV and step, band hits, verdicts.")
 def outcome_deltas(context: AssetExecutionContext, ledger: LedgerResource):
@@ -54,5 +67,6 @@ def outcome_deltas(context: AssetExecutionContext, ledger: LedgerResource):
     if newest:
         metadata["latest_outcome_id"] = newest[0]["id"]
         metadata["latest_deltas"] = _delta_table(newest[0])
+        metadata["plot"] = _plot(newest[0])
     return Output({"binding_id": binding_id, "verdicts": counts, "evaluated_now": [o.id for o in written]},
                   metadata=metadata)

@@ -198,6 +198,7 @@ def test_outcome_deltas_judges_a_pending_observation_once(heater):
     assert metadata["outcomes_evaluated_now"].value == 1
     assert metadata["verdicts_confirmed"].value == sum(o["verdict"] == "confirmed" for o in rows.values())
     assert len(metadata["latest_deltas"].value.records) > 0
+    assert "data:image/png;base64," in metadata["plot"].value  # predicted vs observed, shown in the UI
 
     count = heater.ledger.counts()["optimizer_outcomes"]
     heater.run(spec.id, job="outcomes")
