@@ -323,14 +323,16 @@ def random_writer_kills(path: Path, kills: int, seed: int, max_delay_s: float = 
     return report
 
 
-def check_ledger_whole(ledger: Ledger, committed: list[str] = ()) -> int:
-    """No partial write: every run finished, with its 2 candidates and its recommendation, one open
-    recommendation per binding, and every run id in `committed` present. Returns the runs checked."""
+def check_ledger_whole(ledger: Ledger, committed: list[str] = (), candidates_per_run: int | None = 2) -> int:
+    """No partial write: every run finished, with its candidates (`candidates_per_run`, the count
+    ledger_helpers writes; None: at least one) and its recommendation, one open recommendation per
+    binding, and every run id in `committed` present. Returns the runs checked."""
     rows = ledger.query("""SELECT r.id, r.status,
             (SELECT count(*) FROM optimizer_candidates c WHERE c.run_id = r.id) AS candidates,
             (SELECT count(*) FROM optimizer_recommendations o WHERE o.run_id = r.id) AS recommendations
         FROM optimizer_runs r""")
-    partial = rows[(rows["status"] == "running") | (rows["candidates"] != 2) | (rows["recommendations"] != 1)]
+    wrong_candidates = rows["candidates"] < 1 if candidates_per_run is None else rows["candidates"] != candidates_per_run
+    partial = rows[(rows["status"] == "running") | wrong_candidates | (rows["recommendations"] != 1)]
     assert partial.empty, f"partial writes left in the ledger:\n{partial}"
     missing = set(committed) - set(rows["id"])
     assert not missing, f"{len(missing)} committed runs lost, e.g. {sorted(missing)[:3]}"
