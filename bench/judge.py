@@ -26,6 +26,7 @@ from optimizer_pipeline.data import prepare_history, validate_history_frame  # n
 from optimizer_pipeline.ledger import Ledger, StoredBinding  # noqa: E402
 from optimizer_pipeline.model import identify  # noqa: E402
 from optimizer_pipeline.plants import demo_plants  # noqa: E402
+from optimizer_pipeline.plants.base import Excitation, Plant  # noqa: E402
 from optimizer_pipeline.plants.tanks import QuadrupleTank  # noqa: E402
 from optimizer_pipeline.settings import Settings  # noqa: E402
 from optimizer_pipeline.solver.solve import SolverCache, solve_problem  # noqa: E402
@@ -42,6 +43,43 @@ class NonMinimumPhaseTank(QuadrupleTank):
                                        {"tag": "y2", "lo": 2.0, "hi": 9.5, "target": 6.6, "weight": 1.0}]}
 
 
+@dataclass(frozen=True)
+class IllConditionedColumn(Plant):
+    """Skogestad's LV distillation gains [[0.878, -0.864], [1.082, -1.096]] (condition number ~140)
+    on first-order lags of 75 s with a 2-sample dead time and a saturation of the outputs (tanh);
+    orders left to the data. Reaching the targets needs a move with a component along the weak
+    direction."""
+
+    name: ClassVar[str] = "column"
+    n_cont: ClassVar[int] = 2
+    settling_time_s: ClassVar[float] = 600.0
+    delay_samples: ClassVar[int] = 2
+    substeps: ClassVar[int] = 5
+    cv_noise: ClassVar[tuple[float, ...]] = (0.003, 0.003)
+    excitation: ClassVar[Excitation] = Excitation(mv_band=((-1.5, 1.5), (-1.5, 1.5)), mv_hold=(4, 25),
+                                                  mv_live=(0.0, 0.0))
+    binding: ClassVar[dict] = {
+        "id": "column-lv", "unit": "ill-conditioned 2x2 column", "sample_period_s": 10,
+        "mvs": [{"tag": "reflux", "lo": -2.0, "hi": 2.0, "max_move": 0.2},
+                {"tag": "boilup", "lo": -2.0, "hi": 2.0, "max_move": 0.2}],
+        # targets = the steady outputs of u = (1.2, 0.5): reachable inside the MV bounds
+        "cvs": [{"tag": "x_top", "lo": -1.0, "hi": 1.0, "target": 0.521, "weight": 1.0},
+                {"tag": "x_bottom", "lo": -1.0, "hi": 1.0, "target": 0.587, "weight": 1.0}],
+        "dvs": [], "model": {"horizon": 12},
+        "profile": {"id": "column-track", "version": 1, "template": "linear_mpc_quadratic@1", "horizon": 60,
+                    "move_weight": 0.1, "valid_for_s": 3600}}
+    G: ClassVar[np.ndarray] = np.array([[0.878, -0.864], [1.082, -1.096]])
+
+    def _rhs(self, xc, u, d):
+        return (u @ self.G.T * self.gain - xc) / 75.0
+
+    def _outputs(self, xc):
+        return np.tanh(xc / 0.8) * 0.8  # saturation: the gain falls off away from the operating point
+
+    def _equilibrium(self, u, d):
+        return self.G @ u * self.gain
+
+
 def variants() -> list:
     plants = demo_plants()
     unset = []
@@ -52,7 +90,7 @@ def variants() -> list:
             unset.append(type(f"{cls.__name__}Unset", (cls,), {
                 "name": cls.name + "_unset",
                 "binding": {**doc, "id": doc["id"] + "-unset", "model": {"horizon": doc["model"]["horizon"]}}})())
-    return plants + unset + [NonMinimumPhaseTank()]
+    return plants + unset + [NonMinimumPhaseTank(), IllConditionedColumn()]
 
 
 def judge(plant, seed: int, ledger: Ledger, cache: SolverCache) -> dict:
