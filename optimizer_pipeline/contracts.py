@@ -658,6 +658,18 @@ class SolveResult:
 
 
 @dataclass(frozen=True)
+class Condition:
+    """One condition for `verified`: the value it was judged on, its limit, whether it holds, and the
+    user-facing reason listed in `reasons` when it does not."""
+
+    name: str
+    value: str
+    limit: str
+    holds: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class Recommendation:
     """The candidate chosen for action (DESIGN.md "Recommendation JSON")."""
 

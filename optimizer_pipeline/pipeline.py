@@ -12,10 +12,12 @@ import numpy as np
 from optimizer_pipeline import uq
 from optimizer_pipeline.contracts import (
     BindingSpec,
+    Condition,
     HistorySplit,
     ModelArtifact,
     ProblemIR,
     Recommendation,
+    SolveCandidate,
     SolveResult,
     Template,
     iso_utc,
@@ -53,6 +55,8 @@ class SolveRecord:
     problem: ProblemIR
     result: SolveResult
     recommendation: Recommendation
+    chosen: SolveCandidate | None
+    conditions: tuple[Condition, ...]  # every condition for `verified`, holding or not
 
 
 def block_length(binding: BindingSpec, artifact: ModelArtifact) -> int:
@@ -84,12 +88,11 @@ def calibrate(ledger: Ledger, artifact: ModelArtifact, scores: Scores, settings:
 def evidence_snapshot(calibration: Calibration, artifact: ModelArtifact, u_now: np.ndarray, y_now: np.ndarray,
                       source: str, settings: Settings, now: datetime) -> EvidenceSnapshot:
     evidence = calibration.evidence
-    gate_failures = uq.gate_failures(evidence, settings.uq_gate) if evidence.has_evidence else []
     return EvidenceSnapshot(
         source=source, has_evidence=evidence.has_evidence, uq=evidence.to_dict(),
+        uq_checks=tuple(uq.gate_checks(evidence, settings.uq_gate)), calibrated_at=evidence.calibrated_at,
         calibration_fresh=uq.is_fresh(evidence.calibrated_at, now, settings.uq_fresh_days),
-        input_distance=uq.input_distance(artifact, u_now, y_now), gate_failures=tuple(gate_failures),
-        no_evidence_reasons=tuple(evidence.reasons))
+        fresh_days=settings.uq_fresh_days, input_distance=uq.input_distance(artifact, u_now, y_now))
 
 
 def recommend(stored: StoredBinding, artifact: ModelArtifact, split: HistorySplit, calibration: Calibration,
@@ -98,7 +101,7 @@ def recommend(stored: StoredBinding, artifact: ModelArtifact, split: HistorySpli
     """Compile the problem from the live state, solve it, decide the status and write run +
     candidates + recommendation in one ledger transaction (superseding the open one)."""
     binding = stored.spec
-    reconciled = ledger.close_stale_runs(older_than_s=2 * settings.solver_request_timeout_ms / 1000)
+    reconciled = ledger.close_stale_runs(older_than_s=settings.solver_request_timeout_ms / 1000, now=now)
     if reconciled:
         log.warning("closed %d run(s) left running by a writer that died as interrupted", reconciled)
     live = split.live
@@ -116,15 +119,17 @@ def recommend(stored: StoredBinding, artifact: ModelArtifact, split: HistorySpli
         result = SolveResult(problem.hash, ok=False, candidates=(), diagnostics={}, error_code=exc.code,
                              error_message=exc.message)
     snapshot = evidence_snapshot(calibration, artifact, live.u[-1], live.y[-1], source, settings, now)
-    extra = []
-    if artifact.binding_revision != stored.revision:
-        extra.append(f"model artifact is from binding revision {artifact.binding_revision}, "
-                     f"the binding is at revision {stored.revision}")
-    if calibration.artifact_hash != artifact.artifact_hash:
-        extra.append("calibration belongs to another model artifact")
-    rec = decide(binding, stored.revision, artifact, problem, result, snapshot, uq.band_engineering(evidence, artifact),
-                 settings.uq_max_input_distance, run_id, now, extra_reasons=extra)
-    chosen = next((c for c in result.candidates if rec.candidate_id and rec.candidate_id.endswith(f"-{c.seq}")), None)
+    consistency = [
+        Condition("model from the binding's revision", f"r{artifact.binding_revision}", f"r{stored.revision}",
+                  artifact.binding_revision == stored.revision,
+                  f"model artifact is from binding revision {artifact.binding_revision}, "
+                  f"the binding is at revision {stored.revision}"),
+        Condition("calibration of this model", calibration.artifact_hash[:12], artifact.artifact_hash[:12],
+                  calibration.artifact_hash == artifact.artifact_hash, "calibration belongs to another model artifact")]
+    decision = decide(binding, stored.revision, artifact, problem, result, snapshot,
+                      uq.band_engineering(evidence, artifact), settings.uq_max_input_distance, run_id, now,
+                      extra_conditions=consistency)
+    rec, chosen = decision.recommendation, decision.chosen
     run = {"id": run_id, "binding_id": binding.id, "binding_revision": stored.revision,
            "profile_id": binding.profile.id, "profile_version": binding.profile.version,
            "problem_ir_hash": problem.hash, "problem": problem.to_dict(), "started_at": now,
@@ -137,7 +142,7 @@ def recommend(stored: StoredBinding, artifact: ModelArtifact, split: HistorySpli
                                          error_message=result.error_message),
                         evidence_source=rec.evidence["source"])
     log.info("binding %s: recommendation %s is %s", binding.id, rec.id, rec.status.value)
-    return SolveRecord(run_id, problem, result, rec)
+    return SolveRecord(run_id, problem, result, rec, chosen, decision.conditions)
 
 
 def run_status(result: SolveResult) -> str:

@@ -1,6 +1,9 @@
 """Choosing the candidate to publish and deciding how far it can be trusted (DESIGN.md, the
 conditions for `verified`): evidence, coverage, freshness, input distance, feasibility, cost
 agreement, model gates and, with `uq.gate = strict`, the Clopper-Pearson / exchangeability tests.
+
+Every condition is one `Condition`: the recommendation's `reasons` are the failing ones' texts and
+the UI's conditions table shows them all, so there is one rule, not two.
 """
 
 from dataclasses import dataclass
@@ -10,6 +13,7 @@ from typing import Any, Mapping, Sequence
 from optimizer_pipeline.contracts import (
     BindingSpec,
     CandidateKind,
+    Condition,
     ModelArtifact,
     ProblemIR,
     Recommendation,
@@ -17,21 +21,30 @@ from optimizer_pipeline.contracts import (
     SolveCandidate,
     SolveResult,
     iso_utc,
+    parse_iso_utc,
 )
 from optimizer_pipeline.ledger import candidate_id, new_id
 
 
 @dataclass(frozen=True)
 class EvidenceSnapshot:
-    """What the calibration says at decision time (engineering-free; plain values)."""
+    """What the calibration says at decision time."""
 
     source: str  # simulation | real (where the calibration data came from)
     has_evidence: bool
     uq: Mapping[str, Any] | None  # the UQ evidence document as stored
+    uq_checks: tuple[Condition, ...]  # uq.gate_checks under the configured gate
+    calibrated_at: str | None
     calibration_fresh: bool
+    fresh_days: float
     input_distance: float | None
-    gate_failures: tuple[str, ...] = ()  # uq.gate_failures under the configured gate (coverage, strict tests)
-    no_evidence_reasons: tuple[str, ...] = ()  # why there is no evidence, when there is none
+
+
+@dataclass(frozen=True)
+class Decision:
+    recommendation: Recommendation
+    chosen: SolveCandidate | None
+    conditions: tuple[Condition, ...]
 
 
 def choose_candidate(result: SolveResult) -> SolveCandidate | None:
@@ -44,50 +57,62 @@ def choose_candidate(result: SolveResult) -> SolveCandidate | None:
     return None
 
 
-def failed_conditions(artifact: ModelArtifact, evidence: EvidenceSnapshot, candidate: SolveCandidate | None,
-                      max_input_distance: float) -> list[str]:
-    """Every condition for `verified` that does not hold, as user-facing text ([] when verified)."""
-    reasons: list[str] = []
-    if candidate is None:
-        reasons.append("no feasible candidate")
-    if not evidence.has_evidence:
-        detail = "; ".join(evidence.no_evidence_reasons) or "no calibration"
-        reasons.append(f"no UQ evidence ({detail})")
-    else:
-        reasons.extend(f"UQ gate: {failure}" for failure in evidence.gate_failures)
-        if not evidence.calibration_fresh:
-            reasons.append("calibration is not fresh")
-    if evidence.input_distance is None:
-        reasons.append("input distance unknown (missing or non-finite current values)")
-    elif evidence.input_distance > max_input_distance:
-        reasons.append(f"input distance {_fmt(evidence.input_distance)} exceeds {max_input_distance:g}")
-    for gate in artifact.gates:
-        if not gate.passed:
-            reasons.append(f"model gate {gate.name} failed: {gate.description} = {_fmt(gate.value)} "
-                           f"(threshold {_fmt(gate.threshold)})")
-    if candidate is not None and not candidate.verified:
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4g}"
+
+
+def conditions(artifact: ModelArtifact, evidence: EvidenceSnapshot, candidate: SolveCandidate | None,
+               max_input_distance: float, now: datetime) -> list[Condition]:
+    """Every condition for `verified`, in the order a reader checks them."""
+    found = [Condition("feasible candidate", "none" if candidate is None else f"{candidate.kind.value} "
+                       f"(seq {candidate.seq})", "robust, else nominal, feasible", candidate is not None,
+                       "no feasible candidate")]
+    found += [Condition(c.name, c.value, c.limit, c.holds, f"UQ gate: {c.reason}" if c.name != "UQ evidence"
+                        else c.reason) for c in evidence.uq_checks]
+    if evidence.has_evidence:
+        if evidence.calibrated_at is None:
+            when = "calibration time unknown"
+        else:
+            age = (now - parse_iso_utc(evidence.calibrated_at)).total_seconds() / 86400
+            when = f"calibrated {evidence.calibrated_at} ({age:.3g} days before)"
+        found.append(Condition("calibration fresh", when, f"<= {evidence.fresh_days:g} days",
+                               evidence.calibration_fresh, "calibration is not fresh"))
+    distance = evidence.input_distance
+    found.append(Condition(
+        "input distance (max |z| of current MVs, CVs)", _fmt(distance), f"<= {max_input_distance:g}",
+        distance is not None and distance <= max_input_distance,
+        "input distance unknown (missing or non-finite current values)" if distance is None
+        else f"input distance {distance:.3g} exceeds {max_input_distance:g}"))
+    found += [Condition(f"model gate {g.name}", _fmt(g.value), g.description, g.passed,
+                        f"model gate {g.name} failed: {g.description} = {_fmt(g.value)} (threshold {_fmt(g.threshold)})")
+              for g in artifact.gates]
+    if candidate is not None:
         why = candidate.verify_report.get("reasons") or ["independent check disagrees"]
-        reasons.append("candidate not verified: " + "; ".join(str(r) for r in why))
-    return reasons
+        found.append(Condition("candidate verified independently", f"cost {_fmt(candidate.cost)}, independent "
+                               f"{_fmt(candidate.independent_cost)}", "feasible and costs agree", candidate.verified,
+                               "candidate not verified: " + "; ".join(str(r) for r in why)))
+    return found
 
 
 def decide(binding: BindingSpec, binding_revision: int, artifact: ModelArtifact, problem: ProblemIR,
            result: SolveResult, evidence: EvidenceSnapshot, band_engineering: Sequence[float | None],
            max_input_distance: float, run_id: str, now: datetime,
-           extra_reasons: Sequence[str] = ()) -> Recommendation:
+           extra_conditions: Sequence[Condition] = ()) -> Decision:
     """Build the recommendation of one solve: `rejected` without a feasible candidate, `verified`
     when every condition holds, `unverified` otherwise (with every failed condition listed)."""
     candidate = choose_candidate(result) if result.ok else None
-    reasons = failed_conditions(artifact, evidence, candidate, max_input_distance) + list(extra_reasons)
+    checked = conditions(artifact, evidence, candidate, max_input_distance, now) + list(extra_conditions)
     if not result.ok:
-        reasons.insert(0, f"solver error {result.error_code}: {result.error_message}")
+        checked.insert(0, Condition("solver", str(result.error_code), "a result", False,
+                                    f"solver error {result.error_code}: {result.error_message}"))
+    reasons = [c.reason for c in checked if not c.holds]
     if candidate is None:
         status = RecommendationStatus.REJECTED
     elif reasons:
         status = RecommendationStatus.UNVERIFIED
     else:
         status = RecommendationStatus.VERIFIED
-    return Recommendation(
+    rec = Recommendation(
         id=new_id("rec"), binding_id=binding.id, binding_revision=binding_revision, run_id=run_id,
         candidate_id=None if candidate is None else candidate_id(run_id, candidate.seq),
         template=binding.profile.template, status=status, reasons=tuple(reasons), created_at=iso_utc(now),
@@ -102,7 +127,4 @@ def decide(binding: BindingSpec, binding_revision: int, artifact: ModelArtifact,
                   "input_distance": evidence.input_distance, "calibration_fresh": evidence.calibration_fresh,
                   "coverage_threshold": None if evidence.uq is None else evidence.uq.get("coverage_threshold")},
     )
-
-
-def _fmt(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.3g}"
+    return Decision(rec, candidate, tuple(checked))

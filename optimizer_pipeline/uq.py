@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from scipy import stats
 
-from optimizer_pipeline.contracts import ContractError, ModelArtifact, RunSeries, canonical_json
+from optimizer_pipeline.contracts import Condition, ContractError, ModelArtifact, RunSeries, canonical_json
 from optimizer_pipeline.model.artifact import stack_for
 from optimizer_pipeline.model.arx import Orders, rollout_windows, window_rows
 
@@ -270,23 +270,33 @@ def compute_block_uq(val: BlockScores, test: BlockScores, alpha: Any = 0.1,
         exchangeability_p=exchangeability_p(val.scores, test.scores, rank), reasons=(), **common)
 
 
-def gate_failures(evidence: UQEvidence, gate: str = "seed") -> list[str]:
-    """Failed conditions of the UQ gate ([] = passes). seed: evidence exists and coverage >= threshold;
-    strict additionally: Clopper-Pearson lower bound >= 0.8 and exchangeability p >= 0.01."""
+def gate_checks(evidence: UQEvidence, gate: str = "seed") -> list[Condition]:
+    """The UQ gate as conditions. seed: evidence exists and coverage >= threshold; strict
+    additionally: Clopper-Pearson lower bound >= 0.8 and exchangeability p >= 0.01."""
     if gate not in GATES:
         raise UQInputError(f"uq gate: unknown setting {gate!r} (known: {', '.join(GATES)})")
     if not evidence.has_evidence:
-        return ["no UQ evidence: " + "; ".join(evidence.reasons)]
-    failures = []
-    if evidence.coverage < evidence.coverage_threshold:
-        failures.append(f"test coverage {evidence.coverage:.3f} < threshold {evidence.coverage_threshold:.3f}")
+        why = "; ".join(evidence.reasons)
+        return [Condition("UQ evidence", "none: " + why, f"{SPLIT_CONFORMAL} or {EMPIRICAL_MAX}", False,
+                          "no UQ evidence: " + why)]
+    checks = [Condition("UQ evidence", evidence.method, f"{SPLIT_CONFORMAL} or {EMPIRICAL_MAX}", True),
+              Condition("test coverage (worst CV)", f"{evidence.coverage:.4g}", f">= {evidence.coverage_threshold:.4g}",
+                        evidence.coverage >= evidence.coverage_threshold,
+                        f"test coverage {evidence.coverage:.3f} < threshold {evidence.coverage_threshold:.3f}")]
     if gate == "strict":
-        if evidence.coverage_lower_95 < STRICT_MIN_COVERAGE_LOWER:
-            failures.append(f"coverage 95% lower bound {evidence.coverage_lower_95:.3f} < {STRICT_MIN_COVERAGE_LOWER}")
-        if evidence.exchangeability_p < STRICT_MIN_EXCHANGEABILITY_P:
-            failures.append(f"val/test exchangeability p = {evidence.exchangeability_p:.4g} "
-                            f"< {STRICT_MIN_EXCHANGEABILITY_P}")
-    return failures
+        checks += [
+            Condition("coverage 95% lower bound", f"{evidence.coverage_lower_95:.4g}", f">= {STRICT_MIN_COVERAGE_LOWER:g}",
+                      evidence.coverage_lower_95 >= STRICT_MIN_COVERAGE_LOWER,
+                      f"coverage 95% lower bound {evidence.coverage_lower_95:.3f} < {STRICT_MIN_COVERAGE_LOWER}"),
+            Condition("val/test exchangeability p", f"{evidence.exchangeability_p:.4g}",
+                      f">= {STRICT_MIN_EXCHANGEABILITY_P:g}", evidence.exchangeability_p >= STRICT_MIN_EXCHANGEABILITY_P,
+                      f"val/test exchangeability p = {evidence.exchangeability_p:.4g} < {STRICT_MIN_EXCHANGEABILITY_P}")]
+    return checks
+
+
+def gate_failures(evidence: UQEvidence, gate: str = "seed") -> list[str]:
+    """Failed conditions of the UQ gate ([] = passes), as text."""
+    return [c.reason for c in gate_checks(evidence, gate) if not c.holds]
 
 
 def gate_passes(evidence: UQEvidence, gate: str = "seed") -> bool:

@@ -58,7 +58,7 @@ def test_stale_running_run_is_closed_as_interrupted_at_the_next_recommend(tmp_pa
     settings = Settings(solver_request_timeout_ms=1_000)
     case = heater_case(Ledger(tmp_path / "optimizer.duckdb"), settings=settings)
     now = utc_now()
-    # pipeline.recommend closes runs older than twice the request timeout (a live writer never takes longer)
+    # pipeline.recommend closes runs older than the request timeout (a live writer never takes longer)
     stale = case.ledger.insert_run({**run_row("heater-1"), "started_at": now - timedelta(seconds=2.5)})
     recent = case.ledger.insert_run({**run_row("heater-1"), "started_at": now - timedelta(seconds=0.5)})
     record = case.recommend(_unavailable, now=now)
