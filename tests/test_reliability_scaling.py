@@ -1,7 +1,7 @@
 """Several Dagster runs at once on one host (issue 9, "past one machine", docs/SCALING.md): three
 `dagster asset materialize` processes under the default multiprocess executor, two of them for the
 same partition, leave exactly one open recommendation per binding and no run left running.
-(Two different partitions of the whole graph at once: test_definitions.py. Here the upstream assets
+(Here the upstream assets
 are materialized once in process and the concurrent runs select `recommendation`, the step that
 writes the ledger, so the test stays a few seconds per run on two cores.)
 """

@@ -20,7 +20,7 @@ Rules:
 import hashlib
 import logging
 import math
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
