@@ -175,9 +175,9 @@ def cmd_demo(args: argparse.Namespace, home: Path) -> int:
     print(_demo_table([recommendation_json(ledger.latest_recommendation(p.spec.id)) for p in plants
                        if ledger.latest_recommendation(p.spec.id)], plants))
     print()
-    print(f"Open the Dagster UI on this home:  optimizer-pipeline --home {home} ui   (then http://127.0.0.1:3000)")
-    print(f"One recommendation as JSON:         optimizer-pipeline --home {home} recommendation "
-          f"{plants[0].spec.id} --json")
+    exe = _command_name()
+    print(f"Open the Dagster UI on this home:  {exe} --home {home} ui   (then http://127.0.0.1:3000)")
+    print(f"One recommendation as JSON:         {exe} --home {home} recommendation {plants[0].spec.id} --json")
     if failed:
         print("failed: " + "; ".join(failed), file=sys.stderr)
         return EXIT_RUN_FAILED
@@ -199,6 +199,16 @@ def cmd_ui(args: argparse.Namespace, home: Path) -> int:
 
 
 # ------------------------------------------------------------------ formatting
+
+
+def _command_name() -> str:
+    """How the user can call this CLI again: the bare name when it is on PATH, else its path."""
+    import shutil
+
+    if shutil.which("optimizer-pipeline"):
+        return "optimizer-pipeline"
+    script = Path(sys.argv[0])
+    return str(script) if script.name == "optimizer-pipeline" else f"{sys.executable} -m optimizer_pipeline.cli"
 
 
 def _num(value: Any, digits: int = 3) -> str:
