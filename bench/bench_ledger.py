@@ -12,6 +12,9 @@ Issue 8. A fresh DuckDB ledger in a temporary directory; the rows are the ones t
                  in one transaction: what insert_candidates would cost if it built a frame
   build_rows     building the 10 000 rows alone (4 canonical_json texts per candidate), no SQL:
                  the part of every variant above that no insert method removes
+  frame_plain    the DataFrame insert with the JSON texts from plain json.dumps (sorted keys, no
+                 spaces, NaN refused); checked to give the same texts as canonical_json on these rows
+                 (they hold no -0.0 and no numpy scalars, the two cases canonical_json normalises)
 Targets: record_solve <= 5 ms p50; 10 000 candidates <= 0.3 s.
 
     .venv/bin/python bench/bench_ledger.py [--writes 200] [--batch 10000]
@@ -20,6 +23,7 @@ bench/run.py calls `measure` for repeated rounds and reports medians, spreads an
 """
 
 import argparse
+import json
 import tempfile
 import time
 from dataclasses import replace
@@ -109,6 +113,25 @@ def candidate_rows(run_id: str, candidates: list[SolveCandidate]) -> list[list]:
              c.independent_cost, canonical_json(c.verify_report), "m" * 64, now] for c in candidates]
 
 
+def plain_json(value) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def candidate_rows_plain(run_id: str, candidates: list[SolveCandidate]) -> dict[str, list]:
+    """The same rows as candidate_rows, column-wise, JSON texts by plain_json."""
+    now = utc_now().replace(tzinfo=None)
+    return {"id": [candidate_id(run_id, c.seq) for c in candidates], "run_id": [run_id] * len(candidates),
+            "seq": [c.seq for c in candidates], "kind": [c.kind.value for c in candidates],
+            "solver_status": [c.solver_status for c in candidates],
+            "controls": [plain_json(c.controls) for c in candidates],
+            "predicted": [plain_json(c.predicted) for c in candidates], "cost": [c.cost for c in candidates],
+            "constraints": [plain_json(c.constraints) for c in candidates],
+            "feasible": [c.feasible for c in candidates], "verified": [c.verified for c in candidates],
+            "independent_cost": [c.independent_cost for c in candidates],
+            "verify_report": [plain_json(c.verify_report) for c in candidates],
+            "model_id": ["m" * 64] * len(candidates), "created_at": [now] * len(candidates)}
+
+
 def time_batches(ledger: Ledger, batch: int) -> dict[str, float]:
     """Seconds for `batch` candidates of one run: executemany (Ledger), one INSERT per row, DataFrame."""
     template = plan_candidates()[1]
@@ -132,9 +155,17 @@ def time_batches(ledger: Ledger, batch: int) -> dict[str, float]:
         frame = pd.DataFrame(candidate_rows(new_id("or"), many))  # noqa: F841 (read by DuckDB by name)
         conn.execute("INSERT INTO optimizer_candidates SELECT * FROM frame")
     out["dataframe"] = time.perf_counter() - t
+    reference = candidate_rows("or-x", many[:100])
+    plain = candidate_rows_plain("or-x", many[:100])
+    assert all(row[5:7] == [c, p] for row, c, p in zip(reference, plain["controls"], plain["predicted"]))
+    t = time.perf_counter()
+    with ledger.transaction() as conn:
+        frame = pd.DataFrame(candidate_rows_plain(new_id("or"), many))  # noqa: F841
+        conn.execute("INSERT INTO optimizer_candidates SELECT * FROM frame")
+    out["frame_plain"] = time.perf_counter() - t
     with ledger.transaction() as conn:
         stored = conn.execute("SELECT count(*) FROM optimizer_candidates").fetchone()[0]
-    assert stored >= 3 * batch, stored
+    assert stored >= 4 * batch, stored
     return out
 
 
@@ -162,7 +193,7 @@ def main() -> None:
               f"({args.writes} writes)")
     print(f"record_solve p50 target 5 ms: {'PASS' if np.median(result['record_solve']) <= 0.005 else 'MISS'}")
     print(f"{args.batch} candidates, build_rows   {result['build_rows']:7.3f} s  (JSON texts only, no SQL)")
-    for name in ("executemany", "per_row", "dataframe"):
+    for name in ("executemany", "per_row", "dataframe", "frame_plain"):
         print(f"{args.batch} candidates, {name:<12} {result[name]:7.3f} s  "
               f"(per-row anchor / this = {result['per_row'] / result[name]:.1f}x)")
     print(f"Ledger.insert_candidates target 0.3 s: {'PASS' if result['executemany'] <= 0.3 else 'MISS'}")

@@ -176,7 +176,8 @@ def ledger_rows(rounds: int, writes: int, batch: int) -> list[Row]:
     for name, label in (("executemany", "Ledger.insert_candidates (executemany)"),
                         ("per_row", "one INSERT per row (anchor)"),
                         ("dataframe", "DataFrame insert (same rows; not in the product)"),
-                        ("build_rows", "  building the rows alone (canonical JSON, no SQL)")):
+                        ("build_rows", "  building the rows alone (canonical JSON, no SQL)"),
+                        ("frame_plain", "DataFrame insert, JSON by plain json.dumps (not in the product)")):
         values, spread = once(name)
         target = {"target": "<= 0.3 s", "verdict": verdict(float(np.median(values)) <= 0.3)} if name == "executemany" else {}
         ratio = {} if name == "build_rows" else {"ratio": [a / v for a, v in zip(per_row, values)],
