@@ -229,11 +229,9 @@ class Ledger:
             "tag": long["tag"].astype(str), "value": long["value"].astype(float), "source": source,
             "ingest_id": new_id("ing"), "ingested_at": _now()})
         before = conn.execute("SELECT count(*) FROM plant_samples WHERE binding_id = ?", [binding_id]).fetchall()[0][0]
-        conn.register("new_samples", samples)
-        try:
-            conn.execute("INSERT INTO plant_samples SELECT * FROM new_samples ON CONFLICT DO NOTHING")
-        finally:
-            conn.unregister("new_samples")
+        conn.register("new_samples", samples)  # connection-local; a failed insert closes the connection anyway
+        conn.execute("INSERT INTO plant_samples SELECT * FROM new_samples ON CONFLICT DO NOTHING")
+        conn.unregister("new_samples")
         after = conn.execute("SELECT count(*) FROM plant_samples WHERE binding_id = ?", [binding_id]).fetchall()[0][0]
         return int(after - before)
 
@@ -296,10 +294,8 @@ class Ledger:
             "score": scores.reshape(-1), "created_at": _now()})
         with self.transaction() as conn:
             conn.register("new_scores", frame)
-            try:
-                conn.execute("INSERT INTO uq_block_scores SELECT * FROM new_scores ON CONFLICT DO NOTHING")
-            finally:
-                conn.unregister("new_scores")
+            conn.execute("INSERT INTO uq_block_scores SELECT * FROM new_scores ON CONFLICT DO NOTHING")
+            conn.unregister("new_scores")
         return len(frame)
 
     def block_scores(self, artifact_hash: str) -> pd.DataFrame:
@@ -377,8 +373,12 @@ class Ledger:
                  canonical_json(c.constraints), c.feasible, c.verified, _finite_or_none(c.independent_cost),
                  canonical_json(c.verify_report), model_id, now] for c in candidates]
         if rows:
-            conn.executemany("INSERT INTO optimizer_candidates VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                             rows)
+            # one DataFrame insert, not executemany: 10 000 rows ~0.2 s instead of ~7 s (DAGSTER-NOTES);
+            # the frame's columns are the table's, in order
+            frame = pd.DataFrame(rows).astype({7: "float64", 11: "float64"})
+            conn.register("new_candidates", frame)
+            conn.execute("INSERT INTO optimizer_candidates SELECT * FROM new_candidates")
+            conn.unregister("new_candidates")
         return [r[0] for r in rows]
 
     def insert_recommendation(self, rec: Recommendation, evidence_source: str,
