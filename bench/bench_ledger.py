@@ -6,10 +6,11 @@ Issue 8. A fresh DuckDB ledger in a temporary directory; the rows are the ones t
                  (superseding the binding's open ones) in one transaction: the pipeline's write per solve
   connect_close  the cross-process lock + duckdb.connect + close of the ledger file alone (the fixed
                  cost of Ledger's connection-per-transaction design, part of record_solve)
-  executemany    Ledger.insert_candidates with 10 000 candidates of one run (one executemany)
+  executemany    Ledger.insert_candidates with 10 000 candidates of one run (the key is historical: it
+                 used executemany until 04af45d, a DataFrame insert since)
   per_row        the same rows through one INSERT per row, in one transaction (the anchor)
   dataframe      the same rows as one pandas DataFrame insert (`INSERT INTO ... SELECT * FROM frame`),
-                 in one transaction: what insert_candidates would cost if it built a frame
+                 in one transaction (what insert_candidates does since 04af45d)
   build_rows     building the 10 000 rows alone (4 canonical_json texts per candidate), no SQL:
                  the part of every variant above that no insert method removes
   frame_plain    the DataFrame insert with the JSON texts from plain json.dumps (sorted keys, no

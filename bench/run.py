@@ -5,7 +5,7 @@ Topics (each a bench/bench_*.py module, see their docstrings for what is timed):
   solver    bench_pool.measure: pool vs bare OSQP, cvxpy, in-process solve_problem, a process per
             solve and the original probe + process per solve, two plants x --steps re-solves
   uq        bench_uq.measure: block_scores rows / s vs a per-block Python loop (same scores checked)
-  ledger    bench_ledger.measure: record_solve p50, 10 000 candidates by executemany / per row / frame
+  ledger    bench_ledger.measure: record_solve p50, 10 000 candidates by Ledger / per row / frame
   pipeline  bench/bench_pipeline.py (the lead's, run as a subprocess) for the refresh wall time and
             split; its process is watched by bench_memory.run_tree for the memory topic
   memory    bench_memory.worker_peak + the refresh process's peak RSS (from the pipeline run)
@@ -173,11 +173,11 @@ def ledger_rows(rounds: int, writes: int, batch: int) -> list[Row]:
             Row("ledger", "  of which lock + connect + close (empty transaction)", "ms", connect, connect_spread,
                 f"p10-p90 {writes}x{rounds}")]
     per_row = [r["per_row"] for r in runs]
-    for name, label in (("executemany", "Ledger.insert_candidates (executemany)"),
+    for name, label in (("executemany", "Ledger.insert_candidates (as committed)"),
                         ("per_row", "one INSERT per row (anchor)"),
-                        ("dataframe", "DataFrame insert (same rows; not in the product)"),
+                        ("dataframe", "DataFrame insert of the same rows, in the bench"),
                         ("build_rows", "  building the rows alone (canonical JSON, no SQL)"),
-                        ("frame_plain", "DataFrame insert, JSON by plain json.dumps (not in the product)")):
+                        ("frame_plain", "DataFrame insert, JSON texts by plain json.dumps, in the bench")):
         values, spread = once(name)
         target = {"target": "<= 0.3 s", "verdict": verdict(float(np.median(values)) <= 0.3)} if name == "executemany" else {}
         ratio = {} if name == "build_rows" else {"ratio": [a / v for a, v in zip(per_row, values)],
