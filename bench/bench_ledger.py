@@ -197,7 +197,8 @@ def main() -> None:
     for name in ("executemany", "per_row", "dataframe", "frame_plain"):
         print(f"{args.batch} candidates, {name:<12} {result[name]:7.3f} s  "
               f"(per-row anchor / this = {result['per_row'] / result[name]:.1f}x)")
-    print(f"Ledger.insert_candidates target 0.3 s: {'PASS' if result['executemany'] <= 0.3 else 'MISS'}")
+    if args.batch == 10_000:
+        print(f"Ledger.insert_candidates target 0.3 s: {'PASS' if result['executemany'] <= 0.3 else 'MISS'}")
 
 
 if __name__ == "__main__":
