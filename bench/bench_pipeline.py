@@ -28,10 +28,10 @@ def main() -> None:
     args = parser.parse_args()
 
     home = Path(tempfile.mkdtemp(prefix="bench-pipeline-"))
-    os.environ["OPTIMIZER_HOME"] = str(home)
-    os.environ["DAGSTER_HOME"] = str(home / "dagster")
-    (home / "dagster").mkdir(parents=True)
-    (home / "dagster" / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    os.environ.pop("DAGSTER_HOME", None)
+    from optimizer_pipeline.cli import prepare_dagster_home
+
+    prepare_dagster_home(home)  # the same instance configuration as the CLI's
 
     from dagster import DagsterInstance
 

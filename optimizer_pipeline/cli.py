@@ -28,6 +28,14 @@ class UserError(Exception):
 
 # ------------------------------------------------------------------ home / Dagster instance
 
+# telemetry off; nux off (the UI's first-visit "join the community" dialog covers the page)
+DAGSTER_YAML = """\
+telemetry:
+  enabled: false
+nux:
+  enabled: false
+"""
+
 
 def prepare_dagster_home(home: Path) -> Path:
     """`<home>/dagster` (or $DAGSTER_HOME) with telemetry off; exported for Dagster."""
@@ -35,8 +43,7 @@ def prepare_dagster_home(home: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     config = path / "dagster.yaml"
     if not config.exists():
-        # nux off: the UI's first-visit "join the community" dialog covers the page
-        config.write_text("telemetry:\n  enabled: false\nnux:\n  enabled: false\n", encoding="utf-8")
+        config.write_text(DAGSTER_YAML, encoding="utf-8")
     os.environ["DAGSTER_HOME"] = str(path)
     os.environ["OPTIMIZER_HOME"] = str(home)
     return path

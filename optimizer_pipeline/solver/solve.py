@@ -33,7 +33,7 @@ import scipy.sparse as sparse
 from optimizer_pipeline.contracts import CandidateKind, ProblemIR, SolveCandidate, SolveResult, Template
 from optimizer_pipeline.problem import ProblemError, robust_limits, validate_problem
 from optimizer_pipeline.solver import errors, mpc, steady
-from optimizer_pipeline.solver.verify import verify_candidate
+from optimizer_pipeline.solver.verify import verify_candidates
 
 log = logging.getLogger(__name__)
 
@@ -185,6 +185,6 @@ def solve_problem(problem: ProblemIR, cache: SolverCache, time_limit_s: float | 
         candidates.append(_candidate(problem, seq, kind, status, z, cost, lo, hi, report))
         diagnostics.setdefault("qp", {})[kind.value] = {k: report.get(k) for k in ("osqp_status", "iterations",
                                                                                  "solve_time_s")}
-    verified = tuple(verify_candidate(problem, c) for c in candidates)
+    verified = verify_candidates(problem, candidates)
     diagnostics["elapsed_s"] = time.perf_counter() - started
     return SolveResult(problem_hash, True, verified, diagnostics)

@@ -19,7 +19,7 @@ verify_report["reasons"].
 """
 
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -53,24 +53,38 @@ def independent_cost(problem: ProblemIR, u: np.ndarray, y: np.ndarray, y_lo: np.
 
 
 def _simulate(problem: ProblemIR, u: np.ndarray) -> np.ndarray:
-    """CVs (rows, ny) of the plan u (rows, nu), normalised, re-simulated from the model."""
+    """CVs (m, rows, ny) of the plans u (m, rows, nu), normalised, re-simulated from the model in one batch."""
     d = np.asarray(problem.d, float)
     bias = np.asarray(problem.bias, float)
     if problem.template is Template.STEADY_RESPONSE:
         G, Gd, y0 = steady_state(problem.model)
-        return (G @ u[0] + Gd @ d + y0 + bias)[None, :]
-    rows = u.shape[0]
-    x0 = np.asarray(problem.x0, float)[None, :]
-    return rollout(problem.model, x0, u[None], np.tile(d, (1, rows, 1)))[0] + bias
+        return (u[:, :1] @ G.T + Gd @ d + y0 + bias)
+    m, rows = u.shape[:2]
+    x0 = np.tile(np.asarray(problem.x0, float), (m, 1))
+    return rollout(problem.model, x0, u, np.tile(d, (m, rows, 1))) + bias
+
+
+def _rows(problem: ProblemIR) -> int:
+    """Rows of a plan: one per step, a single steady-state row for steady_response@1."""
+    return 1 if problem.template is Template.STEADY_RESPONSE else problem.horizon
+
+
+def _hold_plan(problem: ProblemIR) -> np.ndarray:
+    """The current MVs held over the plan's rows (normalised), (rows, nu)."""
+    return np.tile(np.asarray(problem.u_prev, float), (_rows(problem), 1))
 
 
 def _values(array: np.ndarray) -> list[float | None]:
     return [float(v) if np.isfinite(v) else None for v in np.asarray(array, float).reshape(-1)]
 
 
-def verify_candidate(problem: ProblemIR, candidate: SolveCandidate,
-                     tolerances: Tolerances = Tolerances()) -> SolveCandidate:
-    """The candidate with feasible, verified, independent_cost and verify_report filled (see module doc)."""
+def verify_candidate(problem: ProblemIR, candidate: SolveCandidate, tolerances: Tolerances = Tolerances(),
+                     simulated: tuple[np.ndarray, np.ndarray] | None = None) -> SolveCandidate:
+    """The candidate with feasible, verified, independent_cost and verify_report filled (see module doc).
+
+    simulated: (y of this plan, y of holding the current MVs), normalised (rows, ny), when the caller
+    re-simulated them already (`verify_candidates` does it for all candidates in one rollout).
+    """
     report: dict[str, Any] = {"tolerances": asdict(tolerances)}
     reasons: list[str] = []
     report["reasons"] = reasons
@@ -81,7 +95,7 @@ def verify_candidate(problem: ProblemIR, candidate: SolveCandidate,
 
     if not candidate.controls:
         return rejected(f"no plan (solver status {candidate.solver_status!r})")
-    rows = 1 if problem.template is Template.STEADY_RESPONSE else problem.horizon
+    rows = _rows(problem)
     nu, ny = len(problem.mv_tags), len(problem.cv_tags)
     try:
         controls = np.asarray(candidate.controls, float)
@@ -97,7 +111,10 @@ def verify_candidate(problem: ProblemIR, candidate: SolveCandidate,
     u_mean, u_std = np.asarray(problem.u_mean), np.asarray(problem.u_std)
     y_mean, y_std = np.asarray(problem.y_mean), np.asarray(problem.y_std)
     u = (controls - u_mean) / u_std
-    y = _simulate(problem, u)
+    if simulated is None:
+        y, y_hold_norm = _simulate(problem, np.stack([u, _hold_plan(problem)]))
+    else:
+        y, y_hold_norm = simulated
     if not np.all(np.isfinite(y)):
         return rejected("re-simulated CVs are not finite (unstable model?)")
 
@@ -123,7 +140,7 @@ def verify_candidate(problem: ProblemIR, candidate: SolveCandidate,
     per_step = np.maximum(0.0, np.maximum(cv_lo - y_eng, y_eng - cv_hi))
     # A plant already outside a CV limit cannot be brought back at once: the plan may violate a
     # limit by as much as holding the current MVs would at the same step, never by more.
-    y_hold = y_mean + y_std * _simulate(problem, np.tile(np.asarray(problem.u_prev, float), (rows, 1)))
+    y_hold = y_mean + y_std * y_hold_norm
     hold_step = np.maximum(0.0, np.maximum(cv_lo - y_hold, y_hold - cv_hi))
     excess = np.maximum(0.0, per_step - hold_step).max(axis=0)
     cv_violation = per_step.max(axis=0)
@@ -159,7 +176,26 @@ def verify_candidate(problem: ProblemIR, candidate: SolveCandidate,
                    verify_report=report)
 
 
+def verify_candidates(problem: ProblemIR, candidates: Sequence[SolveCandidate],
+                      tolerances: Tolerances = Tolerances()) -> tuple[SolveCandidate, ...]:
+    """Every candidate verified; the well-formed plans and the hold plan re-simulated in one rollout."""
+    shape = (_rows(problem), len(problem.mv_tags))
+    plans, index = [], {}
+    u_mean, u_std = np.asarray(problem.u_mean), np.asarray(problem.u_std)
+    for i, c in enumerate(candidates):
+        try:
+            controls = np.asarray(c.controls, float)
+        except ValueError:
+            continue
+        if controls.shape == shape and np.all(np.isfinite(controls)):
+            index[i] = len(plans)
+            plans.append((controls - u_mean) / u_std)
+    y = _simulate(problem, np.stack([*plans, _hold_plan(problem)]))
+    return tuple(verify_candidate(problem, c, tolerances, None if i not in index else (y[index[i]], y[-1]))
+                 for i, c in enumerate(candidates))
+
+
 def verify_all(problem: ProblemIR, result: SolveResult,
                tolerances: Tolerances = Tolerances()) -> SolveResult:
     """The result with every candidate verified."""
-    return replace(result, candidates=tuple(verify_candidate(problem, c, tolerances) for c in result.candidates))
+    return replace(result, candidates=verify_candidates(problem, result.candidates, tolerances))
