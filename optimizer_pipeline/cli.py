@@ -18,8 +18,9 @@ EXIT_USER_ERROR = 2
 EXIT_RUN_FAILED = 1
 DEMO_SEED = 1
 JOBS = ("refresh", "recalibrate", "solve")
-# Dagster's console logger at WARNING: the CLI prints its own summary; the full log is in the UI.
-QUIET_RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+# Dagster's console logger silenced: the CLI prints its own summary or one error line; the full
+# log, tracebacks included, is in the run's event log (UI).
+QUIET_RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 
 
 class UserError(Exception):
@@ -79,7 +80,11 @@ def _failure(result: Any) -> str:
             error = event.step_failure_data.error
             while error.cause is not None and error.cls_name.startswith("Dagster"):
                 error = error.cause
-            return f"step {event.step_key} failed: {error.message.strip().splitlines()[0]}"
+            message = error.message.strip().splitlines()[0]
+            prefix = f"{error.cls_name}: "
+            if prefix in message:  # "package.module.HistoryError: text" -> "text"
+                message = message.split(prefix, 1)[1]
+            return f"step {event.step_key} failed: {message}"
     return "run failed"
 
 

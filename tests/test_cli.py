@@ -120,3 +120,17 @@ def test_bad_setting_gives_one_line(tmp_path, files):
     (home / "settings.yaml").write_text("solver: {pool_size: 9}\n")
     assert cli(home, "ingest", *map(str, files)).returncode == 0  # ingest does not read solver settings
     assert_one_line_error(cli(home, "materialize", "heater-1"), "solver.pool_size must be an integer from 1 to 4")
+
+
+def test_materialize_of_a_history_too_short_to_split_is_one_line(tmp_path, files):
+    home = tmp_path / "home"
+    binding, history = files
+    import pandas as pd
+
+    frame = pd.read_csv(history)
+    frame[frame["run_id"] == frame["run_id"].iloc[-1]].to_csv(history, index=False)  # only the live run
+    assert cli(home, "ingest", str(binding), str(history)).returncode == 0
+    proc = cli(home, "materialize", "heater-1")
+    assert_one_line_error(proc, "step plant_history failed: binding 'heater-1': 1 usable run(s)",
+                          "at least 2 runs are needed")
+    assert Ledger(ledger_path(home)).latest_recommendation("heater-1") is None
