@@ -76,7 +76,6 @@ def recommendation(context: AssetExecutionContext, model_artifact: ModelArtifact
                    uq_calibration: pipeline.Calibration, ledger: LedgerResource, plant_store: PlantStoreResource,
                    solver: SolverPoolResource):
     store, settings = ledger.ledger(), ledger.settings()
-    expired = store.expire_past_valid_until()
     stored = plant_store.binding(context.partition_key)
     record = pipeline.recommend(stored, model_artifact, plant_history, uq_calibration,
                                 lambda problem: SolveResult.from_dict(solver.solve(problem)),
@@ -95,7 +94,7 @@ def recommendation(context: AssetExecutionContext, model_artifact: ModelArtifact
         "evidence": MetadataValue.json(dict(rec.evidence)),
         "plan": _plan_table(rec),
         "candidates": _candidates_table(record.result.candidates),
-        "expired_past_valid_until": expired,
+        "expired_past_valid_until": record.expired_before,
     })
     yield AssetCheckResult(
         check_name="candidate_verified", passed=bool(chosen and chosen.feasible and chosen.verified),

@@ -28,9 +28,12 @@ from resources.ledger import LedgerResource
 recalibrate_job = define_asset_job(
     "recalibrate", selection=AssetSelection.groups(CALIBRATION_GROUP),
     description="History -> model artifact -> UQ block scores -> calibration, for one binding partition.")
+# plant_history is re-read so that a solve starts from the newest live sample, not the one of the
+# last calibration; the model and its calibration are reused
 solve_job = define_asset_job(
-    "solve", selection=AssetSelection.groups(RECOMMENDATION_GROUP),
-    description="Compile, solve, verify and publish the recommendation of one binding partition.")
+    "solve", selection=AssetSelection.groups(RECOMMENDATION_GROUP) | AssetSelection.assets("plant_history"),
+    description="Re-read the history, then compile, solve, verify and publish the recommendation of one binding "
+                "partition with the current model and calibration.")
 refresh_job = define_asset_job(
     "refresh", selection=AssetSelection.groups(CALIBRATION_GROUP, RECOMMENDATION_GROUP),
     description="Recalibrate and re-solve one binding partition.")

@@ -8,11 +8,13 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-from optimizer_pipeline.contracts import ContractError, load_binding_file
-from optimizer_pipeline.ledger import Ledger, LedgerError
+from optimizer_pipeline.contracts import ContractError, EvidenceSource, load_binding_file
 from optimizer_pipeline.settings import dagster_home, ledger_path, resolve_home
+
+if TYPE_CHECKING:  # the ledger pulls in pandas and duckdb (~0.5 s): imported by the commands that use it
+    from optimizer_pipeline.ledger import Ledger
 
 EXIT_USER_ERROR = 2
 EXIT_RUN_FAILED = 1
@@ -91,11 +93,24 @@ def _failure(result: Any) -> str:
 # ------------------------------------------------------------------ commands
 
 
+def _existing_ledger(home: Path) -> "Ledger":
+    """The home's ledger; a command that only reads refuses a home without one (a mistyped --home
+    must not leave an empty ledger behind)."""
+    from optimizer_pipeline.ledger import Ledger
+
+    path = ledger_path(home)
+    if not path.exists():
+        raise UserError(f"no ledger at {path}: run `ingest` or `demo` with this --home first")
+    return Ledger(path)
+
+
 def cmd_ingest(args: argparse.Namespace, home: Path) -> int:
     from optimizer_pipeline.data import read_history
 
     spec = load_binding_file(args.binding_file)
     frame = read_history(args.history_file, spec)
+    from optimizer_pipeline.ledger import Ledger
+
     upsert, rows = Ledger(ledger_path(home)).ingest(spec, frame, args.source)
     print(json.dumps({"binding_id": spec.id, "revision": upsert.revision, "created": upsert.created,
                       "changed": upsert.changed, "expired_recommendations": upsert.expired,
@@ -105,11 +120,11 @@ def cmd_ingest(args: argparse.Namespace, home: Path) -> int:
 
 
 def cmd_materialize(args: argparse.Namespace, home: Path) -> int:
-    Ledger(ledger_path(home)).get_binding(args.binding_id)  # NotFoundError -> one line
+    _existing_ledger(home).get_binding(args.binding_id)  # NotFoundError -> one line
     (binding_id, ok, detail), = _run_job(home, [args.binding_id], args.job)
     if not ok:
         raise UserError(f"materialize {binding_id}: {detail}")
-    rec = Ledger(ledger_path(home)).latest_recommendation(binding_id)
+    rec = _existing_ledger(home).latest_recommendation(binding_id)
     print(json.dumps({"binding_id": binding_id, "job": args.job, "dagster_run_id": detail,
                       "recommendation_id": rec and rec["id"], "status": rec and rec["status"]}, indent=2))
     return 0
@@ -118,7 +133,7 @@ def cmd_materialize(args: argparse.Namespace, home: Path) -> int:
 def cmd_recommendation(args: argparse.Namespace, home: Path) -> int:
     from optimizer_pipeline.pipeline import recommendation_json
 
-    ledger = Ledger(ledger_path(home))
+    ledger = _existing_ledger(home)
     ledger.get_binding(args.binding_id)
     ledger.expire_past_valid_until()
     row = ledger.latest_recommendation(args.binding_id)
@@ -136,13 +151,13 @@ def cmd_recommendation(args: argparse.Namespace, home: Path) -> int:
 def cmd_outcome(args: argparse.Namespace, home: Path) -> int:
     from optimizer_pipeline.outcomes import record_outcome, summary
 
-    outcome = record_outcome(Ledger(ledger_path(home)), args.recommendation_id, args.observed_file, args.applied_at)
+    outcome = record_outcome(_existing_ledger(home), args.recommendation_id, args.observed_file, args.applied_at)
     print(json.dumps(summary(outcome), indent=2))
     return 0
 
 
 def cmd_ledger(args: argparse.Namespace, home: Path) -> int:
-    ledger = Ledger(ledger_path(home))
+    ledger = _existing_ledger(home)
     if args.binding:
         ledger.get_binding(args.binding)
     doc = {"runs": ledger.list_runs(args.binding), "candidates": ledger.list_candidates(binding_id=args.binding),
@@ -172,11 +187,14 @@ def cmd_demo(args: argparse.Namespace, home: Path) -> int:
     from optimizer_pipeline.pipeline import recommendation_json
     from optimizer_pipeline.plants import demo_plants
 
+    from optimizer_pipeline.ledger import Ledger
+
     ledger = Ledger(ledger_path(home))
     plants = demo_plants()
     print(f"home {home}: seeding {len(plants)} demo plants (simulated history)")
     for plant in plants:
-        upsert, rows = ledger.ingest(plant.spec, plant.history(DEMO_SEED).frame, "simulation")
+        upsert, rows = ledger.ingest(plant.spec, plant.history(DEMO_SEED).frame,
+                                     EvidenceSource.SIMULATION.value)
         print(f"  {plant.spec.id:<10} revision {upsert.revision}, {rows} new samples")
     print("materializing every asset of every binding through Dagster (job refresh) ...")
     failed = []
@@ -271,7 +289,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("ingest", help="store a binding and append its history")
     p.add_argument("binding_file")
     p.add_argument("history_file")
-    p.add_argument("--source", choices=("real", "simulation"), default="real",
+    p.add_argument("--source", choices=(EvidenceSource.REAL.value, EvidenceSource.SIMULATION.value),
+                   default=EvidenceSource.REAL.value,
                    help="where the history comes from (default: real plant data)")
     p.set_defaults(func=cmd_ingest)
 
@@ -309,11 +328,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    home = resolve_home(args.home)
+    from optimizer_pipeline.ledger import LedgerError
+
     try:
-        home = resolve_home(args.home)
         return args.func(args, home)
     except (ContractError, LedgerError, UserError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except OSError as exc:  # the home cannot be created or written (a file, no permission, full disk)
+        print(f"error: home {home}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_USER_ERROR
 
 

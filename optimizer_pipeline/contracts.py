@@ -405,6 +405,11 @@ class RunSeries:
         return int(self.t.shape[0])
 
 
+# A train std below this means the tag never moved: normalised units are undefined and any distance
+# from the training data is infinite (DESIGN UQ rule "sigma < 1e-9 -> inf").
+MIN_STD = 1e-9
+
+
 @dataclass(frozen=True)
 class Normalisation:
     """Train statistics per tag: z = (x - mean) / std."""

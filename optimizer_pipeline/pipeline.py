@@ -57,6 +57,7 @@ class SolveRecord:
     recommendation: Recommendation
     chosen: SolveCandidate | None
     conditions: tuple[Condition, ...]  # every condition for `verified`, holding or not
+    expired_before: int  # open recommendations expired past valid_until just before this solve
 
 
 def block_length(binding: BindingSpec, artifact: ModelArtifact) -> int:
@@ -101,7 +102,7 @@ def recommend(stored: StoredBinding, artifact: ModelArtifact, split: HistorySpli
     """Compile the problem from the live state, solve it, decide the status and write run +
     candidates + recommendation in one ledger transaction (superseding the open one)."""
     binding = stored.spec
-    reconciled = ledger.close_stale_runs(older_than_s=settings.solver_request_timeout_ms / 1000, now=now)
+    expired, reconciled = ledger.housekeeping(stale_after_s=settings.solver_request_timeout_ms / 1000, now=now)
     if reconciled:
         log.warning("closed %d run(s) left running by a writer that died as interrupted", reconciled)
     live = split.live
@@ -142,7 +143,7 @@ def recommend(stored: StoredBinding, artifact: ModelArtifact, split: HistorySpli
                                          error_message=result.error_message),
                         evidence_source=rec.evidence["source"])
     log.info("binding %s: recommendation %s is %s", binding.id, rec.id, rec.status.value)
-    return SolveRecord(run_id, problem, result, rec, chosen, decision.conditions)
+    return SolveRecord(run_id, problem, result, rec, chosen, decision.conditions, expired)
 
 
 def run_status(result: SolveResult) -> str:

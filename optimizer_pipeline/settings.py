@@ -145,8 +145,3 @@ def load_settings(home: Path, environ: Mapping[str, str] | None = None) -> Setti
         if name in environ:
             values[_SPEC[key][0]] = _parse(key, environ[name], f"environment variable {name}")
     return replace(Settings(), **values)
-
-
-def settings_keys() -> list[str]:
-    return sorted(_SPEC)
-

@@ -17,7 +17,15 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from scipy import stats
 
-from optimizer_pipeline.contracts import Condition, ContractError, ModelArtifact, RunSeries, canonical_json
+from optimizer_pipeline.contracts import (
+    MIN_STD,
+    Condition,
+    ContractError,
+    ModelArtifact,
+    RunSeries,
+    canonical_json,
+    parse_iso_utc,
+)
 from optimizer_pipeline.model.artifact import stack_for
 from optimizer_pipeline.model.arx import Orders, rollout_windows, window_rows
 
@@ -32,7 +40,6 @@ EMPIRICAL_SAFETY_FACTOR = 1.25
 MIN_UNIQUE_TEST_STEPS = 120
 MIN_TEST_RUNS = 2
 MIN_TEST_BLOCKS = 1
-SIGMA_FLOOR = 1e-9  # train std below this: the tag never moved, any distance is "infinitely far"
 # Strict gate (beyond the spec): the coverage must be credible, and val must look like test.
 STRICT_MIN_COVERAGE_LOWER = 0.8
 STRICT_MIN_EXCHANGEABILITY_P = 0.01
@@ -330,7 +337,7 @@ def input_distance(artifact: ModelArtifact, u_now: Sequence[float], y_now: Seque
     if not np.all(np.isfinite(x)):
         return None
     mean, std = artifact.normalisation.of(artifact.mv_tags + artifact.cv_tags)
-    if np.any(std < SIGMA_FLOOR):
+    if np.any(std < MIN_STD):
         return math.inf
     return float(np.max(np.abs((x - mean) / std)))
 
@@ -338,7 +345,7 @@ def input_distance(artifact: ModelArtifact, u_now: Sequence[float], y_now: Seque
 def _instant(value: datetime | str, what: str) -> datetime:
     if isinstance(value, str):
         try:
-            value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+            value = parse_iso_utc(value)
         except ValueError:
             raise UQInputError(f"{what}: not an ISO 8601 timestamp: {value!r}") from None
     if not isinstance(value, datetime):

@@ -5,6 +5,7 @@ from pathlib import Path
 import pandas as pd
 from dagster import ConfigurableResource
 
+from optimizer_pipeline.contracts import EvidenceSource
 from optimizer_pipeline.ledger import Ledger, StoredBinding
 from optimizer_pipeline.settings import ledger_path
 
@@ -28,4 +29,4 @@ class PlantStoreResource(ConfigurableResource):
 
     def source(self, binding_id: str) -> str:
         """`simulation` for demo-plant data, `real` for ingested plant history."""
-        return self._ledger().sample_source(binding_id) or "real"
+        return self._ledger().sample_source(binding_id) or EvidenceSource.REAL.value

@@ -105,13 +105,21 @@ def test_bad_history_file_stores_neither_binding_nor_samples(tmp_path, files):
 
 
 @pytest.mark.parametrize("args, fragment", [
-    (["recommendation", "nope"], "binding 'nope' is not in the ledger"),
-    (["materialize", "nope"], "binding 'nope' is not in the ledger"),
-    (["ledger", "--binding", "nope"], "binding 'nope' is not in the ledger"),
+    (["recommendation", "nope"], "no ledger at"),
+    (["materialize", "nope"], "no ledger at"),
+    (["ledger", "--binding", "nope"], "no ledger at"),
+    (["outcome", "rec-nope", "x.csv"], "no ledger at"),
     (["ingest", "missing.yaml", "missing.csv"], "missing.yaml: binding file not found"),
 ])
-def test_unknown_inputs_give_one_line_and_exit_2(tmp_path, args, fragment):
+def test_commands_on_a_home_without_a_ledger_give_one_line_and_create_nothing(tmp_path, args, fragment):
     assert_one_line_error(cli(tmp_path / "home", *args), fragment)
+    assert not (tmp_path / "home" / "optimizer.duckdb").exists()
+
+
+def test_a_home_that_cannot_be_created_is_one_line(tmp_path, files):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    assert_one_line_error(cli(blocker, "ingest", *map(str, files)), f"home {blocker}")
 
 
 def test_bad_setting_gives_one_line(tmp_path, files):

@@ -24,13 +24,12 @@ from typing import Sequence
 
 import numpy as np
 
-from optimizer_pipeline.contracts import BindingSpec, ContractError, HistorySplit, Normalisation, RunSeries
+from optimizer_pipeline.contracts import MIN_STD, BindingSpec, ContractError, HistorySplit, Normalisation, RunSeries
 from optimizer_pipeline.data.ingest import HistoryError
 
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "val", "test")
-CONSTANT_STD = 1e-9  # same threshold as the UQ input-distance rule (sigma < 1e-9 -> infinite distance)
 
 
 def split_runs(runs: Sequence[RunSeries], binding: BindingSpec, seed: int = 0,
@@ -54,9 +53,9 @@ def split_runs(runs: Sequence[RunSeries], binding: BindingSpec, seed: int = 0,
               for k, name in enumerate(SPLITS)}
 
     normalisation = _train_normalisation(groups["train"], binding)
-    warnings = [f"tag {tag!r} is constant in the train runs (std {std:.3g} < {CONSTANT_STD:g}): kept as is, "
+    warnings = [f"tag {tag!r} is constant in the train runs (std {std:.3g} < {MIN_STD:g}): kept as is, "
                 "not clamped (the UQ input-distance rule treats it as an infinite distance)"
-                for tag, std in zip(normalisation.tags, normalisation.std) if std < CONSTANT_STD]
+                for tag, std in zip(normalisation.tags, normalisation.std) if std < MIN_STD]
     for warning in warnings:
         log.warning("binding %s: %s", binding.id, warning)
 

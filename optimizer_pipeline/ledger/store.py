@@ -30,6 +30,7 @@ from filelock import FileLock, Timeout
 from optimizer_pipeline.contracts import (
     BindingSpec,
     ContractError,
+    EvidenceSource,
     ModelArtifact,
     Outcome,
     Recommendation,
@@ -44,6 +45,7 @@ from optimizer_pipeline.ledger.schema import apply_schema
 
 log = logging.getLogger(__name__)
 
+SAMPLE_SOURCES = (EvidenceSource.SIMULATION.value, EvidenceSource.REAL.value)
 RUN_END_STATUSES = ("succeeded", "failed", "interrupted")
 OPEN_STATUSES = (RecommendationStatus.VERIFIED.value, RecommendationStatus.UNVERIFIED.value,
                  RecommendationStatus.REJECTED.value)
@@ -220,7 +222,7 @@ class Ledger:
         if conn is None:
             with self.transaction() as tx:
                 return self.append_samples(binding_id, frame, tags, source, tx)
-        if source not in ("simulation", "real"):
+        if source not in SAMPLE_SOURCES:
             raise ContractError(f"sample source must be 'simulation' or 'real', got {source!r}")
         long = frame.melt(id_vars=["run_id", "timestamp"], value_vars=list(tags), var_name="tag", value_name="value")
         long = long.dropna(subset=["value"])
@@ -259,7 +261,8 @@ class Ledger:
         with self._connection() as conn:
             rows = {r[0] for r in conn.execute("SELECT DISTINCT source FROM plant_samples WHERE binding_id = ?",
                                                [binding_id]).fetchall()}
-        return None if not rows else ("real" if "real" in rows else "simulation")
+        real, simulation = EvidenceSource.REAL.value, EvidenceSource.SIMULATION.value
+        return None if not rows else (real if real in rows else simulation)
 
     # ------------------------------------------------------------------ model artifacts and UQ
 
@@ -411,19 +414,28 @@ class Ledger:
                 self.insert_recommendation(recommendation, evidence_source, conn)
         return run_id
 
-    def close_stale_runs(self, older_than_s: float, now: datetime | None = None) -> int:
+    def close_stale_runs(self, older_than_s: float, now: datetime | None = None,
+                         conn: duckdb.DuckDBPyConnection | None = None) -> int:
         """Reconciliation: runs still `running` after `older_than_s` (their writer died) become
         `interrupted`; returns how many. Normal writes never leave a run running (one transaction)."""
+        if conn is None:
+            with self.transaction() as tx:
+                return self.close_stale_runs(older_than_s, now, tx)
         cutoff = _naive(now) - timedelta(seconds=older_than_s)
-        with self.transaction() as conn:
-            count = conn.execute("SELECT count(*) FROM optimizer_runs WHERE status = 'running' AND started_at < ?",
-                                 [cutoff]).fetchall()[0][0]
-            if count:
-                conn.execute("""UPDATE optimizer_runs SET status = 'interrupted', finished_at = ?,
-                                diagnostics_json = ? WHERE status = 'running' AND started_at < ?""",
-                             [_now(), canonical_json({"reconciled": f"still running after {older_than_s:g} s"}),
-                              cutoff])
+        count = conn.execute("SELECT count(*) FROM optimizer_runs WHERE status = 'running' AND started_at < ?",
+                             [cutoff]).fetchall()[0][0]
+        if count:
+            conn.execute("""UPDATE optimizer_runs SET status = 'interrupted', finished_at = ?,
+                            diagnostics_json = ? WHERE status = 'running' AND started_at < ?""",
+                         [_now(), canonical_json({"reconciled": f"still running after {older_than_s:g} s"}), cutoff])
         return int(count)
+
+    def housekeeping(self, stale_after_s: float, now: datetime | None = None) -> tuple[int, int]:
+        """Before a solve, in one transaction: expire open recommendations past `valid_until` and close
+        runs left `running` by a dead writer. Returns (expired, reconciled)."""
+        with self.transaction() as conn:
+            expired = self._expire(conn, "valid_until < ?", [_naive(now)], "valid_until passed")
+            return expired, self.close_stale_runs(stale_after_s, now, conn)
 
     def get_run(self, run_id: str) -> dict[str, Any]:
         rows = _records(self.query("SELECT * FROM optimizer_runs WHERE id = ?", [run_id]))

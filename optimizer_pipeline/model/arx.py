@@ -27,12 +27,11 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from scipy.optimize import least_squares
 
-from optimizer_pipeline.contracts import ContractError, Normalisation, RunSeries, StateSpace
+from optimizer_pipeline.contracts import MIN_STD, ContractError, Normalisation, RunSeries, StateSpace
 from optimizer_pipeline.model.statespace import rollout
 
 log = logging.getLogger(__name__)
 
-MIN_STD = 1e-9  # a tag whose train std is below this never moved: normalised units are undefined
 LAYOUT = ("y[t] = sum_{i=1..na} A[i-1] y[t-i] + sum_{j=0..nb-1} (B[j] u[t-delay-j] + D[j] d[t-delay-j]) + c; "
           "normalised units; A (na, ny, ny), B (nb, ny, nu), D (nb, ny, nd), c (ny,)")
 

@@ -236,6 +236,14 @@ class _Worker:
         self.proc.kill()  # Popen ignores an already reaped process
         self.proc.wait()
         self._join_readers()
+        self._close_pipes()
+
+    def _close_pipes(self) -> None:
+        for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            try:
+                pipe.close()
+            except OSError:
+                pass  # already broken with the process
 
     def close(self, deadline: float) -> int | None:
         """Stop the worker by the gentlest step that works (stdin closed by the caller); its exit code."""
@@ -252,6 +260,7 @@ class _Worker:
                 except subprocess.TimeoutExpired:
                     log.error("worker %d survived SIGKILL for 5 s", self.pid)
         self._join_readers()
+        self._close_pipes()
         return self.proc.returncode
 
     def close_stdin(self) -> None:
@@ -420,8 +429,11 @@ class SolverPool:
         timeout_ms = self.request_timeout_ms if timeout_ms is None else timeout_ms
         _check_positive("timeout_ms", timeout_ms)
         req_id = next(self._req_ids)
+        # the worker's budget ends before the hard timeout: after OSQP's time limit it still verifies,
+        # encodes and writes its answer, and a late answer would count as a killed worker
+        budget_ms = max(1, int(timeout_ms - min(500, 0.2 * timeout_ms)))
         text = (f'{{"protocolVersion":{PROTOCOL_VERSION},"reqId":{req_id},"op":{json.dumps(op)},'
-                f'"deadlineMs":{json.dumps(timeout_ms)},"payload":{payload_json}}}')
+                f'"deadlineMs":{json.dumps(budget_ms)},"payload":{payload_json}}}')
         slot, worker = self._reserve()
         try:
             frame = worker.request(req_id, text, timeout_ms / 1000.0)
