@@ -112,3 +112,19 @@ def test_solve_job_alone_reuses_the_calibration_and_supersedes(demo):
     assert second["id"] != first["id"] and second["status"] == "verified"
     assert demo.ledger.get_recommendation(first["id"])["status"] == "expired"
     assert second["model_artifact_hash"] == first["model_artifact_hash"]
+
+
+def test_solve_job_plans_from_the_newest_live_sample(demo):
+    plant = demo.plants["tanks-1"]
+    frame = plant.history(SEED).frame
+    live = frame[frame["run_id"] == frame["run_id"].iloc[-1]]
+    period = plant.spec.sample_period_s
+    later = live.tail(5).assign(timestamp=live["timestamp"].iloc[-1] + period * np.arange(1, 6))
+    assert demo.ledger.append_samples("tanks-1", later, plant.spec.tags, "simulation") == 5 * len(plant.spec.tags)
+    before = demo.ledger.latest_recommendation("tanks-1")
+    demo.run("tanks-1", job="solve")
+    after = demo.ledger.latest_recommendation("tanks-1")
+    run_before, run_after = demo.ledger.get_run(before["run_id"]), demo.ledger.get_run(after["run_id"])
+    assert run_after["context"]["live_t"] == pytest.approx(later["timestamp"].iloc[-1])
+    assert run_after["context"]["live_t"] > run_before["context"]["live_t"]
+    assert after["model_artifact_hash"] == before["model_artifact_hash"]  # the model is reused, not refit
