@@ -9,7 +9,7 @@ from scipy.optimize import minimize
 
 from optimizer_pipeline.contracts import CandidateKind, Template
 from optimizer_pipeline.model.statespace import rollout
-from optimizer_pipeline.problem import compile_problem
+from optimizer_pipeline.problem import compile_problem, robust_limits
 from optimizer_pipeline.solver import errors
 from optimizer_pipeline.solver.solve import TIME_LIMIT_REACHED, SolverCache, solve_problem
 from optimizer_pipeline.solver.steady import STEADY_MOVE_SCALE
@@ -177,6 +177,26 @@ def test_robust_candidate_keeps_cvs_further_from_the_limits():
     assert y1_nominal[-1] == pytest.approx(8.0, abs=0.02)
     assert y1_robust.max() <= 8.0 - 0.3 * 2.0 + 1e-4  # band 0.3 normalised x std 2.0
     assert y1_robust.max() < y1_nominal.max() - 0.5
+
+
+def test_robust_candidate_reuses_a_nominal_plan_that_meets_the_tightened_limits():
+    # Limits far from the plan: tightening them by a small band changes nothing, so the robust optimum is
+    # the nominal one (shared, no second QP) and equals an independent solve with the tightened limits.
+    p = tank_problem(band=(0.05, 0.05))
+    result = solve_problem(p, SolverCache())
+    nominal, robust = candidate(result, CandidateKind.NOMINAL), candidate(result, CandidateKind.ROBUST)
+    assert robust.constraints.get("shared_with_nominal") is True and robust.verified
+    assert robust.controls == nominal.controls and robust.cost == pytest.approx(nominal.cost, rel=1e-12)
+    r_lo, r_hi = robust_limits(p)
+    tightened = replace(p, y_lo=tuple(r_lo), y_hi=tuple(r_hi), band=None)
+    direct = candidate(solve_problem(tightened, SolverCache()), CandidateKind.NOMINAL)
+    np.testing.assert_allclose(np.asarray(robust.controls), np.asarray(direct.controls), atol=1e-4)
+
+
+def test_robust_candidate_is_solved_when_the_band_binds():
+    p = tank_problem(band=(0.3, 0.1), cv_hi=8.0, targets=(8.0, 7.5), horizon=30)
+    robust = candidate(solve_problem(p, SolverCache()), CandidateKind.ROBUST)
+    assert "shared_with_nominal" not in robust.constraints
 
 
 def test_without_band_there_is_no_robust_candidate():

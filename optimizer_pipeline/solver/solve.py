@@ -46,6 +46,7 @@ TIME_LIMIT_REACHED = "time limit reached"  # status of a QP not started because 
 OSQP_SETTINGS = {"eps_abs": 1e-5, "eps_rel": 1e-5, "polishing": True, "warm_starting": True, "verbose": False,
                  "max_iter": 20000}
 NO_TIME_LIMIT_S = 1e10  # OSQP's own default "no limit"
+FEASIBILITY_TOL = 1e-6  # a nominal optimum counts as meeting the robust bounds within this (normalised units)
 
 TEMPLATES: dict[Template, ModuleType] = {Template.LINEAR_MPC: mpc, Template.STEADY_RESPONSE: steady}
 
@@ -127,6 +128,16 @@ def _run_qp(entry: _Entry, q: np.ndarray, l: np.ndarray, u: np.ndarray,
     return info.status, None, report
 
 
+def _still_optimal(entry: _Entry, z: np.ndarray, q: np.ndarray, constant: float, q_k: np.ndarray, constant_k: float,
+                   l_k: np.ndarray, u_k: np.ndarray) -> bool:
+    """Whether z (optimal for (q, constant) on a feasible set containing the new one) is optimal for
+    (q_k, constant_k, l_k, u_k): same objective and z satisfies the new constraint bounds."""
+    if constant_k != constant or not np.array_equal(q_k, q):
+        return False
+    Az = entry.A @ z
+    return bool(np.all(Az >= l_k - FEASIBILITY_TOL) and np.all(Az <= u_k + FEASIBILITY_TOL))
+
+
 def _candidate(problem: ProblemIR, seq: int, kind: CandidateKind, status: str, z: np.ndarray | None,
                cost: float | None, y_lo: np.ndarray, y_hi: np.ndarray, report: dict[str, Any]) -> SolveCandidate:
     """Candidate in engineering units from the QP point z (None: no plan)."""
@@ -175,12 +186,20 @@ def solve_problem(problem: ProblemIR, cache: SolverCache, time_limit_s: float | 
     if problem.band is not None:
         r_lo, r_hi = robust_limits(problem)
         runs.append((2, CandidateKind.ROBUST, r_lo, r_hi, builder.vectors(problem, r_lo, r_hi)))
+    solved: tuple[str, np.ndarray, dict[str, Any]] | None = None  # the nominal optimum, once known
     for seq, kind, lo, hi, (q_k, l_k, u_k, constant_k) in runs:
         if should_cancel is not None and should_cancel():
             diagnostics["elapsed_s"] = time.perf_counter() - started
             return _failed(problem_hash, errors.CANCELLED, f"solve of {problem_hash[:12]} cancelled before {kind.value}",
                            diagnostics)
-        status, z, report = _run_qp(entry, q_k, l_k, u_k, deadline)
+        if solved is not None and _still_optimal(entry, solved[1], q, constant, q_k, constant_k, l_k, u_k):
+            # The robust QP only tightens soft CV limits (its feasible set lies inside the nominal one,
+            # same objective): a nominal optimum that already meets them is the robust optimum too.
+            status, z, report = solved[0], solved[1], dict(solved[2], shared_with_nominal=True)
+        else:
+            status, z, report = _run_qp(entry, q_k, l_k, u_k, deadline)
+        if kind is CandidateKind.NOMINAL and z is not None:
+            solved = (status, z, report)
         cost = None if z is None else _objective(entry, q_k, constant_k, z)
         candidates.append(_candidate(problem, seq, kind, status, z, cost, lo, hi, report))
         diagnostics.setdefault("qp", {})[kind.value] = {k: report.get(k) for k in ("osqp_status", "iterations",
