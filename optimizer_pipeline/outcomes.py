@@ -57,7 +57,7 @@ from optimizer_pipeline.contracts import (
 )
 from optimizer_pipeline.data import read_history
 from optimizer_pipeline.ledger import Ledger, new_id
-from optimizer_pipeline.model.arx import spectral_radius
+from optimizer_pipeline.model.arx import Orders, spectral_radius
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +166,7 @@ def settle_steps(artifact: ModelArtifact) -> int | None:
     rho = spectral_radius(artifact.state_space)
     if not rho < 1.0:
         return None
-    lag = max(artifact.na, artifact.nb + artifact.delay)
+    lag = Orders(artifact.na, artifact.nb, artifact.delay).max_lag
     return lag if rho < 1e-12 else lag + math.ceil(math.log(SETTLE_FRACTION) / math.log(rho))
 
 

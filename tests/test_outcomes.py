@@ -186,8 +186,9 @@ def test_settle_steps_is_the_lag_plus_the_decay_of_the_slowest_mode():
                              normalisation=Normalisation(("q", "y"), (0.0, 0.0), (1.0, 1.0)), gates=(), splits={},
                              training_data_hash="x")
     assert spectral_radius(ss) == pytest.approx(0.9)
-    # 0.9 ** 44 = 0.0097 < 1 % <= 0.9 ** 43 = 0.0108; lag = max(na, nb + delay) = 4
-    assert settle_steps(artifact) == 4 + 44
+    # 0.9 ** 44 = 0.0097 < 1 % <= 0.9 ** 43 = 0.0108; lag = max(na, delay + nb - 1) = 3 (all input taps
+    # see a held move from step delay + nb - 1 on)
+    assert settle_steps(artifact) == 3 + 44
 
 
 # --------------------------------------------------------------------------- may the outcome be recorded?

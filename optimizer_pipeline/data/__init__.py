@@ -11,18 +11,15 @@ from optimizer_pipeline.contracts import BindingSpec, HistorySplit
 from optimizer_pipeline.data.clean import clean_runs
 from optimizer_pipeline.data.ingest import HistoryError, read_history, validate_history_frame
 from optimizer_pipeline.data.split import split_runs
+from optimizer_pipeline.model.artifact import window_lag
 
 __all__ = ["HistoryError", "read_history", "validate_history_frame", "clean_runs", "split_runs",
            "prepare_history", "default_min_length"]
 
-DEFAULT_MODEL_LAG = 6  # samples of past data a model needs when the binding leaves the orders to the data
-
 
 def default_min_length(binding: BindingSpec) -> int:
-    """One model window (samples): the ARX lag (max(na, nb + delay), or 6 when unset) + horizon P + 1."""
-    m = binding.model
-    lag = max(m.na, m.nb + m.delay) if None not in (m.na, m.nb, m.delay) else DEFAULT_MODEL_LAG
-    return lag + m.horizon + 1
+    """One model window (samples): the largest ARX lag the binding's model may have + horizon P + 1."""
+    return window_lag(binding) + binding.model.horizon + 1
 
 
 def prepare_history(frame: pd.DataFrame, binding: BindingSpec, seed: int = 0,

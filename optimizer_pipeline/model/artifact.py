@@ -77,6 +77,12 @@ def _candidates(binding: BindingSpec) -> list[Orders]:
             for delay in ((m.delay,) if m.delay is not None else DELAY_GRID)]
 
 
+def window_lag(binding: BindingSpec) -> int:
+    """Rows of past data the binding's model may need: the largest lag over the orders it may be given
+    (the binding's own, or the selection grid where it leaves them unset)."""
+    return max(orders.max_lag for orders in _candidates(binding))
+
+
 def _score(model: ArxModel, data: Stacked, horizon: int, first_row: int) -> float:
     values = rollout_nrmse(model, data, horizon, SELECTION_WINDOWS, first_row)
     score = float(np.mean(values))
