@@ -297,3 +297,14 @@ def test_pool_start_with_a_missing_module_raises_env_missing_dep(tmp_path, monke
         pool.start()
     assert caught.value.code == errors.ENV_MISSING_DEP and "osqp" in caught.value.message
     assert pool.stats()["pids"] == []
+
+
+def test_the_workers_time_budget_ends_before_the_pools_hard_timeout(tmp_path):
+    from reliability_helpers import counting_worker_cmd
+
+    log = tmp_path / "requests.log"
+    with SolverPool(size=1, request_timeout_ms=2000, worker_cmd=counting_worker_cmd(log)) as pool:
+        pool.ping()
+        pool.ping(timeout_ms=300)
+    frames = [json.loads(line.split(b"\t", 1)[1]) for line in log.read_bytes().splitlines()]
+    assert [f["deadlineMs"] for f in frames] == [1600, 240]  # timeout - min(500 ms, 20 %)
