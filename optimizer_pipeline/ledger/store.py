@@ -434,7 +434,7 @@ class Ledger:
         """Before a solve, in one transaction: expire open recommendations past `valid_until` and close
         runs left `running` by a dead writer. Returns (expired, reconciled)."""
         with self.transaction() as conn:
-            expired = self._expire(conn, "valid_until < ?", [_naive(now)], "valid_until passed")
+            expired = self.expire_past_valid_until(now, conn)
             return expired, self.close_stale_runs(stale_after_s, now, conn)
 
     def get_run(self, run_id: str) -> dict[str, Any]:
@@ -498,10 +498,13 @@ class Ledger:
         with self.transaction() as conn:
             return self._expire(conn, " AND ".join(clauses), params, reason)
 
-    def expire_past_valid_until(self, now: datetime | None = None) -> int:
+    def expire_past_valid_until(self, now: datetime | None = None,
+                                conn: duckdb.DuckDBPyConnection | None = None) -> int:
         """Record expiry of every open recommendation whose valid_until has passed."""
-        with self.transaction() as conn:
-            return self._expire(conn, "valid_until < ?", [_naive(now)], "valid_until passed")
+        if conn is None:
+            with self.transaction() as tx:
+                return self.expire_past_valid_until(now, tx)
+        return self._expire(conn, "valid_until < ?", [_naive(now)], "valid_until passed")
 
     # ------------------------------------------------------------------ outcomes
 
