@@ -12,7 +12,8 @@ the same re-solves. Modes (seconds per solve):
             and warm_start (skipped with a note when cvxpy is not installed; never a dependency)
   raw       solve_problem(problem, cache) in this process, one SolverCache (warm): HOLD + NOMINAL +
             ROBUST + verification, i.e. exactly the work a worker does per request
-  codec     raw plus the pool's JSON codec both ways, no IPC (where the pool's overhead goes)
+  codec     raw plus the pool's wire codec both ways (solver/codec.py: orjson, NaN / inf check),
+            no IPC (where the pool's overhead goes)
   pool      SolverPool(size=1).solve(problem): JSON over a pipe to a long-lived worker (warm cache)
   process   a fresh worker process per solve (spawn, imports, ready, one solve, exit)
   original  the original system's way: the capability probe process
@@ -39,8 +40,8 @@ import osqp
 import scipy.sparse as sparse
 from scipy.linalg import expm
 
-from optimizer_pipeline.contracts import ProblemIR, SolveResult, StateSpace, Template, canonical_json
-from optimizer_pipeline.solver import mpc
+from optimizer_pipeline.contracts import ProblemIR, SolveResult, StateSpace, Template
+from optimizer_pipeline.solver import codec, mpc
 from optimizer_pipeline.solver.pool import SolverPool
 from optimizer_pipeline.solver.solve import OSQP_SETTINGS, SolverCache, solve_problem
 
@@ -190,8 +191,8 @@ def time_interleaved(pool: SolverPool, problems: list[ProblemIR], use_cvxpy: boo
         local: SolveResult = solve_problem(problem, cache)
         times["raw"].append(time.perf_counter() - t)
         t = time.perf_counter()
-        decoded = ProblemIR.from_dict(json.loads(problem.canonical_json()))
-        json.loads(canonical_json(solve_problem(decoded, codec_cache)))
+        payload = codec.decode(b'{"problemIr":' + codec.encode(problem) + b"}")  # pool -> worker
+        codec.decode(codec.encode(solve_problem(ProblemIR.from_dict(payload["problemIr"]), codec_cache)))  # and back
         times["codec"].append(time.perf_counter() - t)
         t = time.perf_counter()
         remote = pool.solve(problem)

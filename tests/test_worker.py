@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import numpy
 import osqp
@@ -12,6 +13,7 @@ import pytest
 import scipy
 
 from optimizer_pipeline.solver import errors
+from test_pool import _problem
 
 WORKER = [sys.executable, "-m", "optimizer_pipeline.solver.worker"]
 
@@ -138,3 +140,12 @@ def test_shutdown_is_answered_and_the_worker_exits_cleanly():
 def test_stdin_eof_ends_the_worker():
     w = WorkerProcess(test_ops=False)
     assert w.close() == 0
+
+
+def test_result_holding_a_non_finite_number_is_refused_as_solve_failed_naming_it(worker):
+    # a real overflow: tracking a target of 1e200 costs (1e200)^2 = inf for the HOLD candidate
+    problem = replace(_problem(), y_target=(1e200, 0.0), y_lo=(-1e300, -3.0), y_hi=(1e300, 3.0))
+    frame = worker.call("solve", {"problemIr": problem.to_dict()}, req_id="inf")
+    assert (frame["reqId"], frame["ok"], frame["error"]["code"]) == ("inf", False, errors.SOLVE_FAILED)
+    assert "non-finite number inf at .candidates[0].cost" in frame["error"]["message"]
+    _assert_still_serving(worker)

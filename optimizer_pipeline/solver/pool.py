@@ -33,8 +33,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from optimizer_pipeline.contracts import ContractError, ProblemIR, canonical_json
-from optimizer_pipeline.solver import errors
+from optimizer_pipeline.contracts import ContractError, ProblemIR
+from optimizer_pipeline.solver import codec, errors
 from optimizer_pipeline.solver.errors import PROTOCOL_VERSION, SolverError
 
 log = logging.getLogger(__name__)
@@ -155,7 +155,7 @@ class _Worker:
 
     def _dispatch(self, line: bytes) -> None:
         try:
-            frame = json.loads(line)
+            frame = codec.decode(line)
         except ValueError:
             log.warning("worker %d: ignored a non-JSON stdout line: %r", self.pid, line[:200])
             return
@@ -206,12 +206,12 @@ class _Worker:
             raise SolverError(errors.WORKER_START_FAILED, f"worker {self.pid}: ready frame has no positive diag.pid ({pid!r})")
         return diag
 
-    def send(self, text: str) -> None:
+    def send(self, frame: bytes) -> None:
         with self._write_lock:
-            self.proc.stdin.write(text.encode("utf-8") + b"\n")
+            self.proc.stdin.write(frame + b"\n")
             self.proc.stdin.flush()
 
-    def request(self, req_id: int, text: str, timeout_s: float) -> dict[str, Any]:
+    def request(self, req_id: int, frame: bytes, timeout_s: float) -> dict[str, Any]:
         """The response frame of `req_id`; raises _Timeout or SolverError(WORKER_INTERRUPTED)."""
         pending = _Pending(req_id)
         with self._lock:
@@ -219,7 +219,7 @@ class _Worker:
         if self.exited.is_set():
             raise SolverError(errors.WORKER_INTERRUPTED, f"worker {self.pid} had exited before request {req_id}")
         try:
-            self.send(text)
+            self.send(frame)
         except (BrokenPipeError, ValueError, OSError) as exc:  # ValueError: stdin already closed
             raise SolverError(errors.WORKER_INTERRUPTED, f"worker {self.pid} stopped reading requests ({exc})") from None
         if not pending.done.wait(timeout_s):
@@ -413,30 +413,36 @@ class SolverPool:
     # ------------------------------------------------------------------ requests
 
     def solve(self, problem: ProblemIR | Mapping[str, Any], timeout_ms: int | None = None) -> dict[str, Any]:
-        """The SolveResult (as its JSON dict) of `problem`; SolverError with a stable code otherwise."""
-        problem_json = problem.canonical_json() if isinstance(problem, ProblemIR) else canonical_json(problem)
-        return self._call("solve", f'{{"problemIr":{problem_json}}}', timeout_ms)
+        """The SolveResult (as its JSON dict) of `problem`; SolverError with a stable code otherwise.
+
+        ContractError (nothing sent) if the problem holds NaN / inf or a value without a JSON form.
+        The worker rebuilds an equal ProblemIR and hashes it itself (the wire carries no hash)."""
+        try:
+            problem_json = codec.encode(problem if isinstance(problem, ProblemIR) else dict(problem))
+        except TypeError as exc:  # orjson's JSONEncodeError
+            raise ContractError(f"problem: {exc}") from None
+        return self._call("solve", b'{"problemIr":' + problem_json + b"}", timeout_ms)
 
     def ping(self, timeout_ms: int | None = None) -> dict[str, Any]:
         """{"pid", "busy"} of the worker that answered."""
-        return self._call("ping", "{}", timeout_ms)
+        return self._call("ping", b"{}", timeout_ms)
 
     def request(self, op: str, payload: Mapping[str, Any] | None = None, timeout_ms: int | None = None) -> dict[str, Any]:
         """Any protocol op (the worker's test ops when it enables them); solve() is the product path."""
-        return self._call(op, json.dumps(dict(payload or {})), timeout_ms)
+        return self._call(op, codec.encode(dict(payload or {})), timeout_ms)
 
-    def _call(self, op: str, payload_json: str, timeout_ms: int | None) -> dict[str, Any]:
+    def _call(self, op: str, payload_json: bytes, timeout_ms: int | None) -> dict[str, Any]:
         timeout_ms = self.request_timeout_ms if timeout_ms is None else timeout_ms
         _check_positive("timeout_ms", timeout_ms)
         req_id = next(self._req_ids)
         # the worker's budget ends before the hard timeout: after OSQP's time limit it still verifies,
         # encodes and writes its answer, and a late answer would count as a killed worker
         budget_ms = max(1, int(timeout_ms - min(500, 0.2 * timeout_ms)))
-        text = (f'{{"protocolVersion":{PROTOCOL_VERSION},"reqId":{req_id},"op":{json.dumps(op)},'
-                f'"deadlineMs":{json.dumps(budget_ms)},"payload":{payload_json}}}')
+        frame = (b'{"protocolVersion":%d,"reqId":%d,"op":%s,"deadlineMs":%d,"payload":%s}'
+                 % (PROTOCOL_VERSION, req_id, codec.encode(op), budget_ms, payload_json))
         slot, worker = self._reserve()
         try:
-            frame = worker.request(req_id, text, timeout_ms / 1000.0)
+            answer = worker.request(req_id, frame, timeout_ms / 1000.0)
         except _Timeout:
             self._kill_on_timeout(slot, worker, req_id)
             raise SolverError(errors.SOLVE_TIMEOUT, f"{op} request {req_id}: no answer within {timeout_ms} ms "
@@ -447,11 +453,11 @@ class SolverPool:
                 self._changed.notify_all()
         with self._lock:
             self._failures = 0  # the worker answered: the failure streak is over (degraded stays until reset)
-        if frame.get("ok") is True and isinstance(frame.get("result"), dict):
-            return frame["result"]
-        error = frame.get("error") if isinstance(frame.get("error"), dict) else {}
+        if answer.get("ok") is True and isinstance(answer.get("result"), dict):
+            return answer["result"]
+        error = answer.get("error") if isinstance(answer.get("error"), dict) else {}
         raise SolverError(str(error.get("code", errors.BAD_FRAME)),
-                          str(error.get("message", f"malformed response from worker {worker.pid}: {frame!r}")))
+                          str(error.get("message", f"malformed response from worker {worker.pid}: {answer!r}")))
 
     def _reserve(self) -> tuple[_Slot, _Worker]:
         deadline = time.monotonic() + self.queue_wait_s
@@ -477,7 +483,7 @@ class SolverPool:
 
     def _kill_on_timeout(self, slot: _Slot, worker: _Worker, req_id: int) -> None:
         try:  # DESIGN: cancel, then kill: the cancel lets a live worker log what it was stopped in
-            worker.send(json.dumps({"protocolVersion": PROTOCOL_VERSION, "reqId": f"cancel-{req_id}",
+            worker.send(codec.encode({"protocolVersion": PROTOCOL_VERSION, "reqId": f"cancel-{req_id}",
                                     "op": "cancel", "payload": {"reqId": req_id}}))
         except (OSError, ValueError):
             pass

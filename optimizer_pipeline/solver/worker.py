@@ -20,8 +20,6 @@ One SolverCache lives for the process lifetime: re-solves of the same structure 
 Imports stay light (no dagster, no pandas): the pool waits for the ready frame.
 """
 
-import dataclasses
-import json
 import logging
 import os
 import platform
@@ -38,7 +36,7 @@ import osqp
 import scipy
 
 from optimizer_pipeline.contracts import ProblemIR
-from optimizer_pipeline.solver import errors
+from optimizer_pipeline.solver import codec, errors
 from optimizer_pipeline.solver.errors import PROTOCOL_VERSION
 from optimizer_pipeline.solver.solve import SolverCache, solve_problem
 
@@ -69,20 +67,11 @@ class Request:
     received_at: float  # time.monotonic() at receipt
 
 
-
-def _plain(value: Any) -> Any:
-    """json.dumps fallback for what a SolveResult holds besides JSON types: dataclasses, numpy scalars."""
-    if dataclasses.is_dataclass(value):
-        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
-    if hasattr(value, "item") and hasattr(value, "dtype"):
-        return value.tolist() if getattr(value, "ndim", 0) else value.item()
-    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
-
 def parse_request(line: bytes, test_ops: bool) -> Request:
     """Validate one request line; raises FrameError naming the field that is wrong."""
     try:
-        frame = json.loads(line)
-    except (UnicodeDecodeError, ValueError) as exc:
+        frame = codec.decode(line)
+    except ValueError as exc:  # orjson.JSONDecodeError, also for a line that is not UTF-8
         raise FrameError(errors.BAD_FRAME, f"line is not JSON ({exc})") from None
     if not isinstance(frame, dict):
         raise FrameError(errors.BAD_FRAME, f"frame must be a JSON object, got {type(frame).__name__}")
@@ -112,13 +101,13 @@ def parse_request(line: bytes, test_ops: bool) -> Request:
     return Request(req_id, op, payload, None if deadline is None else float(deadline), time.monotonic())
 
 
-def ok_frame(req_id: Any, result_json: str) -> str:
-    """Response text; `result_json` is already canonical JSON (spliced in, not re-encoded)."""
-    return f'{{"reqId":{json.dumps(req_id)},"ok":true,"result":{result_json}}}'
+def ok_frame(req_id: Any, result_json: bytes) -> bytes:
+    """Response line without its newline; `result_json` is already JSON (spliced in, not re-encoded)."""
+    return b'{"reqId":' + codec.encode(req_id) + b',"ok":true,"result":' + result_json + b"}"
 
 
-def error_frame(req_id: Any, code: str, message: str) -> str:
-    return json.dumps({"reqId": req_id, "ok": False, "error": {"code": code, "message": message}})
+def error_frame(req_id: Any, code: str, message: str) -> bytes:
+    return codec.encode({"reqId": req_id, "ok": False, "error": {"code": code, "message": message}})
 
 
 class Channel:
@@ -128,8 +117,8 @@ class Channel:
         self._stream = stream
         self._lock = threading.Lock()
 
-    def send(self, text: str) -> None:
-        data = text.encode("utf-8") + b"\n"
+    def send(self, frame: bytes) -> None:
+        data = frame + b"\n"
         with self._lock:
             self._stream.write(data)
             self._stream.flush()
@@ -173,11 +162,11 @@ class Worker:
             self.out.send(error_frame(exc.req_id, exc.code, exc.message))
             return True
         if request.op == "ping":
-            self.out.send(ok_frame(request.req_id, json.dumps({"pid": os.getpid(), "busy": self.busy})))
+            self.out.send(ok_frame(request.req_id, codec.encode({"pid": os.getpid(), "busy": self.busy})))
         elif request.op == "cancel":
-            self.out.send(ok_frame(request.req_id, json.dumps({"cancelled": self._cancel_request(request)})))
+            self.out.send(ok_frame(request.req_id, codec.encode({"cancelled": self._cancel_request(request)})))
         elif request.op == "shutdown":
-            self.out.send(ok_frame(request.req_id, "{}"))
+            self.out.send(ok_frame(request.req_id, b"{}"))
             return False
         else:
             self._submit(request)
@@ -225,8 +214,8 @@ class Worker:
                 self._in_flight = None
             self.out.send(response)
 
-    def _execute(self, request: Request) -> str:
-        """The result as JSON text."""
+    def _execute(self, request: Request) -> bytes:
+        """The result as JSON."""
         if request.op == "sleep":
             return self._sleep(request)
         problem_doc = request.payload.get("problemIr")
@@ -240,19 +229,18 @@ class Worker:
         result = solve_problem(problem, self.cache, time_limit_s=_remaining_s(request),
                                should_cancel=self._cancel.is_set)
         try:
-            # the wire needs valid JSON, not the canonical form (nothing hashes a result), and plain
-            # json.dumps is ~0.2 ms faster per solve; NaN / inf are still refused
-            return json.dumps(result, default=_plain, separators=(",", ":"), allow_nan=False)
-        except (TypeError, ValueError) as exc:
+            # the wire needs valid JSON, not the canonical form (nothing hashes a result); NaN / inf are refused
+            return codec.encode(result)
+        except (TypeError, ValueError) as exc:  # ContractError is a ValueError, orjson's JSONEncodeError a TypeError
             raise FrameError(errors.SOLVE_FAILED, f"result is not encodable: {exc}") from None
 
-    def _sleep(self, request: Request) -> str:
+    def _sleep(self, request: Request) -> bytes:
         seconds = request.payload.get("seconds")
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds < 0:
             raise FrameError(errors.BAD_REQUEST, f"payload.seconds must be a number >= 0, got {seconds!r}")
         if self._cancel.wait(seconds):
             raise FrameError(errors.CANCELLED, f"request {request.req_id!r} cancelled")
-        return json.dumps({"slept": seconds, "pid": os.getpid()})
+        return codec.encode({"slept": seconds, "pid": os.getpid()})
 
     # ------------------------------------------------------------------ heartbeat thread
 
@@ -261,7 +249,7 @@ class Worker:
             with self._lock:
                 running = self._in_flight
             if running is not None:
-                self.out.send(json.dumps({"type": "heartbeat", "reqId": running.req_id}))
+                self.out.send(codec.encode({"type": "heartbeat", "reqId": running.req_id}))
 
 
 def _remaining_s(request: Request) -> float | None:
@@ -271,8 +259,8 @@ def _remaining_s(request: Request) -> float | None:
     return max(request.deadline_ms / 1000.0 - (time.monotonic() - request.received_at), 1e-3)
 
 
-def ready_frame() -> str:
-    return json.dumps({"type": "ready", "protocolVersion": PROTOCOL_VERSION, "diag": {
+def ready_frame() -> bytes:
+    return codec.encode({"type": "ready", "protocolVersion": PROTOCOL_VERSION, "diag": {
         "pid": os.getpid(), "python": platform.python_version(), "numpy": numpy.__version__,
         "scipy": scipy.__version__, "osqp": osqp.__version__}})
 

@@ -1,0 +1,83 @@
+"""The solver protocol's wire codec (orjson): NaN / inf refused exactly, values read back bit for bit."""
+
+import struct
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from optimizer_pipeline.contracts import ContractError, ProblemIR, SolveResult, canonical_json
+from optimizer_pipeline.solver import codec
+from optimizer_pipeline.solver.pool import SolverPool
+from optimizer_pipeline.solver.solve import SolverCache, solve_problem
+from test_pool import _problem
+
+NAN, INF = float("nan"), float("inf")
+
+
+def _bits(values) -> list[bytes]:
+    return [struct.pack("<d", v) for v in values]
+
+
+@pytest.mark.parametrize("value, where", [
+    ({"a": [1.0, NAN]}, ".a[1]"),
+    ({"rows": ((1.0, 2.0), (3.0, -INF))}, ".rows[1][1]"),
+    ([{"ok": 1.0}, {"cost": INF}], "[1].cost"),
+    ({"x": np.array([[0.0, 1.0], [NAN, 2.0]])}, ".x[1][0]"),
+    ({"x": np.float32("inf")}, ".x"),
+    (replace(_problem(), x0=(0.1, NAN)), ".x0[1]"),
+])
+def test_encode_refuses_a_non_finite_number_naming_where_it_is(value, where):
+    with pytest.raises(ContractError, match="non-finite number") as caught:
+        codec.encode(value)
+    assert str(caught.value).endswith(f" at {where}")
+
+
+def test_finite_numbers_whose_sum_overflows_are_encoded():
+    # the cheap check sums a sequence; an overflowing sum must fall back to the exact per-item walk
+    values = [1e308, 1e308, -1e308, (1.7e308, 1.7e308)]
+    assert codec.decode(codec.encode(values)) == [1e308, 1e308, -1e308, [1.7e308, 1.7e308]]
+
+
+def test_floats_read_back_bit_for_bit():
+    values = [1 / 3, -0.0, 5e-324, 1.7976931348623157e308, 0.1 + 0.2, -2.5e-17, 123456789.12345679]
+    assert _bits(codec.decode(codec.encode(values))) == _bits(values)
+
+
+def test_problem_read_back_by_the_worker_equals_the_original_and_hashes_alike():
+    problem = replace(_problem(x0=(1 / 3, -0.0)), bias=(5e-324, 0.1 + 0.2))
+    again = ProblemIR.from_dict(codec.decode(codec.encode(problem)))
+    assert again == problem and again.hash == problem.hash
+    assert _bits(again.x0 + again.bias) == _bits(problem.x0 + problem.bias)
+
+
+def test_solve_result_read_back_equals_its_canonical_json_form():
+    result = solve_problem(_problem(x0=(0.3, -0.2)), SolverCache())
+    assert codec.decode(codec.encode(result)) == codec.decode(canonical_json(result))
+    assert SolveResult.from_dict(codec.decode(codec.encode(result))) == result
+
+
+def test_pool_refuses_a_problem_holding_nan_before_sending_it():
+    pool = SolverPool(size=1)  # never started: the refusal happens before any worker is needed
+    with pytest.raises(ContractError, match=r"non-finite number nan at \.x0\[0\]"):
+        pool.solve(replace(_problem(), x0=(NAN, 0.0)))
+
+
+def _untimed(result: dict) -> dict:
+    """The result without wall-clock figures (elapsed_s, solve_time_s), which differ run to run."""
+    def strip(value):
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if k not in ("elapsed_s", "solve_time_s")}
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+    return strip(result)
+
+
+def test_first_solve_in_a_fresh_worker_equals_the_first_in_process_solve_exactly():
+    problems = [_problem(x0=(0.3, -0.2)), _problem(x0=(0.31, -0.19))]  # a cold solve, then a warm start
+    cache = SolverCache()
+    local = [_untimed(codec.decode(canonical_json(solve_problem(p, cache)))) for p in problems]
+    with SolverPool(size=1) as pool:
+        remote = [_untimed(pool.solve(p)) for p in problems]
+    assert remote[1]["diagnostics"]["cache_hit"] and remote == local
