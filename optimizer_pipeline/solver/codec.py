@@ -26,7 +26,8 @@ _PLAIN_LEAVES = frozenset({str, int, bool, type(None)})  # exact types: enums an
 
 
 def all_finite(value: Any) -> bool:
-    """Whether every number in `value` is finite (no NaN, no inf); exact, and ~10x cheaper than a full walk.
+    """Whether every number in `value` is finite (no NaN, no inf); exact. ~35 us on a SolveResult, where
+    canonical_json's walk takes ~0.6-1.2 ms and an item-by-item walk ~0.1 ms.
 
     Walks dataclasses, mappings, lists, tuples and numpy arrays; other leaves (str, int, bool, None,
     enums) cannot be non-finite. A sequence of numbers, or of rows of numbers, whose sum is finite
@@ -52,6 +53,9 @@ def all_finite(value: Any) -> bool:
     if kind is dict:
         return all(map(all_finite, value.values()))
     if hasattr(value, "__dataclass_fields__"):
+        # orjson writes a dataclass's __dict__ (its slots when it has no __dict__)
+        if hasattr(value, "__dict__"):
+            return all(map(all_finite, value.__dict__.values()))
         return all(all_finite(getattr(value, name)) for name in value.__dataclass_fields__)
     if isinstance(value, np.ndarray):
         if value.dtype.kind in "fc":

@@ -17,6 +17,10 @@ DESIGN.md "Solver worker protocol". Rules implemented here:
 * Worker environment: a whitelist of the parent's variables (no inherited secrets) + the thread
   budget + PYTHONHASHSEED=0. shutdown() closes stdin, waits, terminates, kills and reports the exit
   code of every worker.
+Frames are encoded by solver/codec.py (orjson). A reader thread per worker reads every stdout frame
+(responses, heartbeats, logs, EOF) and wakes the caller; a caller reading its own reply instead saved
+~12 us of a 40-60 us no-op round trip on the 2-core dev box (issue 8), too little for a second owner
+of the pipe (idle heartbeats, EOF and worker-death accounting would need a hand-over protocol).
 """
 
 import itertools

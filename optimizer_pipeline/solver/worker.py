@@ -17,6 +17,10 @@ DESIGN.md "Solver worker protocol". One JSON object per line.
 A line that is not a valid frame gets an error response (reqId null when it cannot be read) and the
 worker keeps serving. The worker exits on stdin EOF or "shutdown", so it cannot outlive its owner.
 One SolverCache lives for the process lifetime: re-solves of the same structure are warm starts.
+Frames are encoded by solver/codec.py (orjson; a result holding NaN / inf is answered SOLVE_FAILED).
+Threads: the main thread reads stdin and answers ping / cancel at once; solves run on a solver thread.
+(Running a solve on the thread that read it, with a second thread taking over stdin, measured no
+faster: no-op request round trips 64-154 us either way on the 2-core dev box, issue 8.)
 Imports stay light (no dagster, no pandas): the pool waits for the ready frame.
 """
 
