@@ -197,3 +197,11 @@ def test_stale_running_runs_are_closed_as_interrupted_once(ledger):
     assert ledger.get_run(stale)["status"] == "interrupted" and ledger.get_run(fresh)["status"] == "running"
     with pytest.raises(RunStateError):
         ledger.finish_run(stale, "succeeded")
+
+
+def test_recommendation_payload_reads_back_as_created(ledger):
+    run = {**run_row(), "id": new_id("or")}
+    rec = recommendation(run["id"])
+    ledger.record_solve(run, candidates(), "m" * 64, rec, run_status="succeeded", independent_cost=2.0,
+                        diagnostics={}, evidence_source="simulation")
+    assert ledger.get_recommendation(rec.id)["payload"] == rec.to_json_dict()

@@ -1,6 +1,8 @@
 """The ledger's versioned DuckDB schema; migrations are applied in order, idempotently, on open.
 
-Timestamps are UTC (`TIMESTAMP` without zone); JSON documents are stored as canonical JSON text.
+Timestamps are UTC (`TIMESTAMP` without zone); JSON documents are stored as JSON text: canonical
+JSON, except the candidates' plan and report columns (plain valid JSON of the same values, written
+fast by orjson; nothing hashes them).
 """
 
 import duckdb

@@ -6,6 +6,17 @@ transaction (DAGSTER-NOTES.md: DuckDB admits one writing process at a time and r
 read-only opens meanwhile). Lock waits and DuckDB lock conflicts are retried with jittered
 back-off up to a bound; past it a LedgerBusyError says so.
 
+`Ledger.session()` is the explicit exception for batch work (one Dagster step over many bindings,
+bulk CLI commands): it takes the lock and one connection for the duration of the `with` block and
+every ledger call of that thread inside it runs on that connection, each unit of work still its
+own transaction. Opening and closing a connection costs ~20 ms (connect ~12 ms, checkpoint on
+close ~6 ms, DAGSTER-NOTES.md); a write inside a session costs a few ms. Other processes wait for
+the whole session, so a session should span one step's work, not a long-lived service.
+
+Candidate JSON columns (plans, constraint and verify reports) are written with orjson: valid
+JSON with the same values as canonical JSON (nothing hashes them), ~10x faster to build for
+10 000 candidates. Documents that are hashed or compared as text stay canonical JSON.
+
 Append-only: rows are never deleted. The only UPDATE paths are `finish_run` / `close_stale_runs`
 (a run leaves `running` exactly once) and expiry (`expire*`: status -> expired, the row is kept).
 """
@@ -14,17 +25,20 @@ import json
 import logging
 import math
 import random
+import threading
 import time
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import duckdb
 import numpy as np
+import orjson
 import pandas as pd
+import pyarrow as pa
 from filelock import FileLock, Timeout
 
 from optimizer_pipeline.contracts import (
@@ -71,6 +85,28 @@ class NotFoundError(LedgerError):
 _SCHEMA_CHECKED: set[str] = set()
 
 
+class _Session:
+    """The connection of an open `Ledger.session()` and whether a transaction is open on it."""
+
+    __slots__ = ("conn", "in_transaction")
+
+    def __init__(self, conn: duckdb.DuckDBPyConnection):
+        self.conn = conn
+        self.in_transaction = False
+
+
+# open sessions of this thread by resolved ledger path: every Ledger object of the same file in the
+# same thread joins the session (a second FileLock on the file would wait for the first one forever)
+_THREAD_SESSIONS = threading.local()
+
+
+def _sessions() -> dict[str, _Session]:
+    sessions = getattr(_THREAD_SESSIONS, "by_path", None)
+    if sessions is None:
+        sessions = _THREAD_SESSIONS.by_path = {}
+    return sessions
+
+
 def _now() -> datetime:
     return utc_now().replace(tzinfo=None)
 
@@ -102,7 +138,8 @@ class StoredBinding:
 
 
 class Ledger:
-    """One DuckDB ledger file. Cheap to construct; opens a connection per operation."""
+    """One DuckDB ledger file. Cheap to construct; opens a connection per operation, or uses the
+    connection of an open `session()`."""
 
     def __init__(self, path: str | Path, *, lock_timeout_s: float = 120.0, connect_attempts: int = 10):
         self.path = Path(path)
@@ -110,18 +147,51 @@ class Ledger:
         self.connect_attempts = connect_attempts
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = FileLock(str(self.path) + ".lock", timeout=lock_timeout_s)
-        key = str(self.path.resolve())
-        if key not in _SCHEMA_CHECKED:
+        self._key = str(self.path.resolve())
+        if self._key not in _SCHEMA_CHECKED:
             with self.transaction() as conn:
                 applied = apply_schema(conn)
             if applied:
                 log.info("ledger %s: applied schema versions %s", self.path, applied)
-            _SCHEMA_CHECKED.add(key)
+            _SCHEMA_CHECKED.add(self._key)
 
     # ------------------------------------------------------------------ connections
 
     @contextmanager
+    def session(self) -> Iterator["Ledger"]:
+        """Hold the cross-process lock and ONE connection for a batch of ledger calls (this thread).
+
+        Inside the `with` block every method of any Ledger of this file called from this thread
+        runs on the session's connection instead of opening its own; each write is still its own
+        BEGIN / COMMIT, so a failing unit of work rolls back alone and the earlier ones stay
+        committed. Other processes (and other threads) wait for the lock for the whole block, with
+        their usual bounded retries: keep a session to one step's work. A nested `session()` joins
+        the open one. Acquiring the lock or opening the file fails with the same errors as any
+        call (LedgerBusyError).
+        """
+        sessions = _sessions()
+        if self._key in sessions:
+            yield self
+            return
+        with self._locked_connection() as conn:
+            sessions[self._key] = _Session(conn)
+            try:
+                yield self
+            finally:
+                del sessions[self._key]
+
+    @contextmanager
     def _connection(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """The open session's connection, else the lock and a connection closed at the end."""
+        session = _sessions().get(self._key)
+        if session is not None:
+            yield session.conn
+            return
+        with self._locked_connection() as conn:
+            yield conn
+
+    @contextmanager
+    def _locked_connection(self) -> Iterator[duckdb.DuckDBPyConnection]:
         try:
             self._lock.acquire()
         except Timeout:
@@ -141,7 +211,9 @@ class Ledger:
         delay = 0.05
         for attempt in range(1, self.connect_attempts + 1):
             try:
-                return duckdb.connect(str(self.path))
+                # one thread: the ledger runs many tiny statements, where DuckDB's parallel scheduling
+                # costs more than it gains (record_solve ~1 ms less of ~6 ms on 2 cores)
+                return duckdb.connect(str(self.path), config={"threads": 1})
             except duckdb.IOException as exc:
                 if "lock" not in str(exc).lower() or attempt == self.connect_attempts:
                     raise LedgerBusyError(f"ledger {self.path} cannot be opened: {str(exc).splitlines()[0]}") from None
@@ -151,15 +223,27 @@ class Ledger:
 
     @contextmanager
     def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        """One short transaction under the cross-process lock: committed on success, rolled back on error."""
+        """One short transaction under the cross-process lock: committed on success, rolled back on error.
+        Inside a session it runs on the session's connection; a transaction cannot be opened inside
+        another one there (pass its connection to the method instead)."""
         with self._connection() as conn:
-            conn.execute("BEGIN TRANSACTION")
+            session = _sessions().get(self._key)
+            if session is not None:
+                if session.in_transaction:
+                    raise LedgerError(f"ledger {self.path}: a transaction is already open in this session; "
+                                      f"pass its connection (conn=) instead of opening another")
+                session.in_transaction = True
             try:
-                yield conn
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
+                conn.execute("BEGIN TRANSACTION")
+                try:
+                    yield conn
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
+                conn.execute("COMMIT")
+            finally:
+                if session is not None:
+                    session.in_transaction = False
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> pd.DataFrame:
         """Read-only SQL for the CLI / UI (runs inside the lock like every other access)."""
@@ -231,7 +315,9 @@ class Ledger:
             "tag": long["tag"].astype(str), "value": long["value"].astype(float), "source": source,
             "ingest_id": new_id("ing"), "ingested_at": _now()})
         before = conn.execute("SELECT count(*) FROM plant_samples WHERE binding_id = ?", [binding_id]).fetchall()[0][0]
-        conn.register("new_samples", samples)  # connection-local; a failed insert closes the connection anyway
+        # a registered frame is connection-local; after a failed insert DuckDB refuses unregister until
+        # the rollback, so the name stays until the next insert replaces it or the connection closes
+        conn.register("new_samples", samples)
         conn.execute("INSERT INTO plant_samples SELECT * FROM new_samples ON CONFLICT DO NOTHING")
         conn.unregister("new_samples")
         after = conn.execute("SELECT count(*) FROM plant_samples WHERE binding_id = ?", [binding_id]).fetchall()[0][0]
@@ -296,7 +382,7 @@ class Ledger:
             "cv_tag": np.tile(np.asarray(artifact.cv_tags, dtype=object), n),
             "score": scores.reshape(-1), "created_at": _now()})
         with self.transaction() as conn:
-            conn.register("new_scores", frame)
+            conn.register("new_scores", frame)  # connection-local: see append_samples
             conn.execute("INSERT INTO uq_block_scores SELECT * FROM new_scores ON CONFLICT DO NOTHING")
             conn.unregister("new_scores")
         return len(frame)
@@ -339,70 +425,64 @@ class Ledger:
             with self.transaction() as tx:
                 return self.insert_run(run, tx)
         run_id = run.get("id") or new_id("or")
-        conn.execute("INSERT INTO optimizer_runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', NULL, ?, NULL)",
+        conn.execute("INSERT INTO optimizer_runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL, 'running', NULL, ?, NULL)",
                      [run_id, run["binding_id"], run["binding_revision"], run["profile_id"], run["profile_version"],
                       run.get("problem_ir_hash"), canonical_json(run.get("context", {})),
                       None if run.get("problem") is None else canonical_json(run["problem"]),
-                      None, _naive(run.get("started_at"))])
+                      _naive(run.get("started_at"))])
         return run_id
 
     def finish_run(self, run_id: str, status: str, *, independent_cost: float | None = None,
                    diagnostics: Mapping[str, Any] | None = None, conn: duckdb.DuckDBPyConnection | None = None) -> None:
         """`running` -> succeeded | failed | interrupted, exactly once; a second finish raises RunStateError."""
-        if status not in RUN_END_STATUSES:
-            raise LedgerError(f"run status must be one of {', '.join(RUN_END_STATUSES)}, got {status!r}")
+        _check_end_status(status)
         if conn is None:
             with self.transaction() as tx:
                 return self.finish_run(run_id, status, independent_cost=independent_cost,
                                        diagnostics=diagnostics, conn=tx)
+        changed = conn.execute("""UPDATE optimizer_runs SET status = ?, independent_cost = ?, diagnostics_json = ?,
+                                  finished_at = ? WHERE id = ? AND status = 'running'""",
+                               [status, independent_cost, canonical_json(diagnostics or {}), _now(),
+                                run_id]).fetchall()[0][0]
+        if changed:
+            return
         row = _first(conn.execute("SELECT status FROM optimizer_runs WHERE id = ?", [run_id]).fetchall())
         if row is None:
             raise NotFoundError(f"run {run_id} is not in the ledger")
-        if row[0] != "running":
-            raise RunStateError(f"run {run_id} is already finished ({row[0]}); a run leaves 'running' once")
-        conn.execute("""UPDATE optimizer_runs SET status = ?, independent_cost = ?, diagnostics_json = ?,
-                        finished_at = ? WHERE id = ? AND status = 'running'""",
-                     [status, independent_cost, canonical_json(diagnostics or {}), _now(), run_id])
+        raise RunStateError(f"run {run_id} is already finished ({row[0]}); a run leaves 'running' once")
 
     def insert_candidates(self, run_id: str, candidates: Sequence[SolveCandidate], model_id: str,
                           conn: duckdb.DuckDBPyConnection | None = None) -> list[str]:
-        """All candidates of a run as one batch."""
+        """All candidates of a run as one batch (one Arrow table insert). A non-finite number in a
+        candidate's controls, predicted or reports is refused with a ContractError before any write."""
+        table = _candidate_table(run_id, candidates, model_id)
         if conn is None:
             with self.transaction() as tx:
-                return self.insert_candidates(run_id, candidates, model_id, tx)
-        now = _now()
-        rows = [[candidate_id(run_id, c.seq), run_id, c.seq, c.kind.value, c.solver_status,
-                 canonical_json(c.controls), canonical_json(c.predicted), _finite_or_none(c.cost),
-                 canonical_json(c.constraints), c.feasible, c.verified, _finite_or_none(c.independent_cost),
-                 canonical_json(c.verify_report), model_id, now] for c in candidates]
-        if rows:
-            # one DataFrame insert, not executemany: 10 000 rows ~0.2 s instead of ~7 s (DAGSTER-NOTES);
-            # the frame's columns are the table's, in order
-            frame = pd.DataFrame(rows).astype({7: "float64", 11: "float64"})
-            conn.register("new_candidates", frame)
-            conn.execute("INSERT INTO optimizer_candidates SELECT * FROM new_candidates")
-            conn.unregister("new_candidates")
-        return [r[0] for r in rows]
+                _insert_candidates(tx, table)
+        else:
+            _insert_candidates(conn, table)
+        return table.column("id").to_pylist()
 
     def insert_recommendation(self, rec: Recommendation, evidence_source: str,
                               conn: duckdb.DuckDBPyConnection | None = None) -> str:
         if conn is None:
             with self.transaction() as tx:
                 return self.insert_recommendation(rec, evidence_source, tx)
-        payload = rec.to_json_dict()
         conn.execute("INSERT INTO optimizer_recommendations VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
                      "NULL, NULL)",
                      [rec.id, rec.run_id, rec.binding_id, rec.binding_revision, rec.candidate_id, rec.template.value,
                       rec.problem_ir_hash, rec.model_artifact_hash, evidence_source,
                       canonical_json(rec.evidence.get("uq")), rec.status.value, rec.status_label,
-                      canonical_json(list(rec.reasons)), canonical_json(payload), _naive(rec.created_at),
+                      canonical_json(list(rec.reasons)), _payload_text(rec), _naive(rec.created_at),
                       _naive(rec.valid_until)])
         return rec.id
 
     def record_solve(self, run: Mapping[str, Any], candidates: Sequence[SolveCandidate], model_id: str,
                      recommendation: Recommendation | None, *, run_status: str, independent_cost: float | None,
                      diagnostics: Mapping[str, Any], evidence_source: str, supersede: bool = True) -> str:
-        """Run + candidates + finish + recommendation (superseding the binding's open ones) in ONE transaction."""
+        """Run + candidates + finish + recommendation (superseding the binding's open ones) in ONE
+        transaction: five statements between BEGIN and COMMIT."""
+        _check_end_status(run_status)
         with self.transaction() as conn:
             run_id = self.insert_run(run, conn)
             self.insert_candidates(run_id, candidates, model_id, conn)
@@ -476,14 +556,11 @@ class Ledger:
     def _expire(self, conn: duckdb.DuckDBPyConnection, where: str, params: list[Any], reason: str) -> int:
         placeholders = ", ".join("?" for _ in OPEN_STATUSES)
         condition = f"({where}) AND status IN ({placeholders})"
-        count = conn.execute(f"SELECT count(*) FROM optimizer_recommendations WHERE {condition}",
-                             params + list(OPEN_STATUSES)).fetchall()[0][0]
-        if count:
-            conn.execute(f"""UPDATE optimizer_recommendations SET status = ?, status_label = ?, expired_at = ?,
-                             expired_reason = ? WHERE {condition}""",
-                         [RecommendationStatus.EXPIRED.value, RecommendationStatus.EXPIRED.label, _now(), reason,
-                          *params, *OPEN_STATUSES])
-        return int(count)
+        # one statement: DuckDB's UPDATE returns the number of rows it changed
+        return int(conn.execute(f"""UPDATE optimizer_recommendations SET status = ?, status_label = ?, expired_at = ?,
+                                    expired_reason = ? WHERE {condition}""",
+                                [RecommendationStatus.EXPIRED.value, RecommendationStatus.EXPIRED.label, _now(),
+                                 reason, *params, *OPEN_STATUSES]).fetchall()[0][0])
 
     def expire(self, *, binding_id: str | None = None, run_id: str | None = None,
                problem_ir_hash: str | None = None, reason: str) -> int:
@@ -566,6 +643,78 @@ def _naive(moment: str | datetime | None) -> datetime:
 
 def _finite_or_none(value: float | None) -> float | None:
     return None if value is None or not math.isfinite(value) else float(value)
+
+
+def _check_end_status(status: str) -> None:
+    if status not in RUN_END_STATUSES:
+        raise LedgerError(f"run status must be one of {', '.join(RUN_END_STATUSES)}, got {status!r}")
+
+
+def _payload_text(rec: Recommendation) -> str:
+    """The recommendation JSON as created: to_json_dict has been through canonical_json (non-finite
+    numbers refused, -0.0 folded), so orjson with sorted keys writes the same values as canonical
+    JSON, ~0.2 ms sooner per solve; nothing hashes this text."""
+    return orjson.dumps(rec.to_json_dict(), option=orjson.OPT_SORT_KEYS).decode()
+
+
+# optimizer_candidates, column for column (tests check it against the table)
+CANDIDATE_ARROW_SCHEMA = pa.schema([
+    ("id", pa.string()), ("run_id", pa.string()), ("seq", pa.int32()), ("kind", pa.string()),
+    ("solver_status", pa.string()), ("controls_json", pa.string()), ("predicted_json", pa.string()),
+    ("cost", pa.float64()), ("constraints_json", pa.string()), ("feasible", pa.bool_()), ("verified", pa.bool_()),
+    ("independent_cost", pa.float64()), ("verify_report_json", pa.string()), ("model_id", pa.string()),
+    ("created_at", pa.timestamp("us"))])
+
+
+def _candidate_table(run_id: str, candidates: Sequence[SolveCandidate], model_id: str) -> pa.Table:
+    """The optimizer_candidates rows of one run as an Arrow table (costs: non-finite -> NULL)."""
+    n = len(candidates)
+    seqs = [c.seq for c in candidates]
+
+    def texts(column: str, values: list[Any]) -> list[str]:
+        return _json_texts(values, lambda i: f"candidate {seqs[i]} of run {run_id}, {column}")
+
+    columns = [
+        [candidate_id(run_id, seq) for seq in seqs], [run_id] * n, seqs, [c.kind.value for c in candidates],
+        [c.solver_status for c in candidates], texts("controls", [c.controls for c in candidates]),
+        texts("predicted", [c.predicted for c in candidates]),
+        [_finite_or_none(c.cost) for c in candidates],
+        texts("constraints", [c.constraints for c in candidates]), [c.feasible for c in candidates],
+        [c.verified for c in candidates], [_finite_or_none(c.independent_cost) for c in candidates],
+        texts("verify_report", [c.verify_report for c in candidates]), [model_id] * n, [_now()] * n]
+    return pa.Table.from_arrays([pa.array(values, field.type) for values, field in zip(columns,
+                                                                                        CANDIDATE_ARROW_SCHEMA)],
+                                schema=CANDIDATE_ARROW_SCHEMA)
+
+
+def _insert_candidates(conn: duckdb.DuckDBPyConnection, new_candidates: pa.Table) -> None:
+    if new_candidates.num_rows:
+        # DuckDB reads the Arrow table by its Python name (replacement scan): one statement, ~0.5 ms
+        # less than from_arrow().insert_into() or register + unregister for the 3 rows of a solve
+        conn.execute("INSERT INTO optimizer_candidates SELECT * FROM new_candidates")
+
+
+def _json_texts(values: list[Any], where: Callable[[int], str]) -> list[str]:
+    """Valid JSON of each document, refusing non-finite numbers as canonical_json does; `where(i)`
+    names the i-th document in an error.
+
+    orjson writes NaN / inf as null without a word, and refuses types it does not know (e.g. an
+    int beyond 64 bits): a text with a null in it, or a column with a refusal, goes through
+    canonical_json, which names the non-finite number's path and accepts a genuine None.
+    Same values as canonical_json (-0.0 stays -0.0, equal to 0.0), ~10x faster."""
+    try:
+        encoded = [orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY) for value in values]
+    except orjson.JSONEncodeError:
+        encoded = [b"null"] * len(values)
+    return [text.decode() if b"null" not in text else _canonical_text(values[i], where(i))
+            for i, text in enumerate(encoded)]
+
+
+def _canonical_text(value: Any, where: str) -> str:
+    try:
+        return canonical_json(value)
+    except ContractError as exc:
+        raise ContractError(f"{where}: {exc}") from None
 
 
 def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:

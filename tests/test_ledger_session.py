@@ -1,0 +1,134 @@
+"""Ledger.session(): one lock and one connection for a batch of transactions (issue 8, "ledger write speed")."""
+
+import subprocess
+import sys
+
+import duckdb
+import pytest
+from filelock import FileLock, Timeout
+
+from optimizer_pipeline.ledger import Ledger, LedgerBusyError, LedgerError
+
+from ledger_helpers import candidates, recommendation, run_row, solve
+
+# a second process: "busy" when the ledger is locked past its 0.2 s bound, else the number of runs
+OTHER_PROCESS = """
+import sys
+from optimizer_pipeline.ledger import Ledger, LedgerBusyError
+try:
+    print(Ledger(sys.argv[1], lock_timeout_s=0.2).counts()["optimizer_runs"])
+except LedgerBusyError:
+    print("busy")
+"""
+
+
+@pytest.fixture
+def ledger(tmp_path):
+    return Ledger(tmp_path / "optimizer.duckdb")
+
+
+def other_process_reads(path) -> str:
+    done = subprocess.run([sys.executable, "-c", OTHER_PROCESS, str(path)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def lock_is_free(ledger: Ledger) -> bool:
+    """Whether another holder could take the ledger's lock file now (a second FileLock is a second flock)."""
+    probe = FileLock(str(ledger.path) + ".lock")
+    try:
+        probe.acquire(timeout=0)
+    except Timeout:
+        return False
+    probe.release()
+    return True
+
+
+def test_every_transaction_of_a_session_runs_on_one_connection(ledger):
+    with ledger.session():
+        with ledger.transaction() as first:
+            ledger.insert_run(run_row(), first)
+        solve(ledger)
+        with ledger.transaction() as second:
+            runs = second.execute("SELECT count(*) FROM optimizer_runs").fetchall()[0][0]
+    assert second is first and runs == 2
+
+
+def test_another_process_waits_during_a_session_and_reads_after_it(ledger):
+    with ledger.session():
+        solve(ledger)
+        assert other_process_reads(ledger.path) == "busy"
+    assert other_process_reads(ledger.path) == "1"
+
+
+def test_the_session_holds_the_file_open_against_other_processes_until_it_ends(ledger):
+    opener = "import duckdb, sys; duckdb.connect(sys.argv[1]).close()"
+    with ledger.session():
+        held = subprocess.run([sys.executable, "-c", opener, str(ledger.path)], capture_output=True, text=True)
+    after = subprocess.run([sys.executable, "-c", opener, str(ledger.path)], capture_output=True, text=True)
+    assert held.returncode != 0 and "lock" in held.stderr.lower()
+    assert after.returncode == 0, after.stderr
+
+
+def test_a_failed_transaction_in_a_session_rolls_back_alone(ledger):
+    run = {**run_row(), "id": "or-duplicates"}
+    with ledger.session():
+        first_run, first_rec = solve(ledger)
+        with pytest.raises(duckdb.ConstraintException):  # duplicate candidate ids: the primary key refuses
+            ledger.record_solve(run, candidates() + candidates(), "m" * 64, recommendation(run["id"]),
+                                run_status="succeeded", independent_cost=1.0, diagnostics={},
+                                evidence_source="simulation")
+        last_run, last_rec = solve(ledger)
+    assert [r["id"] for r in ledger.list_runs()] == [first_run, last_run]
+    assert ledger.counts()["optimizer_candidates"] == 4
+    assert [r["status"] for r in ledger.list_recommendations()] == ["expired", "verified"]
+    assert ledger.get_recommendation(first_rec)["expired_reason"] == f"superseded by {last_rec}"
+
+
+def test_a_nested_session_joins_the_open_one_and_the_outer_end_releases_the_lock(ledger):
+    with ledger.session():
+        with ledger.transaction() as outer:
+            pass
+        with ledger.session():
+            with ledger.transaction() as inner:
+                pass
+        solve(ledger)  # the inner end closed nothing
+        assert not lock_is_free(ledger)
+    assert inner is outer and lock_is_free(ledger)
+    assert ledger.counts()["optimizer_runs"] == 1
+
+
+def test_a_second_ledger_object_of_the_same_file_joins_the_session(ledger):
+    with ledger.session():
+        with ledger.transaction() as conn:
+            pass
+        twin = Ledger(ledger.path, lock_timeout_s=0.2)  # its own lock would time out if it did not join
+        with twin.transaction() as twin_conn:
+            pass
+        solve(twin)
+    assert twin_conn is conn and ledger.counts()["optimizer_runs"] == 1
+
+
+def test_a_transaction_inside_a_transaction_of_a_session_is_refused_and_rolls_back(ledger):
+    with ledger.session():
+        with pytest.raises(LedgerError, match="a transaction is already open in this session"):
+            with ledger.transaction() as conn:
+                ledger.insert_run(run_row(), conn)
+                with ledger.transaction():
+                    pass
+        solve(ledger)  # the session is usable after the refusal
+    assert ledger.counts()["optimizer_runs"] == 1
+
+
+def test_a_session_that_cannot_take_the_lock_raises_ledger_busy(tmp_path):
+    path = tmp_path / "l.duckdb"
+    Ledger(path)
+    impatient = Ledger(path, lock_timeout_s=0.2)
+    with FileLock(str(path) + ".lock"):
+        with pytest.raises(LedgerBusyError, match=r"stayed locked for 0\.2 s"):
+            with impatient.session():
+                pass
+    with impatient.session():  # nothing was left open by the failed attempt
+        solve(impatient)
+    assert impatient.counts()["optimizer_runs"] == 1
