@@ -9,6 +9,9 @@ matter here:
 * key order is the dataclass field order, not sorted: nothing hashes wire bytes (ProblemIR.hash is
   computed from canonical_json by whoever needs it), so only the decoded values must be equal, and
   orjson writes floats as the shortest text that reads back to the same double.
+* a dataclass is written from its __dict__ minus names starting with "_" (orjson's rule): a
+  contracts field named so would not reach the worker (tests/test_pool_codec.py compares the
+  ProblemIR the worker rebuilds with the original).
 """
 
 import math
