@@ -1,10 +1,10 @@
-"""Outcome assets of one binding partition: observed vs predicted after applying recommendations."""
+"""Outcome assets of the binding partitions: observed vs predicted after applying recommendations."""
 
-from dagster import AssetExecutionContext, AssetKey, MetadataValue, Output, TableColumn, TableRecord, TableSchema, asset
+from dagster import AssetExecutionContext, MetadataValue, Output, TableColumn, TableRecord, TableSchema
 
 import numpy as np
 
-from assets.partitions import BINDINGS
+from assets.batch import binding_asset
 from optimizer_pipeline import outcomes, plots
 from optimizer_pipeline.contracts import OutcomeVerdict, parse_iso_utc
 from resources.ledger import LedgerResource
@@ -50,23 +50,26 @@ def _plot(row: dict) -> MetadataValue:
         [band.get(t) for t in tags], title=f"{row['recommendation_id']}: {row['verdict']}"), "predicted vs observed"))
 
 
-@asset(partitions_def=BINDINGS, group_name=OUTCOMES_GROUP, deps=[AssetKey("recommendation")],
-       description="Applied recommendations vs what the plant did: deltas per CV and step, band hits, verdicts.")
+@binding_asset(OUTCOMES_GROUP, "Applied recommendations vs what the plant did: deltas per CV and step, band hits, "
+               "verdicts.", deps=["recommendation"])
 def outcome_deltas(context: AssetExecutionContext, ledger: LedgerResource):
     store = ledger.ledger()
-    binding_id = context.partition_key
-    written = outcomes.evaluate_pending(store, binding_id)
-    if written:
-        context.log.info(f"evaluated {len(written)} pending observation(s) of {binding_id}: "
-                         + ", ".join(f"{o.id} {o.verdict.value}" for o in written))
-    judged = [r for r in store.list_outcomes(binding_id) if r["verdict"] is not None]
-    counts = {v.value: sum(r["verdict"] == v.value for r in judged) for v in OutcomeVerdict}
-    newest = sorted(judged, key=lambda r: (r["applied_at"], r["created_at"], r["id"]), reverse=True)
-    metadata = {**{f"verdicts_{k}": n for k, n in counts.items()}, "outcomes_evaluated_now": len(written),
-                "outcomes": _outcome_table(newest[:RECENT_ROWS])}
-    if newest:
-        metadata["latest_outcome_id"] = newest[0]["id"]
-        metadata["latest_deltas"] = _delta_table(newest[0])
-        metadata["plot"] = _plot(newest[0])
-    return Output({"binding_id": binding_id, "verdicts": counts, "evaluated_now": [o.id for o in written]},
-                  metadata=metadata)
+    summaries = {}
+    for binding_id in context.partition_keys:
+        written = outcomes.evaluate_pending(store, binding_id)
+        if written:
+            context.log.info(f"evaluated {len(written)} pending observation(s) of {binding_id}: "
+                             + ", ".join(f"{o.id} {o.verdict.value}" for o in written))
+        judged = [r for r in store.list_outcomes(binding_id) if r["verdict"] is not None]
+        counts = {v.value: sum(r["verdict"] == v.value for r in judged) for v in OutcomeVerdict}
+        newest = sorted(judged, key=lambda r: (r["applied_at"], r["created_at"], r["id"]), reverse=True)
+        metadata = {**{f"verdicts_{k}": n for k, n in counts.items()}, "outcomes_evaluated_now": len(written),
+                    "outcomes": _outcome_table(newest[:RECENT_ROWS])}
+        if newest:
+            metadata["latest_outcome_id"] = newest[0]["id"]
+            metadata["latest_deltas"] = _delta_table(newest[0])
+            metadata["plot"] = _plot(newest[0])
+        context.add_asset_metadata(metadata, partition_key=binding_id)
+        summaries[binding_id] = {"binding_id": binding_id, "verdicts": counts,
+                                 "evaluated_now": [o.id for o in written]}
+    yield Output(summaries, output_name="outcome_deltas")

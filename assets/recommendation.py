@@ -1,19 +1,11 @@
-"""The recommendation of one binding partition: compile, solve in the worker pool, verify, decide, record."""
+"""The recommendation of each binding partition of the run: compile, solve in the worker pool, verify, decide, record."""
 
-from dagster import (
-    AssetCheckResult,
-    AssetCheckSeverity,
-    AssetCheckSpec,
-    AssetExecutionContext,
-    MetadataValue,
-    Output,
-    TableColumn,
-    TableRecord,
-    TableSchema,
-    asset,
-)
+from typing import Callable
 
-from assets.partitions import BINDINGS, RECOMMENDATION_GROUP
+from dagster import AssetExecutionContext, MetadataValue, Output, TableColumn, TableRecord, TableSchema
+
+from assets.batch import Check, add_partition_metadata, binding_asset, record_checks
+from assets.partitions import RECOMMENDATION_GROUP
 from optimizer_pipeline import pipeline, plots
 from optimizer_pipeline.contracts import (
     BindingSpec,
@@ -40,12 +32,12 @@ def _plan_table(rec) -> MetadataValue:
     return MetadataValue.table(rows, schema=TableSchema(columns=columns))
 
 
-def plan_plot(spec: BindingSpec, split: HistorySplit, rec: Recommendation, model_horizon: int) -> str:
-    """Markdown: the last HISTORY_HORIZONS * P samples of the live run and the plan with its band."""
+def plan_plot(figures: plots.FigureQueue, spec: BindingSpec, split: HistorySplit, rec: Recommendation,
+              model_horizon: int) -> Callable[[], str]:
+    """Markdown (when called): the last HISTORY_HORIZONS * P samples of the live run and the plan with its band."""
     n_history = plots.HISTORY_HORIZONS * model_horizon
-    return plots.figure_markdown(
-        lambda: plots.recommendation_figure(plots.plan_series(spec, split.live, rec, n_history)),
-        f"{spec.id}: {rec.status.value} plan")
+    return figures.add(f"{spec.id}: {rec.status.value} plan", plots.recommendation_figure,
+                       plots.plan_series(spec, split.live, rec, n_history))
 
 
 def _candidates_table(candidates: tuple[SolveCandidate, ...]) -> MetadataValue:
@@ -68,36 +60,41 @@ def _conditions_table(conditions: tuple[Condition, ...]) -> MetadataValue:
                                schema=TableSchema(columns=columns))
 
 
-@asset(partitions_def=BINDINGS, group_name=RECOMMENDATION_GROUP,
-       check_specs=[AssetCheckSpec(name="candidate_verified", asset="recommendation",
-                                   description="The chosen candidate is feasible and its independent cost agrees")],
-       description="Move plan (or steady-state targets) with status verified / unverified / rejected and its evidence.")
-def recommendation(context: AssetExecutionContext, model_artifact: ModelArtifact, plant_history: HistorySplit,
-                   uq_calibration: pipeline.Calibration, ledger: LedgerResource, plant_store: PlantStoreResource,
-                   solver: SolverPoolResource):
+@binding_asset(RECOMMENDATION_GROUP,
+               "Move plan (or steady-state targets) with status verified / unverified / rejected and its evidence.",
+               checks=[("candidate_verified", "The chosen candidate is feasible and its independent cost agrees")])
+def recommendation(context: AssetExecutionContext, model_artifact: dict[str, ModelArtifact],
+                   plant_history: dict[str, HistorySplit], uq_calibration: dict[str, pipeline.Calibration],
+                   ledger: LedgerResource, plant_store: PlantStoreResource, solver: SolverPoolResource):
     store, settings = ledger.ledger(), ledger.settings()
-    stored = plant_store.binding(context.partition_key)
-    record = pipeline.recommend(stored, model_artifact, plant_history, uq_calibration,
-                                lambda problem: SolveResult.from_dict(solver.solve(problem)),
-                                store, settings, plant_store.source(stored.spec.id), utc_now())
-    rec = record.recommendation
+    bindings = plant_store.bindings_by_id(context.partition_keys)
+    recommendations, metadata, checks = {}, {}, []
+    with plots.FigureQueue(len(bindings)) as figures:
+        for binding_id, stored in bindings.items():
+            artifact, split, calibration = model_artifact[binding_id], plant_history[binding_id], uq_calibration[binding_id]
+            with store.session():  # the binding's reads and its run write on one ledger connection
+                record = pipeline.recommend(stored, artifact, split, calibration,
+                                            lambda problem: SolveResult.from_dict(solver.solve(problem)),
+                                            store, settings, plant_store.source(stored.spec.id), utc_now())
+            rec, chosen = record.recommendation, record.chosen
+            metadata[binding_id] = {
+                "status": rec.status.value, "status_label": rec.status_label,
+                "plot": plan_plot(figures, stored.spec, split, rec, artifact.horizon),
+                "reasons": MetadataValue.json(list(rec.reasons)),
+                "conditions": _conditions_table(record.conditions),
+                "recommendation_id": rec.id, "run_id": rec.run_id, "valid_until": rec.valid_until,
+                "problem_ir_hash": rec.problem_ir_hash, "model_artifact_hash": rec.model_artifact_hash,
+                "calibration_id": calibration.calibration_id, "training_data_hash": artifact.training_data_hash,
+                "evidence": MetadataValue.json(dict(rec.evidence)),
+                "plan": _plan_table(rec),
+                "candidates": _candidates_table(record.result.candidates),
+                "expired_past_valid_until": record.expired_before,
+            }
+            checks.append(Check(binding_id, "candidate_verified", bool(chosen and chosen.feasible and chosen.verified),
+                                {"candidate_id": rec.candidate_id or "none",
+                                 "verify_report": MetadataValue.json(dict(chosen.verify_report) if chosen else {})}))
+            recommendations[binding_id] = rec.to_json_dict()
+        add_partition_metadata(context, metadata)
     context.log.info(f"solver pool: {solver.stats()}")
-    chosen = record.chosen
-    yield Output(rec.to_json_dict(), metadata={
-        "status": rec.status.value, "status_label": rec.status_label,
-        "plot": MetadataValue.md(plan_plot(stored.spec, plant_history, rec, model_artifact.horizon)),
-        "reasons": MetadataValue.json(list(rec.reasons)),
-        "conditions": _conditions_table(record.conditions),
-        "recommendation_id": rec.id, "run_id": rec.run_id, "valid_until": rec.valid_until,
-        "problem_ir_hash": rec.problem_ir_hash, "model_artifact_hash": rec.model_artifact_hash,
-        "calibration_id": uq_calibration.calibration_id, "training_data_hash": model_artifact.training_data_hash,
-        "evidence": MetadataValue.json(dict(rec.evidence)),
-        "plan": _plan_table(rec),
-        "candidates": _candidates_table(record.result.candidates),
-        "expired_past_valid_until": record.expired_before,
-    })
-    yield AssetCheckResult(
-        check_name="candidate_verified", passed=bool(chosen and chosen.feasible and chosen.verified),
-        severity=AssetCheckSeverity.WARN,
-        metadata={"candidate_id": rec.candidate_id or "none",
-                  "verify_report": MetadataValue.json(dict(chosen.verify_report) if chosen else {})})
+    yield Output(recommendations, output_name="recommendation")
+    record_checks(context, "recommendation", checks)

@@ -2,6 +2,7 @@
 
 import json
 from datetime import timedelta
+from typing import Sequence
 
 from dagster import (
     AssetSelection,
@@ -17,6 +18,8 @@ from dagster import (
     sensor,
 )
 
+from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
+
 from assets.outcomes import OUTCOMES_GROUP
 from assets.partitions import BINDINGS, CALIBRATION_GROUP, RECOMMENDATION_GROUP
 from optimizer_pipeline.contracts import parse_iso_utc, utc_now
@@ -25,18 +28,39 @@ from optimizer_pipeline.settings import Settings
 from resources.ledger import LedgerResource
 
 
+def partition_ranges(ordered_keys: Sequence[str], wanted: Sequence[str]) -> list[tuple[str, str]]:
+    """The maximal stretches (first, last) of `wanted` in the instance's order of the binding
+    partitions: one run covers one stretch (a dynamic partition range is a stretch of that order)."""
+    wanted_set = set(wanted)
+    ranges, start, last = [], None, None
+    for key in ordered_keys:
+        if key in wanted_set:
+            start, last = start or key, key
+        elif start is not None:
+            ranges.append((start, last))
+            start = None
+    if start is not None:
+        ranges.append((start, last))
+    return ranges
+
+
+def range_tags(first: str, last: str) -> dict[str, str]:
+    """Run tags that make one run cover the binding partitions first..last (assets.batch)."""
+    return {ASSET_PARTITION_RANGE_START_TAG: first, ASSET_PARTITION_RANGE_END_TAG: last}
+
+
 recalibrate_job = define_asset_job(
     "recalibrate", selection=AssetSelection.groups(CALIBRATION_GROUP),
-    description="History -> model artifact -> UQ block scores -> calibration, for one binding partition.")
+    description="History -> model artifact -> UQ block scores -> calibration, for the run's binding partitions.")
 # plant_history is re-read so that a solve starts from the newest live sample, not the one of the
 # last calibration; the model and its calibration are reused
 solve_job = define_asset_job(
     "solve", selection=AssetSelection.groups(RECOMMENDATION_GROUP) | AssetSelection.assets("plant_history"),
-    description="Re-read the history, then compile, solve, verify and publish the recommendation of one binding "
-                "partition with the current model and calibration.")
+    description="Re-read the history, then compile, solve, verify and publish the recommendation of each binding "
+                "partition of the run with the current model and calibration.")
 refresh_job = define_asset_job(
     "refresh", selection=AssetSelection.groups(CALIBRATION_GROUP, RECOMMENDATION_GROUP),
-    description="Recalibrate and re-solve one binding partition.")
+    description="Recalibrate and re-solve the run's binding partitions (one, or a range in one run).")
 outcomes_job = define_asset_job(
     "outcomes", selection=AssetSelection.groups(OUTCOMES_GROUP),
     description="Judge the observations recorded after applying the binding's recommendations.")
@@ -136,7 +160,8 @@ def recommendation_expiry_sensor():
 
 
 def recalibration_schedule(settings: Settings):
-    """Daily recalibration of every binding partition (cron and time zone from the settings)."""
+    """Daily recalibration of every binding partition in one run (cron and time zone from the
+    settings): one run over the whole partition range, not one run per binding."""
 
     @schedule(name="daily_recalibration", job=recalibrate_job, cron_schedule=settings.schedule_cron,
               execution_timezone=settings.schedule_timezone, default_status=DefaultScheduleStatus.RUNNING)
@@ -145,6 +170,6 @@ def recalibration_schedule(settings: Settings):
         if not keys:
             return SkipReason("no binding partitions yet")
         stamp = context.scheduled_execution_time.isoformat() if context.scheduled_execution_time else "manual"
-        return [RunRequest(partition_key=key, run_key=f"{key}@{stamp}") for key in keys]
+        return RunRequest(run_key=f"all@{stamp}", tags=range_tags(keys[0], keys[-1]))
 
     return daily_recalibration

@@ -52,28 +52,33 @@ def prepare_dagster_home(home: Path) -> Path:
     return path
 
 
-def _run_job(home: Path, binding_ids: Sequence[str], job_name: str = "refresh") -> list[tuple[str, bool, str]]:
-    """Run a job for each binding partition in process on the home's Dagster instance."""
+def run_partitions(home: Path, binding_ids: Sequence[str], job_name: str = "refresh") -> list[tuple[str, bool, str]]:
+    """Run a job in process on the home's Dagster instance over the given binding partitions: one run
+    per stretch of them in the instance's partition order (all of them: one run)."""
     prepare_dagster_home(home)
     from dagster import DagsterInstance
 
+    from optimizer_pipeline.automation import partition_ranges, range_tags
     from optimizer_pipeline.definitions import build_definitions
-
-    defs = build_definitions(home)
-    job = defs.resolve_job_def(job_name)
     from optimizer_pipeline.solver.pool import kept_alive
 
-    outcomes = []
+    job = build_definitions(home).resolve_job_def(job_name)
+    results = {}
     with DagsterInstance.get() as instance, kept_alive():
         known = set(instance.get_dynamic_partitions("bindings"))
         missing = [b for b in binding_ids if b not in known]
         if missing:
             instance.add_dynamic_partitions("bindings", missing)
-        for binding_id in binding_ids:
-            result = job.execute_in_process(partition_key=binding_id, instance=instance, raise_on_error=False,
-                                            tags={"optimizer/launched_by": "cli"}, run_config=QUIET_RUN_CONFIG)
-            outcomes.append((binding_id, result.success, result.run_id if result.success else _failure(result)))
-    return outcomes
+        ordered = instance.get_dynamic_partitions("bindings")
+        for first, last in partition_ranges(ordered, binding_ids):
+            partition = {"partition_key": first} if first == last else {}
+            result = job.execute_in_process(instance=instance, raise_on_error=False, run_config=QUIET_RUN_CONFIG,
+                                            tags={"optimizer/launched_by": "cli",
+                                                  **({} if partition else range_tags(first, last))}, **partition)
+            detail = result.run_id if result.success else _failure(result)
+            for key in ordered[ordered.index(first):ordered.index(last) + 1]:
+                results[key] = (key, result.success, detail)
+    return [results[b] for b in binding_ids]
 
 
 def _failure(result: Any) -> str:
@@ -120,13 +125,22 @@ def cmd_ingest(args: argparse.Namespace, home: Path) -> int:
 
 
 def cmd_materialize(args: argparse.Namespace, home: Path) -> int:
-    _existing_ledger(home).get_binding(args.binding_id)  # NotFoundError -> one line
-    (binding_id, ok, detail), = _run_job(home, [args.binding_id], args.job)
-    if not ok:
-        raise UserError(f"materialize {binding_id}: {detail}")
-    rec = _existing_ledger(home).latest_recommendation(binding_id)
-    print(json.dumps({"binding_id": binding_id, "job": args.job, "dagster_run_id": detail,
-                      "recommendation_id": rec and rec["id"], "status": rec and rec["status"]}, indent=2))
+    ledger = _existing_ledger(home)
+    if args.all == bool(args.binding_ids):
+        raise UserError("materialize: give binding ids or --all, not both and not neither")
+    binding_ids = [b.spec.id for b in ledger.list_bindings()] if args.all else list(dict.fromkeys(args.binding_ids))
+    for binding_id in binding_ids:
+        ledger.get_binding(binding_id)  # NotFoundError -> one line, before any run
+    results = run_partitions(home, binding_ids, args.job)
+    failed = [f"{binding_id}: {detail}" for binding_id, ok, detail in results if not ok]
+    if failed:
+        raise UserError(f"materialize {'; '.join(failed)}")
+    docs = []
+    for binding_id, _, run_id in results:
+        rec = ledger.latest_recommendation(binding_id)
+        docs.append({"binding_id": binding_id, "job": args.job, "dagster_run_id": run_id,
+                     "recommendation_id": rec and rec["id"], "status": rec and rec["status"]})
+    print(json.dumps(docs[0] if len(docs) == 1 and not args.all else docs, indent=2))
     return 0
 
 
@@ -198,7 +212,7 @@ def cmd_demo(args: argparse.Namespace, home: Path) -> int:
         print(f"  {plant.spec.id:<10} revision {upsert.revision}, {rows} new samples")
     print("materializing every asset of every binding through Dagster (job refresh) ...")
     failed = []
-    for binding_id, ok, detail in _run_job(home, [p.spec.id for p in plants]):
+    for binding_id, ok, detail in run_partitions(home, [p.spec.id for p in plants]):
         if not ok:
             failed.append(f"{binding_id}: {detail}")
     print()
@@ -294,8 +308,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where the history comes from (default: real plant data)")
     p.set_defaults(func=cmd_ingest)
 
-    p = sub.add_parser("materialize", help="materialize the assets of one binding partition in process")
-    p.add_argument("binding_id")
+    p = sub.add_parser("materialize", help="materialize the assets of binding partitions in process (one Dagster run "
+                                           "for all of them); prints one JSON object, or a list for several / --all")
+    p.add_argument("binding_ids", nargs="*", metavar="binding_id")
+    p.add_argument("--all", action="store_true", help="every binding in the ledger")
     p.add_argument("--job", choices=JOBS, default="refresh")
     p.set_defaults(func=cmd_materialize)
 

@@ -22,6 +22,7 @@ from optimizer_pipeline.automation import (
     uq_freshness_sensor,
 )
 from optimizer_pipeline.settings import load_settings, resolve_home
+from resources.asset_store import BindingsIOManager
 from resources.ledger import LedgerResource
 from resources.plant_store import PlantStoreResource
 from resources.solver import SolverPoolResource
@@ -34,6 +35,7 @@ def build_definitions(home: Path) -> Definitions:
                 *load_assets_from_modules([assets.recommendation], group_name=RECOMMENDATION_GROUP),
                 *load_assets_from_modules([assets.outcomes], group_name=OUTCOMES_GROUP)],
         resources={
+            "io_manager": BindingsIOManager(),
             "ledger": LedgerResource(home=str(home)),
             "plant_store": PlantStoreResource(home=str(home)),
             "solver": SolverPoolResource(pool_size=settings.solver_pool_size,

@@ -5,6 +5,7 @@ from pathlib import Path
 
 from dagster import DagsterInstance
 
+from optimizer_pipeline.automation import range_tags
 from optimizer_pipeline.definitions import build_definitions
 from optimizer_pipeline.ledger import Ledger
 from optimizer_pipeline.plants import Plant, demo_plants
@@ -26,6 +27,13 @@ class DemoHome:
     def run(self, binding_id: str, job: str = "refresh"):
         result = self.defs().resolve_job_def(job).execute_in_process(
             partition_key=binding_id, instance=self.instance, raise_on_error=True)
+        assert result.success
+        return result
+
+    def run_range(self, first: str, last: str, job: str = "refresh"):
+        """One run over the binding partitions first..last (as the CLI and the schedule launch it)."""
+        result = self.defs().resolve_job_def(job).execute_in_process(
+            instance=self.instance, tags=range_tags(first, last), raise_on_error=True)
         assert result.success
         return result
 

@@ -4,8 +4,9 @@ import json
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from dagster import RunRequest, SkipReason, build_schedule_context, build_sensor_context, instance_for_test
+from dagster import AssetKey, RunRequest, SkipReason, build_schedule_context, build_sensor_context, instance_for_test
 
+from optimizer_pipeline.automation import partition_ranges, range_tags
 from optimizer_pipeline.contracts import binding_from_dict, utc_now
 from optimizer_pipeline.model import identify
 from optimizer_pipeline.data import prepare_history
@@ -95,17 +96,28 @@ def test_expiry_sensor_records_expiry_past_valid_until(heater_home):
     assert heater_home.ledger.get_recommendation(rec_id)["status"] == "expired"
 
 
-def test_daily_schedule_requests_recalibrate_for_every_partition(heater_home):
-    heater_home.instance.add_dynamic_partitions("bindings", ["heater-1", "tanks-1"])
+def test_daily_schedule_recalibrates_every_partition_in_one_run(heater_home):
+    plant = heater_home.plants["heater-1"]
+    heater_home.ledger.ingest(binding_from_dict({**plant.binding_doc(), "id": "heater-2"}), plant.history(SEED).frame,
+                              "simulation")
+    heater_home.instance.add_dynamic_partitions("bindings", ["heater-1", "heater-2"])
     defs = heater_home.defs()
     schedule = defs.resolve_schedule_def("daily_recalibration")
     assert schedule.cron_schedule == "0 3 * * *" and schedule.execution_timezone == "UTC"
     when = datetime(2026, 11, 30, 3, 0, tzinfo=timezone.utc)
     context = build_schedule_context(instance=heater_home.instance, scheduled_execution_time=when,
                                      repository_def=defs.get_repository_def())
-    requests = schedule.evaluate_tick(context).run_requests
-    assert sorted(r.partition_key for r in requests) == ["heater-1", "tanks-1"]
-    assert {r.job_name for r in requests} <= {None, "recalibrate"}
+    (request,) = schedule.evaluate_tick(context).run_requests
+    assert request.job_name in (None, "recalibrate") and request.partition_key is None
+    assert range_tags("heater-1", "heater-2").items() <= request.tags.items()
+
+    result = defs.resolve_job_def("recalibrate").execute_in_process(instance=heater_home.instance,
+                                                                    tags=range_tags("heater-1", "heater-2"))
+    assert result.success
+    calibrated = [e.partition for e in result.get_asset_materialization_events()
+                  if e.asset_key == AssetKey("uq_calibration")]
+    assert sorted(calibrated) == ["heater-1", "heater-2"]
+    assert {c["binding_id"] for c in heater_home.ledger.latest_calibrations()} == {"heater-1", "heater-2"}
 
 
 def test_schedule_cron_and_timezone_come_from_settings(heater_home, monkeypatch):
@@ -113,3 +125,13 @@ def test_schedule_cron_and_timezone_come_from_settings(heater_home, monkeypatch)
     monkeypatch.setenv("OPTIMIZER_SCHEDULE_TIMEZONE", "Europe/Berlin")
     schedule = heater_home.defs().resolve_schedule_def("daily_recalibration")
     assert (schedule.cron_schedule, schedule.execution_timezone) == ("30 4 * * 1-5", "Europe/Berlin")
+
+
+@pytest.mark.parametrize("wanted, expected", [
+    (["a", "b", "c", "d"], [("a", "d")]),
+    (["b", "d"], [("b", "b"), ("d", "d")]),
+    (["d", "a", "b"], [("a", "b"), ("d", "d")]),
+    ([], []),
+])
+def test_partition_ranges_are_the_stretches_of_the_wanted_keys_in_instance_order(wanted, expected):
+    assert partition_ranges(["a", "b", "c", "d"], wanted) == expected

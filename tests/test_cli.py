@@ -142,3 +142,34 @@ def test_materialize_of_a_history_too_short_to_split_is_one_line(tmp_path, files
     assert_one_line_error(proc, "step plant_history failed: binding 'heater-1': 1 usable run(s)",
                           "at least 2 runs are needed")
     assert Ledger(ledger_path(home)).latest_recommendation("heater-1") is None
+
+
+def test_materialize_all_refreshes_every_binding_in_one_dagster_run(tmp_path, files):
+    home = tmp_path / "home"
+    binding, history = files
+    second = tmp_path / "heater-2.yaml"
+    second.write_text(yaml.safe_dump({**get_plant("heater").binding_doc(), "id": "heater-2"}))
+    for spec in (binding, second):
+        assert cli(home, "ingest", str(spec), str(history)).returncode == 0
+    done = cli(home, "materialize", "--all")
+    assert done.returncode == 0, done.stderr
+    docs = json.loads(done.stdout)
+    assert [d["binding_id"] for d in docs] == ["heater-1", "heater-2"]
+    assert len({d["dagster_run_id"] for d in docs}) == 1
+    assert [d["status"] for d in docs] == ["verified", "verified"]
+    ledger = Ledger(ledger_path(home))
+    assert [d["recommendation_id"] for d in docs] == [ledger.latest_recommendation(b)["id"]
+                                                      for b in ("heater-1", "heater-2")]
+
+
+@pytest.mark.parametrize("args, fragment", [
+    ([], "give binding ids or --all"),
+    (["heater-1", "--all"], "give binding ids or --all"),
+    (["heater-1", "nope"], "nope"),
+])
+def test_materialize_refuses_a_bad_selection_before_any_run(tmp_path, files, args, fragment):
+    home = tmp_path / "home"
+    assert cli(home, "ingest", *map(str, files)).returncode == 0
+    assert_one_line_error(cli(home, "materialize", *args), fragment)
+    assert Ledger(ledger_path(home)).list_runs("heater-1") == []
+    assert not (home / "dagster" / "storage").exists()

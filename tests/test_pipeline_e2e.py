@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from dagster import AssetKey, instance_for_test
+from dagster import AssetKey, AssetRecordsFilter, instance_for_test
 
 from optimizer_pipeline.contracts import Template
 from optimizer_pipeline.plants import demo_plants
@@ -23,7 +23,8 @@ def demo(tmp_path_factory):
     with instance_for_test(temp_dir=str(tmp_path_factory.mktemp("dagster"))) as instance:
         instance.add_dynamic_partitions("bindings", [p.spec.id for p in plants])
         demo = DemoHome(home, ledger, instance, {p.spec.id: p for p in plants})
-        demo.results = {b: demo.run(b) for b in demo.plants}
+        ids = [p.spec.id for p in plants]
+        demo.result = demo.run_range(ids[0], ids[-1])  # one run for every binding, as `demo` runs it
         yield demo
 
 
@@ -55,20 +56,44 @@ def test_ledger_holds_run_candidates_calibration_and_scores(demo):
         assert set(scores["segment"]) == {"val", "test"} and scores["score"].notna().all()
 
 
-def test_asset_checks_pass_and_are_recorded(demo):
-    result = demo.results["tanks-1"]
-    evaluations = result.get_asset_check_evaluations()
-    names = {e.check_name: e.passed for e in evaluations}
-    assert names == {"gate_G1": True, "gate_G2": True, "gate_G3": True, "gate_G4": True, "uq_coverage": True,
-                     "candidate_verified": True}
+def test_one_run_materializes_every_asset_of_every_binding(demo):
+    events = demo.result.get_asset_materialization_events()
+    by_asset = {}
+    for e in events:
+        by_asset.setdefault(e.asset_key.path[-1], []).append(e.partition)
+    assert {a: sorted(p) for a, p in by_asset.items()} == {
+        a: sorted(demo.plants) for a in ("plant_history", "model_artifact", "uq_block_scores", "uq_calibration",
+                                         "recommendation")}
 
 
-def test_recommendation_materialization_shows_status_plan_and_hashes(demo):
-    event = demo.instance.get_latest_materialization_event(AssetKey("recommendation"))
-    metadata = event.asset_materialization.metadata
-    assert metadata["status"].value == "verified"
-    assert len(metadata["plan"].value.records) > 0
-    assert len(metadata["problem_ir_hash"].value) == 64
+def test_asset_checks_pass_and_are_recorded_per_partition(demo):
+    evaluations = demo.result.get_asset_check_evaluations()
+    for binding_id in demo.plants:
+        names = {e.check_name: e.passed for e in evaluations if e.partition == binding_id}
+        assert names == {"gate_G1": True, "gate_G2": True, "gate_G3": True, "gate_G4": True, "uq_coverage": True,
+                         "candidate_verified": True}, binding_id
+
+
+def test_each_check_points_at_its_partitions_materialization_of_the_run(demo):
+    records = demo.instance.fetch_materializations(AssetRecordsFilter(asset_key=AssetKey("recommendation")),
+                                                   limit=10).records
+    storage_ids = {r.partition_key: r.storage_id for r in records if r.run_id == demo.result.run_id}
+    checks = [e for e in demo.result.get_asset_check_evaluations() if e.check_name == "candidate_verified"]
+    assert {e.partition: e.target_materialization_data.storage_id for e in checks} == storage_ids
+    assert all(e.target_materialization_data.run_id == demo.result.run_id for e in checks)
+
+
+def test_each_partition_shows_its_own_recommendation(demo):
+    for binding_id in demo.plants:
+        (record,) = demo.instance.fetch_materializations(
+            AssetRecordsFilter(asset_key=AssetKey("recommendation"), asset_partitions=[binding_id]), limit=1).records
+        metadata = record.asset_materialization.metadata
+        rec = demo.ledger.latest_recommendation(binding_id)
+        assert metadata["recommendation_id"].value == rec["id"]
+        assert metadata["status"].value == "verified"
+        assert len(metadata["plan"].value.records) == len(recommendation_json(rec)["controls"])
+        assert metadata["problem_ir_hash"].value == rec["problem_ir_hash"]
+        assert f"{binding_id}: verified plan" in metadata["plot"].value
 
 
 @pytest.mark.parametrize("binding_id", ["tanks-1", "heater-1", "blend-1"])

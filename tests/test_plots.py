@@ -166,6 +166,29 @@ def test_a_figure_that_cannot_be_drawn_becomes_one_line_of_markdown():
     assert plots.figure_markdown(broken, "plan") == "*figure 'plan' could not be drawn: ValueError: no data*"
 
 
+def _os_exit(*_args) -> bytes:
+    import os
+
+    os._exit(3)
+
+
+def test_many_figures_are_drawn_in_a_background_process_exactly_as_inline():
+    series = [plan(), plan(n_cv=1, n_mv=1), plan(steady=True), plan(band=(None, 0.3))]
+    inline = [plots.markdown_image(plots.recommendation_figure(s), f"plan {i}") for i, s in enumerate(series)]
+    with plots.FigureQueue(len(series)) as figures:
+        assert figures.background  # this many go to the background process
+        pending = [figures.add(f"plan {i}", plots.recommendation_figure, s) for i, s in enumerate(series)]
+        assert [p() for p in pending] == inline
+    with plots.FigureQueue(plots.BACKGROUND_MIN_FIGURES - 1) as figures:
+        assert not figures.background and figures.add("plan 0", plots.recommendation_figure, series[0])() == inline[0]
+
+
+def test_a_background_process_that_dies_gives_one_line_per_figure():
+    with plots.FigureQueue(plots.BACKGROUND_MIN_FIGURES) as figures:
+        dead = figures.add("plan", _os_exit)
+        assert dead().startswith("*figure 'plan' could not be drawn: BrokenProcessPool")
+
+
 # --------------------------------------------------------------------------- asset metadata
 
 
