@@ -20,6 +20,8 @@ the same re-solves. Modes (seconds per solve):
             (`python -m optimizer_pipeline.solver.probe`) before every solve, then a process per solve
   probe     the probe process alone (part of `original`)
 bare / cvxpy / raw / codec / pool are interleaved step by step so they see the same machine load;
+raw_inside / pool_inside are solve_problem's own time (diagnostics.elapsed_s) here and in the worker,
+which splits pool - raw into "the solve ran slower (colder) in the worker" and IPC + codec;
 process / original run `process_samples` solves each and the 200-solve total is extrapolated.
 Targets: pool p50 <= raw p50 + 1 ms, and a process per solve >= 100x the pool's p50.
 
@@ -174,7 +176,7 @@ def time_interleaved(pool: SolverPool, problems: list[ProblemIR], use_cvxpy: boo
     bare = BareQP(problems[0])
     cvx = CvxpyQP(bare) if use_cvxpy else None
     cache, codec_cache = SolverCache(), SolverCache()
-    times: dict[str, list[float]] = {mode: [] for mode in INTERLEAVED}
+    times: dict[str, list[float]] = {mode: [] for mode in INTERLEAVED + ("raw_inside", "pool_inside")}
     worst_move_gap = 0.0
     for problem in problems:
         q, l, u, _ = bare.vectors(problem)
@@ -198,6 +200,8 @@ def time_interleaved(pool: SolverPool, problems: list[ProblemIR], use_cvxpy: boo
         remote = pool.solve(problem)
         times["pool"].append(time.perf_counter() - t)
         assert local.ok and remote["ok"], (local.error_message, remote.get("error_message"))
+        times["raw_inside"].append(local.diagnostics["elapsed_s"])
+        times["pool_inside"].append(remote["diagnostics"]["elapsed_s"])
     times["cvxpy_move_gap"] = [worst_move_gap] if cvx is not None else []
     return times
 
@@ -265,6 +269,9 @@ def main() -> None:
                 print(f"  {mode:<9} p50 {ms(times[mode], 50):9.3f} ms  p90 {ms(times[mode], 90):9.3f} ms  "
                       f"({len(times[mode])} solves)")
         raw50, pool50, proc50 = (ms(times[m], 50) for m in ("raw", "pool", "process"))
+        inside = [ms(times[m], 50) for m in ("raw_inside", "pool_inside")]
+        print(f"  solve_problem's own time p50: {inside[0]:.3f} ms here, {inside[1]:.3f} ms in the worker "
+              f"(pool - raw - that difference = IPC + codec: {pool50 - raw50 - inside[1] + inside[0]:+.3f} ms)")
         print(f"  pool - raw p50 {pool50 - raw50:+.3f} ms (target <= +1 ms: {'PASS' if pool50 <= raw50 + 1 else 'MISS'}); "
               f"process / pool p50 {proc50 / pool50:.0f}x (target >= 100x: {'PASS' if proc50 >= 100 * pool50 else 'MISS'})")
         if not times["cvxpy"]:
