@@ -6,7 +6,7 @@ from typing import Callable
 
 from dagster import AssetExecutionContext, MetadataValue, Output, TableColumn, TableRecord, TableSchema
 
-from assets.batch import Check, add_partition_metadata, binding_asset, record_checks
+from assets.batch import Check, add_partition_metadata, binding_asset, in_ledger_sessions, record_checks
 from assets.partitions import CALIBRATION_GROUP
 from optimizer_pipeline import pipeline, plots, uq
 from optimizer_pipeline.contracts import HistorySplit, ModelArtifact, utc_now
@@ -56,24 +56,27 @@ def scores_plot(figures: plots.FigureQueue, scores: pipeline.Scores, evidence: u
 
 
 @binding_asset(CALIBRATION_GROUP, "Stored plant history of the binding, cleaned, aligned to its sample grid and split by run.")
-def plant_history(context: AssetExecutionContext, plant_store: PlantStoreResource):
+def plant_history(context: AssetExecutionContext, plant_store: PlantStoreResource, ledger: LedgerResource):
     splits = {}
-    for binding_id, stored in plant_store.bindings_by_id(context.partition_keys).items():
-        frame = validate_history_frame(plant_store.history(stored), stored.spec, f"stored history of {stored.spec.id}")
-        split = prepare_history(frame, stored.spec, seed=pipeline.SPLIT_SEED)
-        cleaning = split.report["cleaning"]
-        changed = [r for r in cleaning["runs"] if r["action"] != "kept" or r["outliers"] or r["interpolated"]]
-        context.add_asset_metadata({
-            "binding_revision": stored.revision,
-            "rows": int(sum(len(r) for r in (*split.train, *split.val, *split.test))),
-            "runs_train": len(split.train), "runs_val": len(split.val), "runs_test": len(split.test),
-            "live_run": split.live.run_id if split.live else "none",
-            "runs_changed_or_dropped": _table(changed, [("run_id", "string"), ("action", "string"),
-                                                        ("reason", "string"), ("rows_in", "int"), ("rows_out", "int"),
-                                                        ("outliers", "int"), ("interpolated", "int")]),
-            "warnings": MetadataValue.json(list(split.report.get("warnings", []))),
-        }, partition_key=binding_id)
-        splits[binding_id] = split
+    bindings = plant_store.bindings_by_id(context.partition_keys)
+    with in_ledger_sessions(ledger.ledger(), bindings.items()) as items:
+        for binding_id, stored in items:
+            frame = validate_history_frame(plant_store.history(stored), stored.spec,
+                                           f"stored history of {stored.spec.id}")
+            split = prepare_history(frame, stored.spec, seed=pipeline.SPLIT_SEED)
+            cleaning = split.report["cleaning"]
+            changed = [r for r in cleaning["runs"] if r["action"] != "kept" or r["outliers"] or r["interpolated"]]
+            context.add_asset_metadata({
+                "binding_revision": stored.revision,
+                "rows": int(sum(len(r) for r in (*split.train, *split.val, *split.test))),
+                "runs_train": len(split.train), "runs_val": len(split.val), "runs_test": len(split.test),
+                "live_run": split.live.run_id if split.live else "none",
+                "runs_changed_or_dropped": _table(changed, [
+                    ("run_id", "string"), ("action", "string"), ("reason", "string"), ("rows_in", "int"),
+                    ("rows_out", "int"), ("outliers", "int"), ("interpolated", "int")]),
+                "warnings": MetadataValue.json(list(split.report.get("warnings", []))),
+            }, partition_key=binding_id)
+            splits[binding_id] = split
     yield Output(splits, output_name="plant_history")
 
 
@@ -110,13 +113,14 @@ def model_artifact(context: AssetExecutionContext, plant_history: dict[str, Hist
     store, bindings = ledger.ledger(), plant_store.bindings_by_id(context.partition_keys)
     artifacts, metadata, checks = {}, {}, []
     with plots.FigureQueue(len(bindings)) as figures:
-        for binding_id, stored in bindings.items():
-            split = plant_history[binding_id]
-            artifact = identify(split, stored.spec, stored.revision)
-            store.put_artifact(artifact)
-            metadata[binding_id] = _artifact_metadata(artifact, fit_plot(figures, artifact, split))
-            checks += _gate_checks(artifact)
-            artifacts[binding_id] = artifact
+        with in_ledger_sessions(store, bindings.items()) as items:
+            for binding_id, stored in items:
+                split = plant_history[binding_id]
+                artifact = identify(split, stored.spec, stored.revision)
+                store.put_artifact(artifact)
+                metadata[binding_id] = _artifact_metadata(artifact, fit_plot(figures, artifact, split))
+                checks += _gate_checks(artifact)
+                artifacts[binding_id] = artifact
         add_partition_metadata(context, metadata)
     yield Output(artifacts, output_name="model_artifact")
     record_checks(context, "model_artifact", checks)
@@ -128,15 +132,17 @@ def uq_block_scores(context: AssetExecutionContext, model_artifact: dict[str, Mo
                     plant_history: dict[str, HistorySplit], plant_store: PlantStoreResource, ledger: LedgerResource):
     store = ledger.ledger()
     all_scores = {}
-    for binding_id, stored in plant_store.bindings_by_id(context.partition_keys).items():
-        scores = pipeline.score_blocks(stored.spec, model_artifact[binding_id], plant_history[binding_id])
-        rows = pipeline.persist_scores(store, model_artifact[binding_id], scores)
-        context.add_asset_metadata({
-            "block_length": scores.val.h, "val_blocks": scores.val.n_blocks, "val_runs": scores.val.n_runs,
-            "test_blocks": scores.test.n_blocks, "test_runs": scores.test.n_runs,
-            "unique_test_steps": scores.test.n_unique_steps, "rows_written": rows,
-        }, partition_key=binding_id)
-        all_scores[binding_id] = scores
+    bindings = plant_store.bindings_by_id(context.partition_keys)
+    with in_ledger_sessions(store, bindings.items()) as items:
+        for binding_id, stored in items:
+            scores = pipeline.score_blocks(stored.spec, model_artifact[binding_id], plant_history[binding_id])
+            rows = pipeline.persist_scores(store, model_artifact[binding_id], scores)
+            context.add_asset_metadata({
+                "block_length": scores.val.h, "val_blocks": scores.val.n_blocks, "val_runs": scores.val.n_runs,
+                "test_blocks": scores.test.n_blocks, "test_runs": scores.test.n_runs,
+                "unique_test_steps": scores.test.n_unique_steps, "rows_written": rows,
+            }, partition_key=binding_id)
+            all_scores[binding_id] = scores
     yield Output(all_scores, output_name="uq_block_scores")
 
 
@@ -148,30 +154,31 @@ def uq_calibration(context: AssetExecutionContext, uq_block_scores: dict[str, pi
     store, settings, keys = ledger.ledger(), ledger.settings(), context.partition_keys
     calibrations, metadata, checks = {}, {}, []
     with plots.FigureQueue(len(keys)) as figures:
-        for binding_id in keys:
-            artifact, scores = model_artifact[binding_id], uq_block_scores[binding_id]
-            calibration = pipeline.calibrate(store, artifact, scores, settings, utc_now())
-            ev = calibration.evidence
-            failures = pipeline.uq.gate_failures(ev, settings.uq_gate)
-            title = f"{artifact.binding_id}: {ev.method or 'no UQ evidence'}, block length {ev.block_length}"
-            metadata[binding_id] = {
-                "plot": scores_plot(figures, scores, ev, title),
-                "status": "passes the UQ gate" if not failures else "fails the UQ gate",
-                "gate_failures": MetadataValue.json(failures),
-                "coverage_by_cv": _table(coverage_rows(ev, artifact),
-                                         [("cv", "string"), ("qhat", "float"), ("band", "float"),
-                                          ("coverage", "float"), ("threshold", "float"), ("meets_threshold", "bool")]),
-                "calibration_id": calibration.calibration_id, "artifact_hash": calibration.artifact_hash,
-                "method": ev.method or "none (fail closed)",
-                "coverage": ev.coverage, "coverage_threshold": ev.coverage_threshold,
-                "coverage_lower_95": ev.coverage_lower_95, "exchangeability_p": ev.exchangeability_p,
-                "qhat": MetadataValue.json(dict(zip(ev.cv_tags, ev.qhat))) if ev.qhat else "none",
-                "reasons": MetadataValue.json(list(ev.reasons)),
-                "evidence": MetadataValue.json(ev.to_dict()),
-            }
-            checks.append(Check(binding_id, "uq_coverage", not failures,
-                                {"failures": MetadataValue.json(failures), "gate": settings.uq_gate}))
-            calibrations[binding_id] = calibration
+        with in_ledger_sessions(store, keys) as items:
+            for binding_id in items:
+                artifact, scores = model_artifact[binding_id], uq_block_scores[binding_id]
+                calibration = pipeline.calibrate(store, artifact, scores, settings, utc_now())
+                ev = calibration.evidence
+                failures = pipeline.uq.gate_failures(ev, settings.uq_gate)
+                title = f"{artifact.binding_id}: {ev.method or 'no UQ evidence'}, block length {ev.block_length}"
+                metadata[binding_id] = {
+                    "plot": scores_plot(figures, scores, ev, title),
+                    "status": "passes the UQ gate" if not failures else "fails the UQ gate",
+                    "gate_failures": MetadataValue.json(failures),
+                    "coverage_by_cv": _table(coverage_rows(ev, artifact),
+                                             [("cv", "string"), ("qhat", "float"), ("band", "float"),
+                                              ("coverage", "float"), ("threshold", "float"), ("meets_threshold", "bool")]),
+                    "calibration_id": calibration.calibration_id, "artifact_hash": calibration.artifact_hash,
+                    "method": ev.method or "none (fail closed)",
+                    "coverage": ev.coverage, "coverage_threshold": ev.coverage_threshold,
+                    "coverage_lower_95": ev.coverage_lower_95, "exchangeability_p": ev.exchangeability_p,
+                    "qhat": MetadataValue.json(dict(zip(ev.cv_tags, ev.qhat))) if ev.qhat else "none",
+                    "reasons": MetadataValue.json(list(ev.reasons)),
+                    "evidence": MetadataValue.json(ev.to_dict()),
+                }
+                checks.append(Check(binding_id, "uq_coverage", not failures,
+                                    {"failures": MetadataValue.json(failures), "gate": settings.uq_gate}))
+                calibrations[binding_id] = calibration
         add_partition_metadata(context, metadata)
     yield Output(calibrations, output_name="uq_calibration")
     record_checks(context, "uq_calibration", checks)

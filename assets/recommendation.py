@@ -4,7 +4,7 @@ from typing import Callable
 
 from dagster import AssetExecutionContext, MetadataValue, Output, TableColumn, TableRecord, TableSchema
 
-from assets.batch import Check, add_partition_metadata, binding_asset, record_checks
+from assets.batch import Check, add_partition_metadata, binding_asset, in_ledger_sessions, record_checks
 from assets.partitions import RECOMMENDATION_GROUP
 from optimizer_pipeline import pipeline, plots
 from optimizer_pipeline.contracts import (
@@ -70,30 +70,31 @@ def recommendation(context: AssetExecutionContext, model_artifact: dict[str, Mod
     bindings = plant_store.bindings_by_id(context.partition_keys)
     recommendations, metadata, checks = {}, {}, []
     with plots.FigureQueue(len(bindings)) as figures:
-        for binding_id, stored in bindings.items():
-            artifact, split, calibration = model_artifact[binding_id], plant_history[binding_id], uq_calibration[binding_id]
-            with store.session():  # the binding's reads and its run write on one ledger connection
+        with in_ledger_sessions(store, bindings.items()) as items:
+            for binding_id, stored in items:
+                artifact, split = model_artifact[binding_id], plant_history[binding_id]
+                calibration = uq_calibration[binding_id]
                 record = pipeline.recommend(stored, artifact, split, calibration,
                                             lambda problem: SolveResult.from_dict(solver.solve(problem)),
                                             store, settings, plant_store.source(stored.spec.id), utc_now())
-            rec, chosen = record.recommendation, record.chosen
-            metadata[binding_id] = {
-                "status": rec.status.value, "status_label": rec.status_label,
-                "plot": plan_plot(figures, stored.spec, split, rec, artifact.horizon),
-                "reasons": MetadataValue.json(list(rec.reasons)),
-                "conditions": _conditions_table(record.conditions),
-                "recommendation_id": rec.id, "run_id": rec.run_id, "valid_until": rec.valid_until,
-                "problem_ir_hash": rec.problem_ir_hash, "model_artifact_hash": rec.model_artifact_hash,
-                "calibration_id": calibration.calibration_id, "training_data_hash": artifact.training_data_hash,
-                "evidence": MetadataValue.json(dict(rec.evidence)),
-                "plan": _plan_table(rec),
-                "candidates": _candidates_table(record.result.candidates),
-                "expired_past_valid_until": record.expired_before,
-            }
-            checks.append(Check(binding_id, "candidate_verified", bool(chosen and chosen.feasible and chosen.verified),
-                                {"candidate_id": rec.candidate_id or "none",
-                                 "verify_report": MetadataValue.json(dict(chosen.verify_report) if chosen else {})}))
-            recommendations[binding_id] = rec.to_json_dict()
+                rec, chosen = record.recommendation, record.chosen
+                metadata[binding_id] = {
+                    "status": rec.status.value, "status_label": rec.status_label,
+                    "plot": plan_plot(figures, stored.spec, split, rec, artifact.horizon),
+                    "reasons": MetadataValue.json(list(rec.reasons)),
+                    "conditions": _conditions_table(record.conditions),
+                    "recommendation_id": rec.id, "run_id": rec.run_id, "valid_until": rec.valid_until,
+                    "problem_ir_hash": rec.problem_ir_hash, "model_artifact_hash": rec.model_artifact_hash,
+                    "calibration_id": calibration.calibration_id, "training_data_hash": artifact.training_data_hash,
+                    "evidence": MetadataValue.json(dict(rec.evidence)),
+                    "plan": _plan_table(rec),
+                    "candidates": _candidates_table(record.result.candidates),
+                    "expired_past_valid_until": record.expired_before,
+                }
+                checks.append(Check(binding_id, "candidate_verified", bool(chosen and chosen.feasible and chosen.verified),
+                                    {"candidate_id": rec.candidate_id or "none",
+                                     "verify_report": MetadataValue.json(dict(chosen.verify_report) if chosen else {})}))
+                recommendations[binding_id] = rec.to_json_dict()
         add_partition_metadata(context, metadata)
     context.log.info(f"solver pool: {solver.stats()}")
     yield Output(recommendations, output_name="recommendation")
