@@ -31,6 +31,7 @@ bench/run.py calls `measure` for repeated rounds and reports medians, spreads an
 
 import argparse
 import json
+import os
 import tempfile
 import time
 from dataclasses import replace
@@ -199,7 +200,10 @@ def main() -> None:
     parser.add_argument("--writes", type=int, default=200)
     parser.add_argument("--batch", type=int, default=10_000)
     args = parser.parse_args()
+    load_before = os.getloadavg()[0]
     result = measure(args.writes, args.batch)
+    print(f"1-min load average {load_before:.1f} at start, {os.getloadavg()[0]:.1f} at end "
+          f"({os.cpu_count()} cores; other processes' load slows every figure)")
     for name, label in (("record_solve", "record_solve, own connection per write"),
                         ("record_solve_session", "record_solve in one session (judged)"),
                         ("connect_close", "lock + connect + close alone")):
