@@ -7,10 +7,12 @@ z = (x - mean) / std with the train statistics of the model artifact.
 import hashlib
 import json
 import math
+import operator
 import re
 from datetime import datetime, timezone
 from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
+from itertools import chain, repeat
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -65,9 +67,120 @@ def _canonical(value: Any, path: str) -> Any:
     raise ContractError(f"canonical JSON: unsupported type {type(value).__name__} at {path or '<root>'}")
 
 
+def _reference_json(value: Any, path: str) -> str:
+    """canonical JSON text of `value` the plain way: normalise the tree, then json.dumps it (the definition)."""
+    return json.dumps(_canonical(value, path), sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+# JSON text of tuples (of tuples) of exact finite floats already written: model matrices, limits and
+# scalings repeat from one re-solve to the next, and float repr (~0.4 us a number) is most of the
+# time of a ProblemIR's text. Equal keys give equal text: only exact floats are stored, NaN never
+# is, and -0.0 == 0.0 are written alike.
+_FLOATS_TEXT: dict[tuple, str] = {}
+_FLOATS_TEXT_MAX = 4096  # entries; the memo starts over when full
+_FLOAT_ONLY, _STR_ONLY, _TUPLE_ONLY, _SEQUENCES = {float}, {str}, {tuple}, {tuple, list}
+# per dataclass type: None when the reference path treats its instances as something else (a str, a
+# Mapping, ... subclass), else (field names in declaration order, (name, JSON key text) sorted by name)
+_DATACLASS_KEYS: dict[type, tuple[tuple[str, ...], tuple[tuple[str, str], ...]] | None] = {}
+_NOT_PLAIN_DATACLASS = (Enum, str, int, float, np.bool_, np.integer, np.floating, np.ndarray, Mapping, list, tuple)
+_encode_str = json.encoder.encode_basestring_ascii  # json.dumps's own string writer (ensure_ascii)
+
+
+def _remember(key: tuple, text: str) -> None:
+    if len(_FLOATS_TEXT) >= _FLOATS_TEXT_MAX:
+        _FLOATS_TEXT.clear()
+    _FLOATS_TEXT[key] = text
+
+
+def _floats_text(values: tuple | list) -> str | None:
+    """JSON text of a list / tuple of exact finite floats; None when it is not one."""
+    if not values:
+        return "[]"
+    if set(map(type, values)) != _FLOAT_ONLY:
+        return None
+    is_tuple = type(values) is tuple  # hashable: memoised
+    if is_tuple:
+        text = _FLOATS_TEXT.get(values)
+        if text is not None:
+            return text
+    plain = map(operator.add, values, repeat(0.0)) if 0.0 in values else values  # -0.0 + 0.0 is 0.0, x + 0.0 is x
+    text = "[" + ",".join(map(float.__repr__, plain)) + "]"
+    if "n" in text:  # "nan" / "inf": refused by the reference path, which names where
+        return None
+    if is_tuple:
+        _remember(values, text)
+    return text
+
+
+def _rows_text(rows: tuple | list) -> str | None:
+    """JSON text of a list / tuple of lists / tuples of exact finite floats; None when it is not one."""
+    is_tuple = type(rows) is tuple and set(map(type, rows)) == _TUPLE_ONLY
+    if is_tuple and set(map(type, chain.from_iterable(rows))) <= _FLOAT_ONLY:  # hashable, exact floats: memoised
+        text = _FLOATS_TEXT.get(rows)
+        if text is not None:
+            return text
+    else:
+        is_tuple = False
+    texts = list(map(_floats_text, rows))
+    if None in texts:
+        return None
+    text = "[" + ",".join(texts) + "]"
+    if is_tuple:
+        _remember(rows, text)
+    return text
+
+
+def _dataclass_keys(kind: type) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]] | None:
+    """`_DATACLASS_KEYS[kind]`, computed on first use."""
+    if kind not in _DATACLASS_KEYS:
+        names = tuple(f.name for f in fields(kind))
+        _DATACLASS_KEYS[kind] = None if issubclass(kind, _NOT_PLAIN_DATACLASS) else (
+            names, tuple((name, _encode_str(name)) for name in sorted(names)))
+    return _DATACLASS_KEYS[kind]
+
+
+def _json_text(value: Any, path: str) -> str:
+    """canonical JSON text of `value`, byte for byte `_reference_json`'s; faster on dataclasses, exact
+    scalars, str-valued enums, tuples / lists of exact strings, of exact floats or of rows of exact
+    floats. Anything else, and anything refused, goes
+    the reference way, which also raises the reference's error for a non-finite number or an
+    unsupported type, at the same place (fields are visited in declaration order, as there)."""
+    kind = type(value)
+    if kind is float:
+        if math.isfinite(value):
+            return float.__repr__(value + 0.0)
+    elif kind is str:
+        return _encode_str(value)
+    elif kind is int:
+        return int.__repr__(value)
+    elif kind is bool:
+        return "true" if value else "false"
+    elif value is None:
+        return "null"
+    elif kind is tuple or kind is list:
+        kinds = set(map(type, value))
+        if kinds <= _FLOAT_ONLY:
+            text = _floats_text(value)
+            if text is not None:
+                return text
+        elif kinds <= _SEQUENCES:  # rows
+            text = _rows_text(value)
+            if text is not None:
+                return text
+        elif kinds == _STR_ONLY:
+            return "[" + ",".join(map(_encode_str, value)) + "]"
+    elif isinstance(value, Enum) and type(value.value) is str:
+        return _encode_str(value.value)
+    elif hasattr(value, "__dataclass_fields__") and not isinstance(value, type) and _dataclass_keys(kind):
+        names, ordered = _dataclass_keys(kind)
+        texts = {name: _json_text(getattr(value, name), f"{path}.{name}") for name in names}
+        return "{" + ",".join(key + ":" + texts[name] for name, key in ordered) + "}"
+    return _reference_json(value, path)
+
+
 def canonical_json(value: Any) -> str:
     """Sorted keys, no whitespace, floats as Python's shortest round-trip repr; NaN / inf rejected."""
-    return json.dumps(_canonical(value, ""), sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return _json_text(value, "")
 
 
 def sha256_hex(text: str) -> str:

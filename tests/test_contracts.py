@@ -8,11 +8,15 @@ import numpy as np
 import pytest
 
 from optimizer_pipeline.contracts import (
+    CandidateKind,
     ContractError,
     ProblemIR,
     RecommendationStatus,
+    SolveCandidate,
+    SolveResult,
     StateSpace,
     Template,
+    _canonical,
     binding_from_dict,
     canonical_json,
     load_binding_file,
@@ -163,6 +167,88 @@ def test_any_change_to_a_number_changes_the_problem_hash(change):
 def test_problem_with_nan_cannot_be_hashed():
     with pytest.raises(ContractError, match=r"non-finite number nan at \.x0\[1\]"):
         _ = _problem(x0=(0.1, float("nan"))).hash
+
+
+# ------------------------------------------------ canonical_json's fast text path vs the plain definition
+
+SPECIAL_FLOATS = (0.0, -0.0, 5e-324, -5e-324, 2.2250738585072014e-308, 2.225073858507201e-308, 1e16, 1e15,
+                  9999999999999998.0, 1e-7, 1e-5, 1e-4, 0.0001, 1e22, 1e23, float(2 ** 53 + 2), float(2 ** 63),
+                  -float(10 ** 20), 123456789012345678.0, 1.7976931348623157e308, 0.1, 1 / 3, -2.5)
+NON_FINITE = (math.nan, math.inf, -math.inf)
+
+
+def reference_json(value):
+    """canonical JSON as first defined: normalise the tree, json.dumps it."""
+    return json.dumps(_canonical(value, ""), sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def outcome(encode, value):
+    """The text, or the ContractError message."""
+    try:
+        return encode(value)
+    except ContractError as exc:
+        return f"ContractError: {exc}"
+
+
+def random_floats(rng, n, non_finite=False):
+    """n doubles: random bit patterns (every exponent, subnormals included) and special values mixed."""
+    bits = rng.integers(0, 2 ** 64, n, dtype=np.uint64, endpoint=False).view(np.float64)
+    values = [float(v) for v in bits if math.isfinite(v)]
+    values += [float(v) for v in rng.standard_normal(n) * 10.0 ** rng.integers(-12, 20, n)]
+    values += list(rng.choice(SPECIAL_FLOATS, n // 2))
+    if non_finite:
+        values[int(rng.integers(len(values)))] = NON_FINITE[int(rng.integers(3))]
+    order = rng.permutation(len(values))
+    return [float(values[i]) for i in order[:n]]
+
+
+def test_canonical_json_text_of_float_tables_is_the_reference_text():
+    rng = np.random.default_rng(11)
+    for trial in range(300):
+        n = int(rng.integers(1, 40))
+        flat = random_floats(rng, n, non_finite=trial % 7 == 0)
+        rows = [random_floats(rng, n, non_finite=trial % 11 == 0) for _ in range(int(rng.integers(1, 6)))]
+        for value in (flat, tuple(flat), rows, tuple(map(tuple, rows)), {"k": tuple(flat), "m": rows},
+                      [float(v) for v in flat[:3]] + [int(rng.integers(-5, 5)), np.float64(1.5)]):
+            assert outcome(canonical_json, value) == outcome(reference_json, value)
+
+
+def test_canonical_json_refuses_non_finite_numbers_naming_the_place_as_before():
+    for bad in NON_FINITE:
+        for value in ((1.0, bad), [[1.0, 2.0], [3.0, bad]], ((0.5,), (bad, 1.0)), bad, {"a": [bad]}):
+            text = outcome(canonical_json, value)
+            assert text.startswith("ContractError: canonical JSON: non-finite number") and text == outcome(
+                reference_json, value)
+    assert outcome(canonical_json, _problem(y_lo=(math.inf,), x0=(0.1, math.nan))) == \
+        "ContractError: canonical JSON: non-finite number nan at .x0[1]"  # first field in declaration order
+
+
+def test_canonical_json_memo_keeps_ints_negative_zero_and_float_subclasses_apart():
+    for first, second in (((1.0, 2.0), (1, 2)), ((0.0, 3.0), (-0.0, 3.0)), ((-0.0,), (0.0,)), ((2.0,), (True,)),
+                          (((1.0,), (2.0,)), ((1,), (2.0,))), ((1.5,), (np.float64(1.5),))):
+        for value in (first, second, first):
+            assert canonical_json(value) == reference_json(value)
+    assert canonical_json((-0.0, 1.0)) == "[0.0,1.0]" and canonical_json((1, 2)) == "[1,2]"
+
+
+def test_canonical_json_text_of_problems_and_results_is_the_reference_text():
+    rng = np.random.default_rng(5)
+    for trial in range(60):
+        nx = int(rng.integers(1, 6))
+        matrix = lambda r, c: tuple(tuple(random_floats(rng, c)) for _ in range(r)) if c else ((),) * r  # noqa: E731
+        ss = StateSpace(matrix(nx, nx), matrix(nx, 2), matrix(nx, trial % 2), tuple(random_floats(rng, nx)),
+                        matrix(1, nx))
+        problem = _problem(model=ss, x0=tuple(random_floats(rng, nx)), y_target=(float(rng.choice(SPECIAL_FLOATS)),),
+                           mv_tags=("u", "v\u00e9"), u_prev=(0.5, -0.0), band=None if trial % 3 else (0.2,),
+                           steady_gain=None if trial % 2 else ((1.0, 2.0),))
+        candidate = SolveCandidate(1, CandidateKind.NOMINAL, "solved", (tuple(random_floats(rng, 2)),), ((1.0,),),
+                                   float(rng.standard_normal()), {"slack": [0.0, -0.0], "z": {"b": 1, "a": None}},
+                                   verify_report={"reasons": ["x"], "n": np.int64(3), "ok": np.bool_(True)})
+        result = SolveResult(problem.hash, True, (candidate, candidate), {"qp": {"iterations": 25}})
+        for value in (problem, candidate, result, [problem.model, Template.LINEAR_MPC], {"p": problem}):
+            assert outcome(canonical_json, value) == outcome(reference_json, value)
+        bad = _problem(model=StateSpace(ss.A, ss.B, ss.E, ss.f[:-1] + (math.inf,), ss.C))
+        assert outcome(canonical_json, bad) == outcome(reference_json, bad)
 
 
 def test_every_status_has_a_human_label():
