@@ -10,6 +10,8 @@ from optimizer_pipeline.contracts import ContractError, Template
 from optimizer_pipeline.model.statespace import steady_state
 from optimizer_pipeline.problem import (
     ProblemError,
+    _check_fields,
+    _plainly_valid,
     compile_problem,
     problem_from_dict,
     robust_limits,
@@ -132,3 +134,73 @@ def test_robust_limits_without_band_are_the_nominal_limits():
     p = tank_problem()
     lo, hi = robust_limits(p)
     assert tuple(lo) == p.y_lo and tuple(hi) == p.y_hi
+
+
+# --------------------------------------------- validate_problem's one-pass acceptance vs the field checks
+
+def _outcome(check, problem):
+    """What a check says: None (valid) or the error text."""
+    try:
+        check(problem)
+    except (ProblemError, TypeError, ValueError, OverflowError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def _defective_variants(problem, rng):
+    """The problem with one field broken (or only re-typed) in many ways."""
+    vector_names = ("x0", "u_prev", "d", "bias", "u_lo", "u_hi", "du_max", "y_lo", "y_hi", "y_target", "y_weight",
+                    "u_mean", "u_std", "y_mean", "y_std", "band", "steady_offset")
+    for name in vector_names:
+        value = getattr(problem, name)
+        if value is None:
+            yield replace(problem, **{name: (0.1,) * len(problem.cv_tags)})
+            continue
+        for bad in (math.nan, math.inf, -1.0, 0.0, -0.0, 1e300, 5, True, "1.5", None, np.float64(0.2), (1.0,), 10 ** 400):
+            if value:
+                i = int(rng.integers(len(value)))
+                yield replace(problem, **{name: value[:i] + (bad,) + value[i + 1:]})
+        yield replace(problem, **{name: value[:-1]})
+        yield replace(problem, **{name: value + (1.0,)})
+        yield replace(problem, **{name: list(value)})
+        yield replace(problem, **{name: np.asarray(value, float)})
+        yield replace(problem, **{name: None})
+    yield replace(problem, u_lo=problem.u_hi, u_hi=problem.u_lo)
+    yield replace(problem, y_lo=problem.y_hi, y_hi=problem.y_lo)
+    for name in ("move_weight", "slack_weight"):
+        for bad in (math.nan, math.inf, -1.0, 0.0, 1, True, "1", None):
+            yield replace(problem, **{name: bad})
+    for bad in (0, -1, 1.0, True, "3", 2):
+        yield replace(problem, horizon=bad)
+    yield replace(problem, template="linear_mpc_quadratic@1")
+    yield replace(problem, mv_tags=())
+    m = problem.model
+    for name in ("A", "B", "E", "C"):
+        rows = getattr(m, name)
+        yield replace(problem, model=replace(m, **{name: rows[:-1]}))
+        yield replace(problem, model=replace(m, **{name: rows[:1] + (rows[0] + (1.0,),) + rows[2:]}))
+        if rows[0]:
+            yield replace(problem, model=replace(m, **{name: ((math.nan,) + rows[0][1:],) + rows[1:]}))
+            yield replace(problem, model=replace(m, **{name: (tuple(map(int, rows[0])),) + rows[1:]}))
+        yield replace(problem, model=replace(m, **{name: [list(r) for r in rows]}))
+    for name in ("steady_gain", "steady_dv_gain"):
+        yield replace(problem, **{name: None})
+        if getattr(problem, name) is not None and getattr(problem, name)[0]:
+            rows = getattr(problem, name)
+            yield replace(problem, **{name: ((math.inf,) + rows[0][1:],) + rows[1:]})
+
+
+@pytest.mark.parametrize("template", ["linear_mpc_quadratic@1", "steady_response@1"])
+@pytest.mark.parametrize("with_dv", [False, True])
+def test_one_pass_acceptance_never_passes_what_the_field_checks_refuse(template, with_dv):
+    problem = tank_problem(band=[0.1, 0.2], template=template, with_dv=with_dv)
+    rng = np.random.default_rng(1)
+    assert _plainly_valid(problem) and _outcome(_check_fields, problem) is None  # the common case: one pass
+    refused = 0
+    for variant in _defective_variants(problem, rng):
+        verdict = _outcome(_check_fields, variant)
+        refused += verdict is not None
+        if _plainly_valid(variant):
+            assert verdict is None, verdict
+        assert _outcome(validate_problem, variant) == verdict
+    assert refused > 100
