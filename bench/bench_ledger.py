@@ -1,7 +1,8 @@
 """Benchmark: ledger writes — one solve record (run + 3 candidates + recommendation) and 10 000 candidates.
 
 Issue 8. A fresh DuckDB ledger in a temporary directory; the rows are the ones the pipeline writes
-(plans of 30 steps x 2 MVs / CVs, verify reports). Figures (seconds):
+(plans of 30 steps x 2 MVs / CVs, verify reports; every candidate of the 10 000 has its own plan).
+Figures (seconds):
   record_solve   Ledger.record_solve: run + HOLD / NOMINAL / ROBUST candidates + finish + recommendation
                  (superseding the binding's open ones) in one transaction, each write on its own
                  connection (lock + connect + transaction + close: the default outside a session)
@@ -23,6 +24,9 @@ Issue 8. A fresh DuckDB ledger in a temporary directory; the rows are the ones t
                  spaces, NaN refused); checked to give the same texts as canonical_json on these rows
                  (they hold no -0.0 and no numpy scalars, the two cases canonical_json normalises)
 Targets: record_solve <= 5 ms p50 (inside a session); 10 000 candidates <= 0.3 s.
+The 10 000 plans are distinct since issue 8: equal plans (as before) flatter canonical_json (it
+memoises the text of equal float tuples) and DuckDB's checkpoint on close (30 MB of equal texts
+compress as a dictionary; distinct ones cost ~0.2-0.6 s of DICT_FSST analysis here).
 
     .venv/bin/python bench/bench_ledger.py [--writes 200] [--batch 10000]
 
@@ -71,6 +75,16 @@ def plan_candidates(seed: int = 0) -> list[SolveCandidate]:
                                   feasible=True, verified=True, independent_cost=1.0 + seq,
                                   verify_report={"ok": True, "max_dynamics_residual": 1e-9}))
     return out
+
+
+def batch_candidates(batch: int, seed: int = 1) -> list[SolveCandidate]:
+    """`batch` NOMINAL-like candidates of one run, each with its own N = 30 plan (distinct plans: the
+    texts of equal plans would be memoised by canonical_json and flatter its figure)."""
+    rng = np.random.default_rng(seed)
+    template = plan_candidates()[1]
+    return [replace(template, seq=i, controls=tuple(map(tuple, rng.uniform(0, 6, (HORIZON, 2)).tolist())),
+                    predicted=tuple(map(tuple, rng.uniform(2, 10, (HORIZON, 2)).tolist())))
+            for i in range(batch)]
 
 
 def run_row(binding_id: str) -> dict:
@@ -143,8 +157,7 @@ def candidate_rows_plain(run_id: str, candidates: list[SolveCandidate]) -> dict[
 
 def time_batches(ledger: Ledger, batch: int) -> dict[str, float]:
     """Seconds for `batch` candidates of one run: Ledger.insert_candidates, one INSERT per row, DataFrame."""
-    template = plan_candidates()[1]
-    many = [replace(template, seq=i) for i in range(batch)]
+    many = batch_candidates(batch)
     out = {}
     t = time.perf_counter()
     ids = ledger.insert_candidates(new_id("or"), many, "m" * 64)
