@@ -18,6 +18,7 @@ Tolerances (documented defaults of `Tolerances`):
 verify_report["reasons"].
 """
 
+import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Sequence
 
@@ -44,12 +45,7 @@ def independent_cost(problem: ProblemIR, u: np.ndarray, y: np.ndarray, y_lo: np.
     u (rows, nu), y (rows, ny): MVs held and CVs predicted per step; y_lo / y_hi the CV limits the
     slack penalty is measured against; the slack is the smallest admissible one per step and CV.
     """
-    w, target = np.asarray(problem.y_weight), np.asarray(problem.y_target)
-    move_weight = problem.move_weight * (STEADY_MOVE_SCALE if problem.template is Template.STEADY_RESPONSE else 1.0)
-    tracking = np.sum(w * (y - target) ** 2)
-    moves = np.diff(np.vstack([np.asarray(problem.u_prev), u]), axis=0)
-    slack = np.maximum(0.0, np.maximum(np.asarray(y_lo) - y, y - np.asarray(y_hi)))
-    return float(tracking + move_weight * np.sum(moves ** 2) + problem.slack_weight * np.sum(slack + slack ** 2))
+    return _Reference(problem, Tolerances()).cost(u, y, np.asarray(y_lo), np.asarray(y_hi))
 
 
 def _simulate(problem: ProblemIR, u: np.ndarray) -> np.ndarray:
@@ -69,13 +65,48 @@ def _rows(problem: ProblemIR) -> int:
     return 1 if problem.template is Template.STEADY_RESPONSE else problem.horizon
 
 
-def _hold_plan(problem: ProblemIR) -> np.ndarray:
-    """The current MVs held over the plan's rows (normalised), (rows, nu)."""
-    return np.tile(np.asarray(problem.u_prev, float), (_rows(problem), 1))
-
-
 def _values(array: np.ndarray) -> list[float | None]:
-    return [float(v) if np.isfinite(v) else None for v in np.asarray(array, float).reshape(-1)]
+    return [v if math.isfinite(v) else None for v in np.asarray(array, float).reshape(-1).tolist()]
+
+
+class _Reference:
+    """What every plan of one problem is checked against, computed once per problem: scalings,
+    MV / CV limits and allowances (engineering units), cost weights and limits (normalised)."""
+
+    def __init__(self, problem: ProblemIR, tolerances: Tolerances) -> None:
+        self.problem, self.tolerances = problem, tolerances
+        self.rows, self.nu, self.ny = _rows(problem), len(problem.mv_tags), len(problem.cv_tags)
+        steady = problem.template is Template.STEADY_RESPONSE
+        self.u_mean, self.u_std = np.asarray(problem.u_mean), np.asarray(problem.u_std)
+        self.y_mean, self.y_std = np.asarray(problem.y_mean), np.asarray(problem.y_std)
+        self.u_prev = np.asarray(problem.u_prev)
+        self.hold_plan = np.tile(np.asarray(problem.u_prev, float), (self.rows, 1))  # current MVs held (rows, nu)
+        self.mv_lo = self.u_mean + self.u_std * np.asarray(problem.u_lo)
+        self.mv_hi = self.u_mean + self.u_std * np.asarray(problem.u_hi)
+        self.mv_allowed = tolerances.mv_rel * (self.mv_hi - self.mv_lo)
+        self.max_move = self.u_std * (move_limit(problem) if steady else np.asarray(problem.du_max))
+        self.u_now = self.u_mean + self.u_std * self.u_prev  # engineering, (nu,)
+        self.y_lo, self.y_hi = np.asarray(problem.y_lo), np.asarray(problem.y_hi)
+        self.cv_lo, self.cv_hi = self.y_mean + self.y_std * self.y_lo, self.y_mean + self.y_std * self.y_hi
+        self.cv_allowed = tolerances.cv_rel * (self.cv_hi - self.cv_lo)
+        self.robust = robust_limits(problem)
+        self.w, self.target = np.asarray(problem.y_weight), np.asarray(problem.y_target)
+        self.move_weight = problem.move_weight * (STEADY_MOVE_SCALE if steady else 1.0)
+        self.report = {"tolerances": asdict(tolerances), "mv_allowed": _values(self.mv_allowed),
+                       "max_move": _values(self.max_move), "cv_allowed": _values(self.cv_allowed)}
+
+    def hold_violation(self, y_hold_norm: np.ndarray) -> np.ndarray:
+        """(rows, ny) CV limit violation of holding the current MVs, engineering units."""
+        y_hold = self.y_mean + self.y_std * y_hold_norm
+        return np.maximum(0.0, np.maximum(self.cv_lo - y_hold, y_hold - self.cv_hi))
+
+    def cost(self, u: np.ndarray, y: np.ndarray, y_lo: np.ndarray, y_hi: np.ndarray) -> float:
+        """independent_cost's formula (see there)."""
+        tracking = np.sum(self.w * (y - self.target) ** 2)
+        moves = u - np.concatenate((self.u_prev[None], u[:-1]))  # du_k = u_k - u_{k-1}, u_{-1} = u_prev
+        slack = np.maximum(0.0, np.maximum(y_lo - y, y - y_hi))
+        return float(tracking + self.move_weight * np.sum(moves ** 2)
+                     + self.problem.slack_weight * np.sum(slack + slack ** 2))
 
 
 def verify_candidate(problem: ProblemIR, candidate: SolveCandidate, tolerances: Tolerances = Tolerances(),
@@ -85,7 +116,15 @@ def verify_candidate(problem: ProblemIR, candidate: SolveCandidate, tolerances: 
     simulated: (y of this plan, y of holding the current MVs), normalised (rows, ny), when the caller
     re-simulated them already (`verify_candidates` does it for all candidates in one rollout).
     """
-    report: dict[str, Any] = {"tolerances": asdict(tolerances)}
+    return _verify(_Reference(problem, tolerances), candidate, simulated)
+
+
+def _verify(ref: _Reference, candidate: SolveCandidate, simulated: tuple[np.ndarray, np.ndarray] | None,
+            hold_violation: np.ndarray | None = None, controls: np.ndarray | None = None) -> SolveCandidate:
+    """verify_candidate against a prepared reference; hold_violation (ref.hold_violation of the hold
+    plan's CVs) and controls (candidate.controls as a float array) when the caller has them."""
+    problem, tolerances = ref.problem, ref.tolerances
+    report: dict[str, Any] = {"tolerances": dict(ref.report["tolerances"])}
     reasons: list[str] = []
     report["reasons"] = reasons
 
@@ -95,74 +134,64 @@ def verify_candidate(problem: ProblemIR, candidate: SolveCandidate, tolerances: 
 
     if not candidate.controls:
         return rejected(f"no plan (solver status {candidate.solver_status!r})")
-    rows = _rows(problem)
-    nu, ny = len(problem.mv_tags), len(problem.cv_tags)
+    rows, nu, ny = ref.rows, ref.nu, ref.ny
     try:
-        controls = np.asarray(candidate.controls, float)
+        controls = np.asarray(candidate.controls, float) if controls is None else controls
         predicted = np.asarray(candidate.predicted, float)
     except ValueError:
         return rejected("controls / predicted are not rectangular tables of numbers")
     if controls.shape != (rows, nu) or predicted.shape != (rows, ny):
         return rejected(f"shape: controls {controls.shape} / predicted {predicted.shape}, expected ({rows}, {nu}) / "
                         f"({rows}, {ny})")
-    if not (np.all(np.isfinite(controls)) and np.all(np.isfinite(predicted))):
+    if not (np.isfinite(controls).all() and np.isfinite(predicted).all()):
         return rejected("controls / predicted contain non-finite values")
 
-    u_mean, u_std = np.asarray(problem.u_mean), np.asarray(problem.u_std)
-    y_mean, y_std = np.asarray(problem.y_mean), np.asarray(problem.y_std)
-    u = (controls - u_mean) / u_std
+    u = (controls - ref.u_mean) / ref.u_std
     if simulated is None:
-        y, y_hold_norm = _simulate(problem, np.stack([u, _hold_plan(problem)]))
+        y, y_hold_norm = _simulate(problem, np.stack([u, ref.hold_plan]))
     else:
         y, y_hold_norm = simulated
-    if not np.all(np.isfinite(y)):
+    if not np.isfinite(y).all():
         return rejected("re-simulated CVs are not finite (unstable model?)")
 
     # MV bounds and rates, engineering units.
-    lo, hi = u_mean + u_std * np.asarray(problem.u_lo), u_mean + u_std * np.asarray(problem.u_hi)
-    mv_allowed = tolerances.mv_rel * (hi - lo)
-    bound = np.maximum(0.0, np.maximum(lo - controls, controls - hi)).max(axis=0)
-    max_move = u_std * (move_limit(problem) if problem.template is Template.STEADY_RESPONSE
-                        else np.asarray(problem.du_max))
-    moves = np.diff(np.vstack([u_mean + u_std * np.asarray(problem.u_prev), controls]), axis=0)
-    rate = np.maximum(0.0, np.abs(moves) - max_move).max(axis=0)
-    report.update(mv_bound_violation=_values(bound), mv_rate_violation=_values(rate), mv_allowed=_values(mv_allowed),
-                  max_move=_values(max_move))
+    mv_allowed = ref.mv_allowed
+    bound = np.maximum(0.0, np.maximum(ref.mv_lo - controls, controls - ref.mv_hi)).max(axis=0)
+    moves = controls - np.concatenate((ref.u_now[None], controls[:-1]))
+    rate = np.maximum(0.0, np.abs(moves) - ref.max_move).max(axis=0)
+    report.update(mv_bound_violation=_values(bound), mv_rate_violation=_values(rate),
+                  mv_allowed=list(ref.report["mv_allowed"]), max_move=list(ref.report["max_move"]))
     for name, violation in (("bound", bound), ("rate", rate)):
-        for i in np.flatnonzero(violation > mv_allowed):
+        for i in (violation > mv_allowed).nonzero()[0]:
             reasons.append(f"MV {problem.mv_tags[i]} {name} violated by {violation[i]:.6g} "
                            f"(allowed {mv_allowed[i]:.3g})")
 
     # CV limits (nominal), engineering units, on the re-simulated CVs.
-    y_eng = y_mean + y_std * y
-    cv_lo, cv_hi = y_mean + y_std * np.asarray(problem.y_lo), y_mean + y_std * np.asarray(problem.y_hi)
-    cv_allowed = tolerances.cv_rel * (cv_hi - cv_lo)
-    per_step = np.maximum(0.0, np.maximum(cv_lo - y_eng, y_eng - cv_hi))
+    y_eng = ref.y_mean + ref.y_std * y
+    cv_allowed = ref.cv_allowed
+    per_step = np.maximum(0.0, np.maximum(ref.cv_lo - y_eng, y_eng - ref.cv_hi))
     # A plant already outside a CV limit cannot be brought back at once: the plan may violate a
     # limit by as much as holding the current MVs would at the same step, never by more.
-    y_hold = y_mean + y_std * y_hold_norm
-    hold_step = np.maximum(0.0, np.maximum(cv_lo - y_hold, y_hold - cv_hi))
+    hold_step = ref.hold_violation(y_hold_norm) if hold_violation is None else hold_violation
     excess = np.maximum(0.0, per_step - hold_step).max(axis=0)
     cv_violation = per_step.max(axis=0)
     report.update(cv_limit_violation=_values(cv_violation), cv_violation_beyond_hold=_values(excess),
-                  cv_allowed=_values(cv_allowed))
-    for j in np.flatnonzero(excess > cv_allowed):
+                  cv_allowed=list(ref.report["cv_allowed"]))
+    for j in (excess > cv_allowed).nonzero()[0]:
         reasons.append(f"CV {problem.cv_tags[j]} limit violated by {cv_violation[j]:.6g}, {excess[j]:.6g} more than "
                        f"holding the current MVs (allowed {cv_allowed[j]:.3g})")
     feasible = not reasons
 
-    mismatch = float(np.max(np.abs((predicted - y_eng) / y_std)))
+    mismatch = float(np.max(np.abs((predicted - y_eng) / ref.y_std)))
     report["prediction_mismatch"] = mismatch
     if mismatch > tolerances.prediction_abs:
         reasons.append(f"predicted CVs differ from the re-simulation by {mismatch:.3g} normalised units "
                        f"(allowed {tolerances.prediction_abs:g})")
 
-    if candidate.kind is CandidateKind.ROBUST:
-        cost_lo, cost_hi = robust_limits(problem)
-    else:
-        cost_lo, cost_hi = np.asarray(problem.y_lo), np.asarray(problem.y_hi)
-    report["cost_limits"] = "robust" if candidate.kind is CandidateKind.ROBUST else "nominal"
-    recomputed = independent_cost(problem, u, y, cost_lo, cost_hi)
+    robust = candidate.kind is CandidateKind.ROBUST
+    cost_lo, cost_hi = ref.robust if robust else (ref.y_lo, ref.y_hi)
+    report["cost_limits"] = "robust" if robust else "nominal"
+    recomputed = ref.cost(u, y, cost_lo, cost_hi)
     if candidate.cost is None:
         reasons.append("solver reported no cost")
     else:
@@ -179,19 +208,21 @@ def verify_candidate(problem: ProblemIR, candidate: SolveCandidate, tolerances: 
 def verify_candidates(problem: ProblemIR, candidates: Sequence[SolveCandidate],
                       tolerances: Tolerances = Tolerances()) -> tuple[SolveCandidate, ...]:
     """Every candidate verified; the well-formed plans and the hold plan re-simulated in one rollout."""
-    shape = (_rows(problem), len(problem.mv_tags))
-    plans, index = [], {}
-    u_mean, u_std = np.asarray(problem.u_mean), np.asarray(problem.u_std)
+    ref = _Reference(problem, tolerances)
+    shape = (ref.rows, ref.nu)
+    plans, index = [], {}  # index: candidate -> (row in plans, its controls)
     for i, c in enumerate(candidates):
         try:
             controls = np.asarray(c.controls, float)
         except ValueError:
             continue
-        if controls.shape == shape and np.all(np.isfinite(controls)):
-            index[i] = len(plans)
-            plans.append((controls - u_mean) / u_std)
-    y = _simulate(problem, np.stack([*plans, _hold_plan(problem)]))
-    return tuple(verify_candidate(problem, c, tolerances, None if i not in index else (y[index[i]], y[-1]))
+        if controls.shape == shape and np.isfinite(controls).all():
+            index[i] = (len(plans), controls)
+            plans.append((controls - ref.u_mean) / ref.u_std)
+    y = _simulate(problem, np.stack([*plans, ref.hold_plan]))
+    hold = ref.hold_violation(y[-1])
+    return tuple(_verify(ref, c, None) if i not in index
+                 else _verify(ref, c, (y[index[i][0]], y[-1]), hold, index[i][1])
                  for i, c in enumerate(candidates))
 
 
