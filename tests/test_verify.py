@@ -7,7 +7,13 @@ import pytest
 
 from optimizer_pipeline.contracts import CandidateKind, SolveResult
 from optimizer_pipeline.solver.solve import SolverCache, solve_problem
-from optimizer_pipeline.solver.verify import Tolerances, independent_cost, verify_all, verify_candidate
+from optimizer_pipeline.solver.verify import (
+    Tolerances,
+    independent_cost,
+    verify_all,
+    verify_candidate,
+    verify_candidates,
+)
 from test_solver_qp_support import tank_problem
 
 
@@ -127,3 +133,33 @@ def test_verify_all_replaces_every_candidate(solved):
     raw = SolveResult(result.problem_ir_hash, True, (replace(nominal, cost=nominal.cost + 1.0),), {})
     checked = verify_all(problem, raw)
     assert len(checked.candidates) == 1 and not checked.candidates[0].verified
+
+
+def _tampered(candidates):
+    """Every candidate plus broken copies: moved, short, non-finite, off cost, no cost."""
+    out = list(candidates)
+    for c in candidates:
+        if not c.controls:
+            continue
+        moved = np.asarray(c.controls) * 1.01 + 0.02
+        bad = moved.copy()
+        bad[0, 0] = np.nan
+        out += [replace(c, controls=tuple(map(tuple, moved.tolist()))), replace(c, controls=c.controls[:-1]),
+                replace(c, predicted=c.predicted[:-1]), replace(c, controls=tuple(map(tuple, bad.tolist()))),
+                replace(c, cost=c.cost * 1.001 if c.cost else 1.0), replace(c, cost=None),
+                replace(c, controls=(), predicted=())]
+    return out
+
+
+@pytest.mark.parametrize("kw", [{}, {"template": "steady_response@1", "horizon": 5}, {"with_dv": True},
+                                {"cv_lo": 6.9, "cv_hi": 7.6, "targets": (7.0, 7.5)}])
+def test_batch_verification_equals_verifying_each_candidate_alone(kw):
+    rng = np.random.default_rng(4)
+    for band in (None, (0.2, 0.1), (3.0, 3.0)):
+        problem = tank_problem(band=band, x0=tuple(rng.normal(0, 1, 4)), u_now=tuple(rng.uniform(1, 5, 2)), **kw)
+        candidates = _tampered(solve_problem(problem, SolverCache()).candidates)
+        for tolerances in (Tolerances(), Tolerances(mv_rel=1e-2, cost_rel=0.05)):
+            batch = verify_candidates(problem, candidates, tolerances)
+            alone = tuple(verify_candidate(problem, c, tolerances) for c in candidates)
+            assert repr(batch) == repr(alone)  # repr: bit-exact floats, -0.0 included
+            assert sum(c.verified for c in batch) >= 2 and sum(not c.feasible for c in batch) >= 3

@@ -20,6 +20,7 @@ verify_report["reasons"].
 
 import math
 from dataclasses import asdict, dataclass, replace
+from functools import lru_cache
 from typing import Any, Sequence
 
 import numpy as np
@@ -66,7 +67,13 @@ def _rows(problem: ProblemIR) -> int:
 
 
 def _values(array: np.ndarray) -> list[float | None]:
+    """A float array's values, None where not finite (JSON has no NaN / inf)."""
     return [v if math.isfinite(v) else None for v in np.asarray(array, float).reshape(-1).tolist()]
+
+
+@lru_cache(maxsize=16)
+def _tolerance_items(tolerances: Tolerances) -> dict[str, float]:
+    return asdict(tolerances)  # copied into each report
 
 
 class _Reference:
@@ -92,7 +99,7 @@ class _Reference:
         self.robust = robust_limits(problem)
         self.w, self.target = np.asarray(problem.y_weight), np.asarray(problem.y_target)
         self.move_weight = problem.move_weight * (STEADY_MOVE_SCALE if steady else 1.0)
-        self.report = {"tolerances": asdict(tolerances), "mv_allowed": _values(self.mv_allowed),
+        self.report = {"tolerances": _tolerance_items(tolerances), "mv_allowed": _values(self.mv_allowed),
                        "max_move": _values(self.max_move), "cv_allowed": _values(self.cv_allowed)}
 
     def hold_violation(self, y_hold_norm: np.ndarray) -> np.ndarray:
@@ -116,93 +123,9 @@ def verify_candidate(problem: ProblemIR, candidate: SolveCandidate, tolerances: 
     simulated: (y of this plan, y of holding the current MVs), normalised (rows, ny), when the caller
     re-simulated them already (`verify_candidates` does it for all candidates in one rollout).
     """
-    return _verify(_Reference(problem, tolerances), candidate, simulated)
-
-
-def _verify(ref: _Reference, candidate: SolveCandidate, simulated: tuple[np.ndarray, np.ndarray] | None,
-            hold_violation: np.ndarray | None = None, controls: np.ndarray | None = None) -> SolveCandidate:
-    """verify_candidate against a prepared reference; hold_violation (ref.hold_violation of the hold
-    plan's CVs) and controls (candidate.controls as a float array) when the caller has them."""
-    problem, tolerances = ref.problem, ref.tolerances
-    report: dict[str, Any] = {"tolerances": dict(ref.report["tolerances"])}
-    reasons: list[str] = []
-    report["reasons"] = reasons
-
-    def rejected(reason: str) -> SolveCandidate:
-        reasons.append(reason)
-        return replace(candidate, feasible=False, verified=False, independent_cost=None, verify_report=report)
-
-    if not candidate.controls:
-        return rejected(f"no plan (solver status {candidate.solver_status!r})")
-    rows, nu, ny = ref.rows, ref.nu, ref.ny
-    try:
-        controls = np.asarray(candidate.controls, float) if controls is None else controls
-        predicted = np.asarray(candidate.predicted, float)
-    except ValueError:
-        return rejected("controls / predicted are not rectangular tables of numbers")
-    if controls.shape != (rows, nu) or predicted.shape != (rows, ny):
-        return rejected(f"shape: controls {controls.shape} / predicted {predicted.shape}, expected ({rows}, {nu}) / "
-                        f"({rows}, {ny})")
-    if not (np.isfinite(controls).all() and np.isfinite(predicted).all()):
-        return rejected("controls / predicted contain non-finite values")
-
-    u = (controls - ref.u_mean) / ref.u_std
     if simulated is None:
-        y, y_hold_norm = _simulate(problem, np.stack([u, ref.hold_plan]))
-    else:
-        y, y_hold_norm = simulated
-    if not np.isfinite(y).all():
-        return rejected("re-simulated CVs are not finite (unstable model?)")
-
-    # MV bounds and rates, engineering units.
-    mv_allowed = ref.mv_allowed
-    bound = np.maximum(0.0, np.maximum(ref.mv_lo - controls, controls - ref.mv_hi)).max(axis=0)
-    moves = controls - np.concatenate((ref.u_now[None], controls[:-1]))
-    rate = np.maximum(0.0, np.abs(moves) - ref.max_move).max(axis=0)
-    report.update(mv_bound_violation=_values(bound), mv_rate_violation=_values(rate),
-                  mv_allowed=list(ref.report["mv_allowed"]), max_move=list(ref.report["max_move"]))
-    for name, violation in (("bound", bound), ("rate", rate)):
-        for i in (violation > mv_allowed).nonzero()[0]:
-            reasons.append(f"MV {problem.mv_tags[i]} {name} violated by {violation[i]:.6g} "
-                           f"(allowed {mv_allowed[i]:.3g})")
-
-    # CV limits (nominal), engineering units, on the re-simulated CVs.
-    y_eng = ref.y_mean + ref.y_std * y
-    cv_allowed = ref.cv_allowed
-    per_step = np.maximum(0.0, np.maximum(ref.cv_lo - y_eng, y_eng - ref.cv_hi))
-    # A plant already outside a CV limit cannot be brought back at once: the plan may violate a
-    # limit by as much as holding the current MVs would at the same step, never by more.
-    hold_step = ref.hold_violation(y_hold_norm) if hold_violation is None else hold_violation
-    excess = np.maximum(0.0, per_step - hold_step).max(axis=0)
-    cv_violation = per_step.max(axis=0)
-    report.update(cv_limit_violation=_values(cv_violation), cv_violation_beyond_hold=_values(excess),
-                  cv_allowed=list(ref.report["cv_allowed"]))
-    for j in (excess > cv_allowed).nonzero()[0]:
-        reasons.append(f"CV {problem.cv_tags[j]} limit violated by {cv_violation[j]:.6g}, {excess[j]:.6g} more than "
-                       f"holding the current MVs (allowed {cv_allowed[j]:.3g})")
-    feasible = not reasons
-
-    mismatch = float(np.max(np.abs((predicted - y_eng) / ref.y_std)))
-    report["prediction_mismatch"] = mismatch
-    if mismatch > tolerances.prediction_abs:
-        reasons.append(f"predicted CVs differ from the re-simulation by {mismatch:.3g} normalised units "
-                       f"(allowed {tolerances.prediction_abs:g})")
-
-    robust = candidate.kind is CandidateKind.ROBUST
-    cost_lo, cost_hi = ref.robust if robust else (ref.y_lo, ref.y_hi)
-    report["cost_limits"] = "robust" if robust else "nominal"
-    recomputed = ref.cost(u, y, cost_lo, cost_hi)
-    if candidate.cost is None:
-        reasons.append("solver reported no cost")
-    else:
-        diff = abs(candidate.cost - recomputed)
-        allowed = tolerances.cost_abs + tolerances.cost_rel * max(abs(candidate.cost), abs(recomputed))
-        report.update(cost_abs_diff=diff, cost_allowed=allowed)
-        if not diff <= allowed:
-            reasons.append(f"solver cost {candidate.cost:.9g} disagrees with the independent cost {recomputed:.9g} "
-                           f"(|diff| {diff:.3g} > {allowed:.3g})")
-    return replace(candidate, feasible=feasible, verified=not reasons, independent_cost=recomputed,
-                   verify_report=report)
+        return verify_candidates(problem, (candidate,), tolerances)[0]
+    return _verify(_Reference(problem, tolerances), (candidate,), [simulated[0]], simulated[1])[0]
 
 
 def verify_candidates(problem: ProblemIR, candidates: Sequence[SolveCandidate],
@@ -210,20 +133,123 @@ def verify_candidates(problem: ProblemIR, candidates: Sequence[SolveCandidate],
     """Every candidate verified; the well-formed plans and the hold plan re-simulated in one rollout."""
     ref = _Reference(problem, tolerances)
     shape = (ref.rows, ref.nu)
-    plans, index = [], {}  # index: candidate -> (row in plans, its controls)
+    plans, index, tables = [], {}, []  # index: candidate -> its row in plans; tables: controls as arrays
     for i, c in enumerate(candidates):
         try:
             controls = np.asarray(c.controls, float)
         except ValueError:
+            tables.append(None)
             continue
+        tables.append(controls)
         if controls.shape == shape and np.isfinite(controls).all():
-            index[i] = (len(plans), controls)
+            index[i] = len(plans)
             plans.append((controls - ref.u_mean) / ref.u_std)
     y = _simulate(problem, np.stack([*plans, ref.hold_plan]))
-    hold = ref.hold_violation(y[-1])
-    return tuple(_verify(ref, c, None) if i not in index
-                 else _verify(ref, c, (y[index[i][0]], y[-1]), hold, index[i][1])
-                 for i, c in enumerate(candidates))
+    simulated = [None if i not in index else y[index[i]] for i in range(len(candidates))]
+    return _verify(ref, candidates, simulated, y[-1], tables)
+
+
+def _verify(ref: _Reference, candidates: Sequence[SolveCandidate], simulated: list[np.ndarray | None],
+            y_hold_norm: np.ndarray, tables: list[np.ndarray | None] | None = None) -> tuple[SolveCandidate, ...]:
+    """Every candidate checked (module doc) against one problem's reference.
+
+    simulated[i]: the re-simulated CVs (rows, ny, normalised) of candidate i's plan, None when its
+    controls are not a finite (rows, nu) table; y_hold_norm those of holding the current MVs;
+    tables[i]: candidate i's controls as a float array when the caller converted them. The
+    checks of the well-formed plans run on their stack (element-wise and max: the same numbers as
+    one by one); costs and reports are per candidate.
+    """
+    problem, tolerances = ref.problem, ref.tolerances
+    rows, nu, ny = ref.rows, ref.nu, ref.ny
+    out: list[SolveCandidate | None] = [None] * len(candidates)
+    reports: list[dict[str, Any]] = []
+    plans: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] = []  # (candidate, controls, predicted, y)
+
+    for i, candidate in enumerate(candidates):
+        report: dict[str, Any] = {"tolerances": dict(ref.report["tolerances"]), "reasons": []}
+        reports.append(report)
+        reason = None
+        if not candidate.controls:
+            reason = f"no plan (solver status {candidate.solver_status!r})"
+        else:
+            try:
+                controls = tables[i] if tables and tables[i] is not None else np.asarray(candidate.controls, float)
+                predicted = np.asarray(candidate.predicted, float)
+            except ValueError:
+                reason = "controls / predicted are not rectangular tables of numbers"
+            else:
+                if controls.shape != (rows, nu) or predicted.shape != (rows, ny):
+                    reason = (f"shape: controls {controls.shape} / predicted {predicted.shape}, expected ({rows}, "
+                              f"{nu}) / ({rows}, {ny})")
+                elif not (np.isfinite(controls).all() and np.isfinite(predicted).all()):
+                    reason = "controls / predicted contain non-finite values"
+                elif not np.isfinite(simulated[i]).all():
+                    reason = "re-simulated CVs are not finite (unstable model?)"
+        if reason is None:
+            plans.append((i, controls, predicted, simulated[i]))
+        else:
+            report["reasons"].append(reason)
+            out[i] = replace(candidate, feasible=False, verified=False, independent_cost=None, verify_report=report)
+    if not plans:
+        return tuple(out)
+
+    controls = np.stack([p[1] for p in plans])  # (plans, rows, nu), engineering
+    predicted = np.stack([p[2] for p in plans])  # (plans, rows, ny), engineering
+    y = np.stack([p[3] for p in plans])  # (plans, rows, ny), normalised
+    u = (controls - ref.u_mean) / ref.u_std
+
+    # MV bounds and rates, engineering units.
+    bound = np.maximum(0.0, np.maximum(ref.mv_lo - controls, controls - ref.mv_hi)).max(axis=1)
+    moves = controls - np.concatenate((np.broadcast_to(ref.u_now, (len(plans), 1, nu)), controls[:, :-1]), axis=1)
+    rate = np.maximum(0.0, np.abs(moves) - ref.max_move).max(axis=1)
+
+    # CV limits (nominal), engineering units, on the re-simulated CVs.
+    y_eng = ref.y_mean + ref.y_std * y
+    per_step = np.maximum(0.0, np.maximum(ref.cv_lo - y_eng, y_eng - ref.cv_hi))
+    # A plant already outside a CV limit cannot be brought back at once: the plan may violate a
+    # limit by as much as holding the current MVs would at the same step, never by more.
+    excess = np.maximum(0.0, per_step - ref.hold_violation(y_hold_norm)).max(axis=1)
+    cv_violation = per_step.max(axis=1)
+    mismatch = np.abs((predicted - y_eng) / ref.y_std).max(axis=(1, 2))
+
+    mv_allowed, cv_allowed = ref.mv_allowed, ref.cv_allowed
+    for k, (i, *_) in enumerate(plans):
+        candidate, report = candidates[i], reports[i]
+        reasons = report["reasons"]
+        report.update(mv_bound_violation=_values(bound[k]), mv_rate_violation=_values(rate[k]),
+                      mv_allowed=list(ref.report["mv_allowed"]), max_move=list(ref.report["max_move"]))
+        for name, violation in (("bound", bound[k]), ("rate", rate[k])):
+            for j in (violation > mv_allowed).nonzero()[0]:
+                reasons.append(f"MV {problem.mv_tags[j]} {name} violated by {violation[j]:.6g} "
+                               f"(allowed {mv_allowed[j]:.3g})")
+        report.update(cv_limit_violation=_values(cv_violation[k]), cv_violation_beyond_hold=_values(excess[k]),
+                      cv_allowed=list(ref.report["cv_allowed"]))
+        for j in (excess[k] > cv_allowed).nonzero()[0]:
+            reasons.append(f"CV {problem.cv_tags[j]} limit violated by {cv_violation[k, j]:.6g}, {excess[k, j]:.6g} "
+                           f"more than holding the current MVs (allowed {cv_allowed[j]:.3g})")
+        feasible = not reasons
+
+        report["prediction_mismatch"] = float(mismatch[k])
+        if mismatch[k] > tolerances.prediction_abs:
+            reasons.append(f"predicted CVs differ from the re-simulation by {mismatch[k]:.3g} normalised units "
+                           f"(allowed {tolerances.prediction_abs:g})")
+
+        robust = candidate.kind is CandidateKind.ROBUST
+        cost_lo, cost_hi = ref.robust if robust else (ref.y_lo, ref.y_hi)
+        report["cost_limits"] = "robust" if robust else "nominal"
+        recomputed = ref.cost(u[k], y[k], cost_lo, cost_hi)
+        if candidate.cost is None:
+            reasons.append("solver reported no cost")
+        else:
+            diff = abs(candidate.cost - recomputed)
+            allowed = tolerances.cost_abs + tolerances.cost_rel * max(abs(candidate.cost), abs(recomputed))
+            report.update(cost_abs_diff=diff, cost_allowed=allowed)
+            if not diff <= allowed:
+                reasons.append(f"solver cost {candidate.cost:.9g} disagrees with the independent cost "
+                               f"{recomputed:.9g} (|diff| {diff:.3g} > {allowed:.3g})")
+        out[i] = replace(candidate, feasible=feasible, verified=not reasons, independent_cost=recomputed,
+                         verify_report=report)
+    return tuple(out)
 
 
 def verify_all(problem: ProblemIR, result: SolveResult,
