@@ -235,5 +235,6 @@ def main() -> None:
     if args.batch == 10_000:
         print(f"Ledger.insert_candidates target 0.3 s: {'PASS' if result['executemany'] <= 0.3 else 'MISS'}")
 
+
 if __name__ == "__main__":
     main()
