@@ -231,7 +231,7 @@ def hung_solve(case: Case, pool: SolverPool) -> HungSolve:
 
 # ---------------------------------------------------------------------------- process faults
 
-KILL_POINTS = ("insert_run", "insert_candidates", "finish_run", "insert_recommendation")
+KILL_POINTS = ("insert_finished_run", "insert_candidates", "insert_recommendation")
 
 # A ledger writer that stops (sleeps) right after `Ledger.<point>` inside record_solve's transaction,
 # after saying so in a file: the parent then kills it with the transaction open and the lock held.

@@ -424,12 +424,25 @@ class Ledger:
         if conn is None:
             with self.transaction() as tx:
                 return self.insert_run(run, tx)
+        return self._insert_run_row(conn, run, "running", None, None, None)
+
+    def insert_finished_run(self, run: Mapping[str, Any], status: str, *, independent_cost: float | None,
+                            diagnostics: Mapping[str, Any], conn: duckdb.DuckDBPyConnection) -> str:
+        """A run whose outcome is already known (record_solve), written with its end status in one
+        INSERT inside the caller's transaction: nobody ever sees it `running`."""
+        _check_end_status(status)
+        return self._insert_run_row(conn, run, status, independent_cost, canonical_json(diagnostics), _now())
+
+    @staticmethod
+    def _insert_run_row(conn: duckdb.DuckDBPyConnection, run: Mapping[str, Any], status: str,
+                        independent_cost: float | None, diagnostics_json: str | None,
+                        finished_at: datetime | None) -> str:
         run_id = run.get("id") or new_id("or")
-        conn.execute("INSERT INTO optimizer_runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL, 'running', NULL, ?, NULL)",
+        conn.execute("INSERT INTO optimizer_runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                      [run_id, run["binding_id"], run["binding_revision"], run["profile_id"], run["profile_version"],
                       run.get("problem_ir_hash"), canonical_json(run.get("context", {})),
                       None if run.get("problem") is None else canonical_json(run["problem"]),
-                      _naive(run.get("started_at"))])
+                      diagnostics_json, status, independent_cost, _naive(run.get("started_at")), finished_at])
         return run_id
 
     def finish_run(self, run_id: str, status: str, *, independent_cost: float | None = None,
@@ -480,13 +493,12 @@ class Ledger:
     def record_solve(self, run: Mapping[str, Any], candidates: Sequence[SolveCandidate], model_id: str,
                      recommendation: Recommendation | None, *, run_status: str, independent_cost: float | None,
                      diagnostics: Mapping[str, Any], evidence_source: str, supersede: bool = True) -> str:
-        """Run + candidates + finish + recommendation (superseding the binding's open ones) in ONE
-        transaction: five statements between BEGIN and COMMIT."""
-        _check_end_status(run_status)
+        """Run (with its end status) + candidates + recommendation (superseding the binding's open
+        ones) in ONE transaction: four statements between BEGIN and COMMIT."""
         with self.transaction() as conn:
-            run_id = self.insert_run(run, conn)
+            run_id = self.insert_finished_run(run, run_status, independent_cost=independent_cost,
+                                              diagnostics=diagnostics, conn=conn)
             self.insert_candidates(run_id, candidates, model_id, conn)
-            self.finish_run(run_id, run_status, independent_cost=independent_cost, diagnostics=diagnostics, conn=conn)
             if recommendation is not None:
                 if supersede:
                     self._expire(conn, "binding_id = ?", [recommendation.binding_id],
