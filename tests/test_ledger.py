@@ -21,10 +21,10 @@ def test_schema_is_applied_once_and_reopening_is_idempotent(tmp_path):
     Ledger(path)
     Ledger(path)
     con = duckdb.connect(str(path))
-    versions = con.execute("SELECT version FROM schema_migrations").fetchall()
+    versions = con.execute("SELECT version FROM schema_migrations ORDER BY version").fetchall()
     tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
     con.close()
-    assert versions == [(SCHEMA_VERSION,)]
+    assert versions == [(v,) for v in range(1, SCHEMA_VERSION + 1)]
     assert {"bindings", "binding_revisions", "plant_samples", "model_artifacts", "uq_block_scores",
             "uq_calibrations", "optimizer_runs", "optimizer_candidates", "optimizer_recommendations",
             "optimizer_outcomes"} <= tables

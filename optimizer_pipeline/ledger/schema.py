@@ -1,8 +1,9 @@
 """The ledger's versioned DuckDB schema; migrations are applied in order, idempotently, on open.
 
 Timestamps are UTC (`TIMESTAMP` without zone); JSON documents are stored as JSON text: canonical
-JSON, except the candidates' plan and report columns (plain valid JSON of the same values, written
-fast by orjson; nothing hashes them).
+JSON, except the candidates' report columns (plain valid JSON of the same values, written fast by
+orjson; nothing hashes them). The candidates' plans (`controls` steps x MVs, `predicted` steps x
+CVs, engineering units) are numeric DOUBLE[][] columns since version 2.
 """
 
 import duckdb
@@ -131,6 +132,18 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             details_json VARCHAR NOT NULL,
             created_at TIMESTAMP NOT NULL
         )""",
+    ]),
+    # Plans as numbers, not JSON text (issue 8): 10 000 candidates carried ~22 MB of distinct JSON
+    # text that DuckDB's checkpoint compressed on every close. DuckDB 2.0 alters the column type of
+    # this keyed table in place (column order kept, which the positional Arrow insert relies on);
+    # its VARCHAR -> DOUBLE cast reads the stored JSON numbers back exactly (tests compare them).
+    (2, "candidate plans as DOUBLE[][] columns controls / predicted", [
+        "ALTER TABLE optimizer_candidates ALTER controls_json SET DATA TYPE DOUBLE[][] "
+        "USING CAST(controls_json AS DOUBLE[][])",
+        "ALTER TABLE optimizer_candidates RENAME COLUMN controls_json TO controls",
+        "ALTER TABLE optimizer_candidates ALTER predicted_json SET DATA TYPE DOUBLE[][] "
+        "USING CAST(predicted_json AS DOUBLE[][])",
+        "ALTER TABLE optimizer_candidates RENAME COLUMN predicted_json TO predicted",
     ]),
 ]
 
