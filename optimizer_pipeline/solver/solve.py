@@ -132,24 +132,40 @@ def _still_optimal(entry: _Entry, z: np.ndarray, q: np.ndarray, constant: float,
                    l_k: np.ndarray, u_k: np.ndarray) -> bool:
     """Whether z (optimal for (q, constant) on a feasible set containing the new one) is optimal for
     (q_k, constant_k, l_k, u_k): same objective and z satisfies the new constraint bounds."""
-    if constant_k != constant or not np.array_equal(q_k, q):
+    if constant_k != constant or not (q_k is q or np.array_equal(q_k, q)):
         return False
     Az = entry.A @ z
     return bool(np.all(Az >= l_k - FEASIBILITY_TOL) and np.all(Az <= u_k + FEASIBILITY_TOL))
 
 
-def _candidate(problem: ProblemIR, seq: int, kind: CandidateKind, status: str, z: np.ndarray | None,
-               cost: float | None, y_lo: np.ndarray, y_hi: np.ndarray, report: dict[str, Any]) -> SolveCandidate:
-    """Candidate in engineering units from the QP point z (None: no plan)."""
-    constraints = dict(report, y_lo=y_lo.tolist(), y_hi=y_hi.tolist())
-    if z is None:
-        return SolveCandidate(seq, kind, status, (), (), None, constraints)
+@dataclass(frozen=True)
+class _Plan:
+    """A QP point z in candidate form: controls (N, nu) / predicted (N, ny) rows in engineering units, slack totals."""
+
+    controls: tuple[tuple[float, ...], ...]
+    predicted: tuple[tuple[float, ...], ...]
+    slack_max: float
+    slack_sum: float
+
+
+def _plan(problem: ProblemIR, scales: tuple[np.ndarray, ...], z: np.ndarray) -> _Plan:
+    """z's plan; scales: the problem's (u_mean, u_std, y_mean, y_std) as arrays."""
     u, y, s = TEMPLATES[problem.template].plan(problem, z)
-    controls = np.asarray(problem.u_mean) + np.asarray(problem.u_std) * u
-    predicted = np.asarray(problem.y_mean) + np.asarray(problem.y_std) * y
-    constraints.update(slack_max=float(s.max()), slack_sum=float(s.sum()))
-    return SolveCandidate(seq, kind, status, tuple(map(tuple, controls.tolist())),
-                          tuple(map(tuple, predicted.tolist())), cost, constraints)
+    u_mean, u_std, y_mean, y_std = scales
+    controls = u_mean + u_std * u
+    predicted = y_mean + y_std * y
+    return _Plan(tuple(map(tuple, controls.tolist())), tuple(map(tuple, predicted.tolist())), float(s.max()),
+                 float(s.sum()))
+
+
+def _candidate(seq: int, kind: CandidateKind, status: str, plan: _Plan | None, cost: float | None, y_lo: np.ndarray,
+               y_hi: np.ndarray, report: dict[str, Any]) -> SolveCandidate:
+    """Candidate of a QP point's plan (None: no plan)."""
+    constraints = dict(report, y_lo=y_lo.tolist(), y_hi=y_hi.tolist())
+    if plan is None:
+        return SolveCandidate(seq, kind, status, (), (), None, constraints)
+    constraints.update(slack_max=plan.slack_max, slack_sum=plan.slack_sum)
+    return SolveCandidate(seq, kind, status, plan.controls, plan.predicted, cost, constraints)
 
 
 def _failed(problem_hash: str, code: str, message: str, diagnostics: dict[str, Any]) -> SolveResult:
@@ -179,14 +195,16 @@ def solve_problem(problem: ProblemIR, cache: SolverCache, time_limit_s: float | 
     entry, hit = cache.entry(problem, q, l, u)
     diagnostics.update(cache_hit=hit, cache_size=len(cache), osqp_setups=cache.setups)
 
+    scales = tuple(np.asarray(v) for v in (problem.u_mean, problem.u_std, problem.y_mean, problem.y_std))
     hold = builder.hold_point(problem, entry.A, l, y_lo, y_hi, entry.memo)
-    candidates = [_candidate(problem, 0, CandidateKind.HOLD, "hold", hold, _objective(entry, q, constant, hold),
-                             y_lo, y_hi, {})]
+    candidates = [_candidate(0, CandidateKind.HOLD, "hold", _plan(problem, scales, hold),
+                             _objective(entry, q, constant, hold), y_lo, y_hi, {})]
     runs = [(1, CandidateKind.NOMINAL, y_lo, y_hi, (q, l, u, constant))]
     if problem.band is not None:
         r_lo, r_hi = robust_limits(problem)
-        runs.append((2, CandidateKind.ROBUST, r_lo, r_hi, builder.vectors(problem, r_lo, r_hi)))
-    solved: tuple[str, np.ndarray, dict[str, Any]] | None = None  # the nominal optimum, once known
+        runs.append((2, CandidateKind.ROBUST, r_lo, r_hi, (q, *builder.with_cv_limits(problem, l, u, r_lo, r_hi),
+                                                           constant)))
+    solved: tuple[str, np.ndarray, dict[str, Any], float, _Plan] | None = None  # the nominal optimum, once known
     for seq, kind, lo, hi, (q_k, l_k, u_k, constant_k) in runs:
         if should_cancel is not None and should_cancel():
             diagnostics["elapsed_s"] = time.perf_counter() - started
@@ -195,13 +213,16 @@ def solve_problem(problem: ProblemIR, cache: SolverCache, time_limit_s: float | 
         if solved is not None and _still_optimal(entry, solved[1], q, constant, q_k, constant_k, l_k, u_k):
             # The robust QP only tightens soft CV limits (its feasible set lies inside the nominal one,
             # same objective): a nominal optimum that already meets them is the robust optimum too.
+            # Same point, same objective (_still_optimal): the nominal's cost and plan.
             status, z, report = solved[0], solved[1], dict(solved[2], shared_with_nominal=True)
+            cost, plan = solved[3], solved[4]
         else:
             status, z, report = _run_qp(entry, q_k, l_k, u_k, deadline)
+            cost = None if z is None else _objective(entry, q_k, constant_k, z)
+            plan = None if z is None else _plan(problem, scales, z)
         if kind is CandidateKind.NOMINAL and z is not None:
-            solved = (status, z, report)
-        cost = None if z is None else _objective(entry, q_k, constant_k, z)
-        candidates.append(_candidate(problem, seq, kind, status, z, cost, lo, hi, report))
+            solved = (status, z, report, cost, plan)
+        candidates.append(_candidate(seq, kind, status, plan, cost, lo, hi, report))
         diagnostics.setdefault("qp", {})[kind.value] = {k: report.get(k) for k in ("osqp_status", "iterations",
                                                                                  "solve_time_s")}
     verified = verify_candidates(problem, candidates)

@@ -78,6 +78,17 @@ def vectors(problem: ProblemIR, y_lo: np.ndarray, y_hi: np.ndarray) -> tuple[np.
     return q, l, u, constant
 
 
+def with_cv_limits(problem: ProblemIR, l: np.ndarray, u: np.ndarray, y_lo: np.ndarray,
+                   y_hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(l, u) of `vectors` for other CV limits y_lo / y_hi (normalised, (ny,)): copies with the soft CV
+    limit rows (lo - c, hi - c) replaced (nothing else, nor q or the constant, depends on the limits)."""
+    nu, ny = len(problem.mv_tags), len(problem.cv_tags)
+    c = _offset(problem)
+    l, u = l.copy(), u.copy()
+    l[2 * nu:2 * nu + ny], u[2 * nu + ny:2 * nu + 2 * ny] = y_lo - c, y_hi - c
+    return l, u
+
+
 def plan(problem: ProblemIR, z: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Split z into (u (1, nu), y (1, ny), s (1, ny)), normalised."""
     nu = len(problem.mv_tags)

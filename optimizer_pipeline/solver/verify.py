@@ -71,6 +71,11 @@ def _values(array: np.ndarray) -> list[float | None]:
     return [v if math.isfinite(v) else None for v in np.asarray(array, float).reshape(-1).tolist()]
 
 
+def _rows_values(array: np.ndarray) -> list[list[float | None]]:
+    """_values of each row of a 2-D float array."""
+    return [[v if math.isfinite(v) else None for v in row] for row in array.tolist()]
+
+
 @lru_cache(maxsize=16)
 def _tolerance_items(tolerances: Tolerances) -> dict[str, float]:
     return asdict(tolerances)  # copied into each report
@@ -109,11 +114,13 @@ class _Reference:
 
     def cost(self, u: np.ndarray, y: np.ndarray, y_lo: np.ndarray, y_hi: np.ndarray) -> float:
         """independent_cost's formula (see there)."""
-        tracking = np.sum(self.w * (y - self.target) ** 2)
-        moves = u - np.concatenate((self.u_prev[None], u[:-1]))  # du_k = u_k - u_{k-1}, u_{-1} = u_prev
+        tracking = (self.w * (y - self.target) ** 2).sum()  # ndarray.sum: np.sum's reduction, less dispatch
+        moves = np.empty(u.shape)  # du_k = u_k - u_{k-1}, u_{-1} = u_prev
+        moves[0] = u[0] - self.u_prev
+        moves[1:] = u[1:] - u[:-1]
         slack = np.maximum(0.0, np.maximum(y_lo - y, y - y_hi))
-        return float(tracking + self.move_weight * np.sum(moves ** 2)
-                     + self.problem.slack_weight * np.sum(slack + slack ** 2))
+        return float(tracking + self.move_weight * (moves ** 2).sum()
+                     + self.problem.slack_weight * (slack + slack ** 2).sum())
 
 
 def verify_candidate(problem: ProblemIR, candidate: SolveCandidate, tolerances: Tolerances = Tolerances(),
@@ -147,6 +154,20 @@ def verify_candidates(problem: ProblemIR, candidates: Sequence[SolveCandidate],
     y = _simulate(problem, np.stack([*plans, ref.hold_plan]))
     simulated = [None if i not in index else y[index[i]] for i in range(len(candidates))]
     return _verify(ref, candidates, simulated, y[-1], tables)
+
+
+def _limit_reasons(problem: ProblemIR, reasons: list[str], bound: list[float], rate: list[float],
+                   cv_violation: list[float], excess: list[float], mv_allowed: list[float],
+                   cv_allowed: list[float]) -> None:
+    """Append a reason per MV bound / rate and CV limit violated beyond what is allowed (one plan)."""
+    for name, violation in (("bound", bound), ("rate", rate)):
+        for j, (value, allowed) in enumerate(zip(violation, mv_allowed)):
+            if value > allowed:
+                reasons.append(f"MV {problem.mv_tags[j]} {name} violated by {value:.6g} (allowed {allowed:.3g})")
+    for j, (value, allowed) in enumerate(zip(excess, cv_allowed)):
+        if value > allowed:
+            reasons.append(f"CV {problem.cv_tags[j]} limit violated by {cv_violation[j]:.6g}, {value:.6g} "
+                           f"more than holding the current MVs (allowed {allowed:.3g})")
 
 
 def _verify(ref: _Reference, candidates: Sequence[SolveCandidate], simulated: list[np.ndarray | None],
@@ -200,7 +221,9 @@ def _verify(ref: _Reference, candidates: Sequence[SolveCandidate], simulated: li
 
     # MV bounds and rates, engineering units.
     bound = np.maximum(0.0, np.maximum(ref.mv_lo - controls, controls - ref.mv_hi)).max(axis=1)
-    moves = controls - np.concatenate((np.broadcast_to(ref.u_now, (len(plans), 1, nu)), controls[:, :-1]), axis=1)
+    moves = np.empty(controls.shape)  # step k: u_k - u_{k-1}, from the current MVs at k = 0
+    moves[:, 0] = controls[:, 0] - ref.u_now
+    moves[:, 1:] = controls[:, 1:] - controls[:, :-1]
     rate = np.maximum(0.0, np.abs(moves) - ref.max_move).max(axis=1)
 
     # CV limits (nominal), engineering units, on the re-simulated CVs.
@@ -212,26 +235,26 @@ def _verify(ref: _Reference, candidates: Sequence[SolveCandidate], simulated: li
     cv_violation = per_step.max(axis=1)
     mismatch = np.abs((predicted - y_eng) / ref.y_std).max(axis=(1, 2))
 
-    mv_allowed, cv_allowed = ref.mv_allowed, ref.cv_allowed
+    # Python lists from here on: one conversion per table instead of one per candidate and number
+    bound_v, rate_v, cv_v, excess_v = (_rows_values(a) for a in (bound, rate, cv_violation, excess))
+    flagged = ((bound > ref.mv_allowed).any(axis=1) | (rate > ref.mv_allowed).any(axis=1)
+               | (excess > ref.cv_allowed).any(axis=1)).tolist()
+    mv_allowed, cv_allowed = ref.mv_allowed.tolist(), ref.cv_allowed.tolist()
     for k, (i, *_) in enumerate(plans):
         candidate, report = candidates[i], reports[i]
         reasons = report["reasons"]
-        report.update(mv_bound_violation=_values(bound[k]), mv_rate_violation=_values(rate[k]),
+        report.update(mv_bound_violation=bound_v[k], mv_rate_violation=rate_v[k],
                       mv_allowed=list(ref.report["mv_allowed"]), max_move=list(ref.report["max_move"]))
-        for name, violation in (("bound", bound[k]), ("rate", rate[k])):
-            for j in (violation > mv_allowed).nonzero()[0]:
-                reasons.append(f"MV {problem.mv_tags[j]} {name} violated by {violation[j]:.6g} "
-                               f"(allowed {mv_allowed[j]:.3g})")
-        report.update(cv_limit_violation=_values(cv_violation[k]), cv_violation_beyond_hold=_values(excess[k]),
+        if flagged[k]:
+            _limit_reasons(problem, reasons, bound[k].tolist(), rate[k].tolist(), cv_violation[k].tolist(),
+                           excess[k].tolist(), mv_allowed, cv_allowed)
+        report.update(cv_limit_violation=cv_v[k], cv_violation_beyond_hold=excess_v[k],
                       cv_allowed=list(ref.report["cv_allowed"]))
-        for j in (excess[k] > cv_allowed).nonzero()[0]:
-            reasons.append(f"CV {problem.cv_tags[j]} limit violated by {cv_violation[k, j]:.6g}, {excess[k, j]:.6g} "
-                           f"more than holding the current MVs (allowed {cv_allowed[j]:.3g})")
         feasible = not reasons
 
-        report["prediction_mismatch"] = float(mismatch[k])
-        if mismatch[k] > tolerances.prediction_abs:
-            reasons.append(f"predicted CVs differ from the re-simulation by {mismatch[k]:.3g} normalised units "
+        report["prediction_mismatch"] = mismatch_k = float(mismatch[k])
+        if mismatch_k > tolerances.prediction_abs:
+            reasons.append(f"predicted CVs differ from the re-simulation by {mismatch_k:.3g} normalised units "
                            f"(allowed {tolerances.prediction_abs:g})")
 
         robust = candidate.kind is CandidateKind.ROBUST
