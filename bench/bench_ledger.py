@@ -13,12 +13,15 @@ Figures (seconds):
   connect_close  the cross-process lock + duckdb.connect + close of the ledger file alone (the fixed
                  cost of a connection per transaction, part of record_solve, absent in a session)
   executemany    Ledger.insert_candidates with 10 000 candidates of one run, own connection (the key
-                 is historical: executemany until 04af45d, a DataFrame insert until issue 8, an Arrow
-                 table with orjson JSON texts since)
-  build_table    building those rows alone as Ledger does (orjson texts + Arrow table), no SQL
-  per_row        the same rows through one INSERT per row, in one transaction (the anchor)
+                 is historical: executemany until 04af45d, a DataFrame insert until issue 8, then an
+                 Arrow table with orjson JSON texts, since schema version 2 an Arrow table with the
+                 plans as list<list<double>> committed by a checkpoint that skips the WAL)
+  build_table    building those rows alone as Ledger does (plans as Arrow lists of doubles, reports
+                 as orjson texts, one Arrow table), no SQL
+  per_row        the same rows through one INSERT per row, in one transaction (the anchor); the
+                 plans as canonical_json texts, which DuckDB casts to the DOUBLE[][] columns
   dataframe      the rows with canonical_json texts as one pandas DataFrame insert, in one transaction
-                 (what insert_candidates did before issue 8)
+                 (what insert_candidates did before issue 8; plan texts cast by DuckDB as above)
   build_rows     building the rows with canonical_json texts alone (4 per candidate), no SQL
   frame_plain    the DataFrame insert with the JSON texts from plain json.dumps (sorted keys, no
                  spaces, NaN refused); checked to give the same texts as canonical_json on these rows
@@ -226,7 +229,7 @@ def main() -> None:
     print(f"record_solve in a session p50 target 5 ms: "
           f"{'PASS' if np.median(result['record_solve_session']) <= 0.005 else 'MISS'}")
     for name in ("build_table", "build_rows"):
-        what = "orjson texts + Arrow table, as Ledger" if name == "build_table" else "canonical_json texts"
+        what = "Arrow plans + orjson reports, as Ledger" if name == "build_table" else "canonical_json texts"
         print(f"{args.batch} candidates, {name:<12} {result[name]:7.3f} s  (building the rows alone: {what}; no SQL)")
     for name in ("executemany", "per_row", "dataframe", "frame_plain"):
         label = "insert_cands" if name == "executemany" else name

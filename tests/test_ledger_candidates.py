@@ -1,4 +1,5 @@
-"""Candidate rows: JSON columns written fast (orjson) read back the canonical values; non-finite refused (issue 8)."""
+"""Candidate rows (issue 8): plans as DOUBLE[][] and reports as orjson JSON read back the canonical values;
+non-finite numbers refused; bulk batches."""
 
 import json
 import math
@@ -10,7 +11,7 @@ import pytest
 
 from optimizer_pipeline.contracts import CandidateKind, ContractError, SolveCandidate, canonical_json
 from optimizer_pipeline.ledger import Ledger
-from optimizer_pipeline.ledger.store import CANDIDATE_ARROW_SCHEMA
+from optimizer_pipeline.ledger.store import BULK_CANDIDATE_ROWS, CANDIDATE_ARROW_SCHEMA
 
 from ledger_helpers import candidates, recommendation, run_row
 
@@ -27,7 +28,7 @@ def candidate(seq=0, controls=((1.0, 2.0),), predicted=((7.0, 7.5),), cost=1.0, 
                           verified=True, independent_cost=cost, verify_report=verify_report or {})
 
 
-def test_json_columns_read_back_the_values_of_the_canonical_texts(ledger):
+def test_plan_and_report_columns_read_back_the_values_of_the_canonical_texts(ledger):
     rng = np.random.default_rng(3)
     awkward = candidate(
         seq=0, controls=tuple(map(tuple, rng.normal(0, 1e-9, (30, 2)).tolist())) + ((1e300, -0.0),),
@@ -42,6 +43,34 @@ def test_json_columns_read_back_the_values_of_the_canonical_texts(ledger):
     for row, c in zip(stored, written, strict=True):
         for column in ("controls", "predicted", "constraints", "verify_report"):
             assert row[column] == json.loads(canonical_json(getattr(c, column))), column
+
+
+def test_plans_read_back_as_nested_lists_of_python_floats(ledger):
+    run_id = ledger.insert_run(run_row())
+    ledger.insert_candidates(run_id, [candidate(seq=0, controls=((1, 2.5), (3.0, 4.0)), predicted=((7.0,),))], "m")
+    row = ledger.list_candidates(run_id=run_id)[0]
+    assert (row["controls"], row["predicted"]) == ([[1.0, 2.5], [3.0, 4.0]], [[7.0]])
+    assert {type(x) for plan in (row["controls"], row["predicted"]) for step in plan for x in step} == {float}
+    assert json.loads(json.dumps(row)) == row  # what `ledger --json` prints, no fallback needed
+
+
+def test_a_candidate_without_a_plan_reads_back_empty_plans(ledger):
+    run_id = ledger.insert_run(run_row())
+    ledger.insert_candidates(run_id, [candidate(seq=0, controls=(), predicted=())], "m")
+    row = ledger.list_candidates(run_id=run_id)[0]
+    assert (row["controls"], row["predicted"]) == ([], [])
+
+
+def test_a_bulk_batch_is_stored_whole_and_leaves_the_checkpoint_threshold_as_it_was(ledger):
+    run_id = ledger.insert_run(run_row())
+    batch = [candidate(seq=i, controls=((float(i), -float(i)),), predicted=((i / 7,),))
+             for i in range(BULK_CANDIDATE_ROWS)]
+    with ledger.session():
+        threshold = ledger.query("SELECT current_setting('checkpoint_threshold') AS t")["t"][0]
+        ledger.insert_candidates(run_id, batch, "m")
+        assert ledger.query("SELECT current_setting('checkpoint_threshold') AS t")["t"][0] == threshold
+    stored = sorted(ledger.list_candidates(run_id=run_id), key=lambda row: row["seq"])
+    assert [(r["controls"], r["predicted"]) for r in stored] == [([[i, -i]], [[i / 7]]) for i in range(len(batch))]
 
 
 def test_candidate_rows_keep_their_ids_kinds_flags_and_costs(ledger):
@@ -61,7 +90,7 @@ def test_candidate_rows_keep_their_ids_kinds_flags_and_costs(ledger):
     ("predicted", ((7.0, 7.5), (math.inf, 7.5)), "[1][0]"),
     ("verify_report", {"cost_abs_diff": -math.inf}, ".cost_abs_diff"),
 ])
-def test_a_non_finite_number_in_a_json_column_is_refused_before_any_write(ledger, column, bad, path):
+def test_a_non_finite_number_in_a_plan_or_report_is_refused_before_any_write(ledger, column, bad, path):
     run = {**run_row(), "id": "or-nonfinite"}
     bad_candidate = candidate(seq=1, **{column: bad})
     with pytest.raises(ContractError, match=rf"candidate 1 of run or-nonfinite, {column}: .*non-finite .* at "
@@ -71,6 +100,15 @@ def test_a_non_finite_number_in_a_json_column_is_refused_before_any_write(ledger
                             evidence_source="simulation")
     counts = ledger.counts()
     assert counts["optimizer_runs"] == counts["optimizer_candidates"] == counts["optimizer_recommendations"] == 0
+
+
+@pytest.mark.parametrize("column, bad", [("controls", ((1.0, None),)), ("predicted", (("7.0",),)),
+                                         ("controls", (None,))])
+def test_a_plan_with_a_missing_or_non_numeric_value_is_refused_naming_it(ledger, column, bad):
+    run_id = ledger.insert_run(run_row())
+    with pytest.raises(ContractError, match=rf"candidate 3 of run {run_id}, {column}: a plan must be rows of numbers"):
+        ledger.insert_candidates(run_id, [candidate(seq=2), candidate(seq=3, **{column: bad})], "m")
+    assert ledger.list_candidates(run_id=run_id) == []
 
 
 def test_non_finite_costs_are_stored_as_null(ledger):

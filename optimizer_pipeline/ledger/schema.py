@@ -150,14 +150,15 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
 
-def apply_schema(conn: duckdb.DuckDBPyConnection) -> list[int]:
-    """Apply the missing migrations inside the caller's transaction; returns the versions applied."""
+def apply_schema(conn: duckdb.DuckDBPyConnection, up_to: int = SCHEMA_VERSION) -> list[int]:
+    """Apply the missing migrations up to version `up_to` (an older one builds a ledger as an earlier
+    release left it, for migration tests) inside the caller's transaction; returns the versions applied."""
     conn.execute("""CREATE TABLE IF NOT EXISTS schema_migrations (
         version INTEGER PRIMARY KEY, description VARCHAR NOT NULL, applied_at TIMESTAMP NOT NULL)""")
     done = {row[0] for row in conn.execute("SELECT version FROM schema_migrations").fetchall()}
     applied = []
     for version, description, statements in MIGRATIONS:
-        if version in done:
+        if version in done or version > up_to:
             continue
         for statement in statements:
             conn.execute(statement)

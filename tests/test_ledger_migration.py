@@ -1,0 +1,58 @@
+"""Schema version 2 (issue 8): a version-1 ledger's JSON plan texts become DOUBLE[][] columns, nothing lost."""
+
+import json
+
+import duckdb
+import pytest
+
+from optimizer_pipeline.ledger import SCHEMA_VERSION, Ledger
+from optimizer_pipeline.ledger.schema import apply_schema
+
+# a version-1 candidate row as that release wrote it: plans and reports as JSON text
+V1_CONTROLS = "[[1.0,2.5],[0.3333333333333333,-0.0],[1e300,1e-310]]"
+V1_PREDICTED = "[[7.0],[123456789.123],[2.5e-07]]"
+V1_ROW = ["oc-abc-0", "or-abc", 0, "nominal", "solved", V1_CONTROLS, V1_PREDICTED, 1.5,
+          '{"slack":0.0}', True, False, None, '{"ok":true}', "m" * 64, "2026-01-02 03:04:05"]
+V1_RUN = ["or-abc", "tanks-1", 1, "track", 1, "p" * 64, '{"why":"test"}', None, None, "succeeded", 1.5,
+          "2026-01-02 03:04:00", "2026-01-02 03:04:05"]
+
+
+@pytest.fixture
+def v1_ledger(tmp_path):
+    """A ledger file at schema version 1 holding one run and two candidates (one with empty plans)."""
+    path = tmp_path / "optimizer.duckdb"
+    conn = duckdb.connect(str(path))
+    assert apply_schema(conn, up_to=1) == [1]
+    conn.execute("INSERT INTO optimizer_runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", V1_RUN)
+    placeholders = ", ".join("?" * len(V1_ROW))
+    conn.execute(f"INSERT INTO optimizer_candidates VALUES ({placeholders})", V1_ROW)
+    conn.execute(f"INSERT INTO optimizer_candidates VALUES ({placeholders})",
+                 ["oc-abc-1", *V1_ROW[1:2], 1, "hold", "hold", "[]", "[]", *V1_ROW[7:]])
+    conn.close()
+    return path
+
+
+def test_opening_a_version_1_ledger_reads_the_plans_back_as_the_same_numbers(v1_ledger):
+    rows = Ledger(v1_ledger).list_candidates(run_id="or-abc")
+    assert [(r["controls"], r["predicted"]) for r in rows] == \
+        [(json.loads(V1_CONTROLS), json.loads(V1_PREDICTED)), ([], [])]
+
+
+def test_opening_a_version_1_ledger_keeps_every_other_candidate_field(v1_ledger):
+    row = Ledger(v1_ledger).list_candidates(run_id="or-abc")[0]
+    assert {k: row[k] for k in ("id", "run_id", "seq", "kind", "solver_status", "cost", "constraints", "feasible",
+                                "verified", "independent_cost", "verify_report", "model_id", "created_at")} == \
+        {"id": "oc-abc-0", "run_id": "or-abc", "seq": 0, "kind": "nominal", "solver_status": "solved", "cost": 1.5,
+         "constraints": {"slack": 0.0}, "feasible": True, "verified": False, "independent_cost": None,
+         "verify_report": {"ok": True}, "model_id": "m" * 64, "created_at": "2026-01-02T03:04:05+00:00"}
+
+
+def test_opening_a_version_1_ledger_records_the_new_version_and_numeric_plan_columns(v1_ledger):
+    ledger = Ledger(v1_ledger)
+    versions = ledger.query("SELECT version FROM schema_migrations ORDER BY version")["version"].tolist()
+    types = ledger.query("""SELECT column_name, data_type FROM information_schema.columns
+                            WHERE table_name = 'optimizer_candidates' AND column_name IN ('controls', 'predicted',
+                            'controls_json', 'predicted_json') ORDER BY column_name""")
+    assert versions == list(range(1, SCHEMA_VERSION + 1)) and SCHEMA_VERSION >= 2
+    assert types.values.tolist() == [["controls", "DOUBLE[][]"], ["predicted", "DOUBLE[][]"]]
+    assert ledger.counts()["optimizer_candidates"] == 2 and len(ledger.list_runs()) == 1
