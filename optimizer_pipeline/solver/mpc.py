@@ -17,7 +17,8 @@ The slack penalty is linear plus quadratic: the linear part makes it exact (no v
 limits can be met, for a large enough weight), the quadratic part keeps the Hessian definite in s
 and spreads an unavoidable violation. P and A depend only on the structure (`structure_key`);
 x0, u_prev, d, bias, limits and targets enter only q, l, u, so a receding-horizon re-solve
-updates vectors and never refactorises.
+updates vectors and never refactorises; the CV limits enter only the soft-limit rows of l and u
+(`with_cv_limits` swaps them for the robust candidate).
 """
 
 from typing import Hashable

@@ -212,8 +212,8 @@ def solve_problem(problem: ProblemIR, cache: SolverCache, time_limit_s: float | 
                            diagnostics)
         if solved is not None and _still_optimal(entry, solved[1], q, constant, q_k, constant_k, l_k, u_k):
             # The robust QP only tightens soft CV limits (its feasible set lies inside the nominal one,
-            # same objective): a nominal optimum that already meets them is the robust optimum too.
-            # Same point, same objective (_still_optimal): the nominal's cost and plan.
+            # same objective): a nominal optimum that already meets them is the robust optimum too,
+            # with the nominal's cost and plan (same point, same objective).
             status, z, report = solved[0], solved[1], dict(solved[2], shared_with_nominal=True)
             cost, plan = solved[3], solved[4]
         else:
