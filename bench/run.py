@@ -180,7 +180,7 @@ def ledger_rows(rounds: int, writes: int, batch: int) -> list[Row]:
     for name, label in (("executemany", "Ledger.insert_candidates (as committed)"),
                         ("per_row", "one INSERT per row (anchor)"),
                         ("dataframe", "DataFrame insert of the same rows, in the bench"),
-                        ("build_table", "  building the rows alone (orjson texts + Arrow table, as Ledger)"),
+                        ("build_table", "  building the rows alone (plans as Arrow lists, reports by orjson, as Ledger)"),
                         ("build_rows", "  building the rows with canonical JSON instead (the old way, no SQL)"),
                         ("frame_plain", "DataFrame insert, JSON texts by plain json.dumps, in the bench")):
         values, spread = once(name)
