@@ -6,8 +6,8 @@ Issue 8. Linux only (reads /proc). Figures (MiB):
                     plants, N = 30), i.e. its high-water mark with warm OSQP caches
   refresh process   peak RSS of `bench/bench_pipeline.py --bindings 100` (Dagster in process, ledger,
                     identification, UQ, the split measurement): getrusage of the reaped process
-  refresh workers   the largest VmHWM among its solver workers, sampled every 0.2 s while it runs
-  refresh tree      the largest sampled sum of VmRSS over the process and its workers
+  refresh workers   the largest VmHWM among its children (solver workers, figure workers), sampled every 0.2 s
+  refresh tree      the largest sampled sum of VmRSS over the process and its children
 
     .venv/bin/python bench/bench_memory.py [--bindings 100] [--steps 200]
 

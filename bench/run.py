@@ -240,8 +240,8 @@ def pipeline_and_memory_rows(rounds: int, bindings: int, worker_steps: int, seed
             values = [w[key] for w in worker]
             rows.append(Row("memory", label, "MiB", values, (min(values), max(values)), "min-max rounds"))
         for key, label in (("process_mib", f"refresh of {bindings}: process peak RSS"),
-                           ("workers_mib", "  its largest solver worker VmHWM (sampled)"),
-                           ("tree_mib", "  process + workers RSS, largest sampled sum")):
+                           ("workers_mib", "  its largest child process VmHWM (solver or figure worker, sampled)"),
+                           ("tree_mib", "  process + children RSS, largest sampled sum")):
             values = [t[key] for t in trees]
             rows.append(Row("memory", label, "MiB", values, (min(values), max(values)), "min-max rounds"))
     return rows, notes
