@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+import orjson
 
 ID_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 
@@ -182,6 +183,71 @@ def canonical_json(value: Any) -> str:
     """Sorted keys, no whitespace, floats as Python's shortest round-trip repr; NaN / inf rejected."""
     return _json_text(value, "")
 
+
+_isfinite = math.isfinite
+_PLAIN_LEAVES = frozenset({str, int, bool, type(None)})  # exact types: enums and numpy scalars go the long way
+
+
+def all_finite(value: Any) -> bool:
+    """Whether every number in `value` is finite (no NaN, no inf); exact. ~35 us on a SolveResult, where
+    canonical_json's walk takes ~0.6-1.2 ms and an item-by-item walk ~0.1 ms.
+
+    Walks dataclasses, mappings, lists, tuples and numpy arrays; other leaves (str, int, bool, None,
+    enums) cannot be non-finite. A sequence of numbers, or of rows of numbers, whose sum is finite
+    holds only finite numbers (a NaN or inf addend makes every later partial sum non-finite), so one
+    C-level sum clears it; a sum that is not finite (or fails: None, strings, deeper nesting, an int
+    too large for a float) sends the walk item by item, which decides exactly.
+    """
+    kind = type(value)
+    if kind is float:
+        return _isfinite(value)
+    if kind in _PLAIN_LEAVES:
+        return True
+    if kind is tuple or kind is list:
+        if not value:
+            return True
+        try:
+            rows = type(value[0]) in (tuple, list)
+            if _isfinite(sum(chain.from_iterable(value)) if rows else sum(value)):
+                return True
+        except (TypeError, OverflowError):
+            pass
+        return all(map(all_finite, value))
+    if kind is dict:
+        return all(map(all_finite, value.values()))
+    if hasattr(value, "__dataclass_fields__"):
+        # orjson writes a dataclass's __dict__ (its slots when it has no __dict__)
+        if hasattr(value, "__dict__"):
+            return all(map(all_finite, value.__dict__.values()))
+        return all(all_finite(getattr(value, name)) for name in value.__dataclass_fields__)
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind in "fc":
+            return bool(np.isfinite(value).all())
+        return value.dtype.kind != "O" or all_finite(value.tolist())
+    if isinstance(value, (float, np.floating)):
+        return bool(np.isfinite(value))
+    if isinstance(value, (list, tuple)):
+        return all_finite(list(value))
+    if isinstance(value, dict):
+        return all_finite(dict(value))
+    return True
+
+
+def fast_json(value: Any) -> bytes:
+    """Compact JSON bytes of `value` by orjson (~10x faster than canonical_json): the same values as
+    canonical_json, not its bytes (dataclass field order, orjson's shortest float text), for what
+    nobody hashes: solver protocol frames, the ledger's report columns.
+
+    orjson writes NaN / inf as `null` without a word: `all_finite` refuses them first, and
+    canonical_json raises its ContractError naming where. A value orjson cannot write (an int beyond
+    64 bits, an unknown type) is written by canonical_json, or refused by it with a ContractError.
+    """
+    if not all_finite(value):
+        canonical_json(value)  # raises, naming the path of the NaN / inf
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY)
+    except orjson.JSONEncodeError:
+        return canonical_json(value).encode()
 
 def sha256_hex(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()

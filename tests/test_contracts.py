@@ -19,6 +19,7 @@ from optimizer_pipeline.contracts import (
     _canonical,
     binding_from_dict,
     canonical_json,
+    fast_json,
     load_binding_file,
 )
 
@@ -264,3 +265,17 @@ def test_contracts_and_ledger_do_not_import_dagster():
             "print('dagster' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_fast_json_writes_the_values_of_canonical_json():
+    value = {"b": [1.0, -0.0, 1e-7, 2.5e300], "a": (1, "x", None, True), "n": np.float64(0.1), "big": 2**70}
+    assert json.loads(fast_json(value)) == json.loads(canonical_json(value))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), np.float64("-inf")])
+def test_fast_json_refuses_a_non_finite_number_naming_where_it_is(bad):
+    with pytest.raises(ContractError) as caught:
+        fast_json({"plan": [[1.0, 2.0], [3.0, bad]]})
+    with pytest.raises(ContractError) as reference:
+        canonical_json({"plan": [[1.0, 2.0], [3.0, bad]]})
+    assert str(caught.value) == str(reference.value) and "[1][1]" in str(caught.value)
