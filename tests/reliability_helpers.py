@@ -351,23 +351,25 @@ def _mixed_writer(path: str, index: int, runs: int, start, queue) -> None:
 
     ledger = Ledger(path)
     start.wait(timeout=120)
-    queue.put(("wrote", [solve(ledger, binding_id=f"w{index}")[0] for _ in range(runs)]))
+    written = [solve(ledger, binding_id=f"w{index}")[0] for _ in range(runs)]
+    queue.put(("wrote", (written, time.time())))
 
 
 def _mixed_reader(path: str, start, stop, queue) -> None:
     """Reads until `stop`: every snapshot must be whole (runs with candidates and recommendation)."""
     ledger = Ledger(path)
     start.wait(timeout=120)
-    reads, errors_seen = 0, []
-    while not stop.is_set() or reads == 0:
+    starts, errors_seen = [], []
+    while not stop.is_set() or not starts:
         try:
+            started = time.time()
             check_ledger_whole(ledger)
             ledger.latest_recommendation("w0")
-            reads += 1
+            starts.append(started)
         except Exception as exc:  # reported to the parent, which fails the check
             errors_seen.append(f"{type(exc).__name__}: {exc}")
             break
-    queue.put(("read", (reads, errors_seen)))
+    queue.put(("read", (starts, errors_seen)))
 
 
 @dataclass
@@ -377,6 +379,7 @@ class MixedLoad:
     runs_each: int
     written: list[str]
     reads: int
+    reads_during_writes: int  # whole-ledger reads that began before the last writer finished
     reader_errors: list[str]
     wall_s: float
 
@@ -392,20 +395,23 @@ def mixed_readers_writers(path: Path, writers: int, readers: int, runs_each: int
     procs += [ctx.Process(target=_mixed_reader, args=(str(path), start, stop, queue)) for _ in range(readers)]
     for proc in procs:
         proc.start()
-    written, reads, reader_errors = [], 0, []
+    written, read_starts, reader_errors, writes_end = [], [], [], 0.0
     for _ in range(writers + readers):
         kind, value = queue.get(timeout=300)
         if kind == "wrote":
-            written += value
+            written += value[0]
+            writes_end = max(writes_end, value[1])
         else:
-            reads += value[0]
+            read_starts += value[0]
             reader_errors += value[1]
         if len(written) == writers * runs_each:
             stop.set()
     for proc in procs:
         proc.join(timeout=60)
         assert proc.exitcode == 0, f"process {proc.pid} exited {proc.exitcode}"
-    return MixedLoad(writers, readers, runs_each, written, reads, reader_errors, time.monotonic() - started)
+    during = sum(start < writes_end for start in read_starts)
+    return MixedLoad(writers, readers, runs_each, written, len(read_starts), during, reader_errors,
+                     time.monotonic() - started)
 
 
 @dataclass

@@ -26,10 +26,10 @@ CALLERS = 4 * WORKERS
 
 
 def test_readers_see_only_whole_runs_while_writer_processes_write(tmp_path):
-    load = mixed_readers_writers(tmp_path / "shared.duckdb", writers=2, readers=2, runs_each=15)
-    assert load.reader_errors == [] and load.reads >= 2 * 2  # each reader overlapped the writes
+    load = mixed_readers_writers(tmp_path / "shared.duckdb", writers=2, readers=2, runs_each=5)
+    assert load.reader_errors == [] and load.reads_during_writes >= 2  # the reads overlapped the writes
     ledger = Ledger(tmp_path / "shared.duckdb")
-    assert check_ledger_whole(ledger, load.written) == len(load.written) == 2 * 15
+    assert check_ledger_whole(ledger, load.written) == len(load.written) == 2 * 5
 
 
 @pytest.fixture
