@@ -30,10 +30,15 @@ def ledger(tmp_path):
     return Ledger(tmp_path / "ledger.duckdb")
 
 
-def test_one_connection_serves_the_bindings_within_the_hold_time(ledger, monkeypatch):
-    opened = []
-    real_open = Ledger._open
-    monkeypatch.setattr(Ledger, "_open", lambda self: opened.append(1) or real_open(self))
+@pytest.fixture
+def opened(monkeypatch) -> list:
+    """One entry per connection the ledger opens (the real open, counted)."""
+    calls, real_open = [], Ledger._open
+    monkeypatch.setattr(Ledger, "_open", lambda self: calls.append(1) or real_open(self))
+    return calls
+
+
+def test_one_connection_serves_the_bindings_within_the_hold_time(ledger, opened):
     with in_ledger_sessions(ledger, range(5), hold_s=60) as items:
         for _ in items:
             ledger.list_bindings()
@@ -41,10 +46,7 @@ def test_one_connection_serves_the_bindings_within_the_hold_time(ledger, monkeyp
     assert len(opened) == 1
 
 
-def test_the_lock_is_let_go_after_the_hold_time(ledger, monkeypatch):
-    opened = []
-    real_open = Ledger._open
-    monkeypatch.setattr(Ledger, "_open", lambda self: opened.append(1) or real_open(self))
+def test_the_lock_is_let_go_after_the_hold_time(ledger, opened):
     with in_ledger_sessions(ledger, range(3), hold_s=0) as items:
         for _ in items:
             ledger.list_bindings()
