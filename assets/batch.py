@@ -3,12 +3,12 @@
 Every binding asset is a single-output `multi_asset` with `BackfillPolicy.single_run()`: a run covers
 one binding partition (sensors) or a range of them (a refresh of every binding, a UI backfill), and
 the asset function loops over `context.partition_keys`. Its value is a dict binding id -> value,
-stored one file per partition by `resources.asset_store.BindingsIOManager`, so a later one-partition run loads exactly
-the partitions it needs. Per binding, the UI metadata goes through
+stored one file per partition by `resources.asset_store.BindingsIOManager`, so a later
+one-partition run loads exactly the partitions it needs. Per binding, the UI metadata goes through
 `context.add_asset_metadata(..., partition_key=...)` and the checks through `record_checks`
 (one AssetCheckEvaluation per partition, linked to that partition's materialization in this run).
-Measured: ~1.5 s of Dagster per run (run storage, step events, IO) shared by every binding of the
-run instead of paid per binding.
+Measured (BENCHMARKS.md): ~1.5 s of Dagster per run (run storage, step events, IO), paid once per
+run instead of once per binding: 100 bindings 186 s as 100 runs, 53 s as one.
 """
 
 import time
