@@ -34,7 +34,7 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
     AssetCheckEvaluationTargetMaterializationData,
 )
 
-from assets.partitions import BINDINGS
+from optimizer_pipeline.assets.partitions import BINDINGS
 from optimizer_pipeline.ledger import Ledger
 
 T = TypeVar("T")

@@ -6,14 +6,14 @@ from typing import Callable
 
 from dagster import AssetExecutionContext, MetadataValue, Output, TableColumn, TableRecord, TableSchema
 
-from assets.batch import Check, add_partition_metadata, binding_asset, in_ledger_sessions, record_checks
-from assets.partitions import CALIBRATION_GROUP
+from optimizer_pipeline.assets.batch import Check, add_partition_metadata, binding_asset, in_ledger_sessions, record_checks
+from optimizer_pipeline.assets.partitions import CALIBRATION_GROUP
 from optimizer_pipeline import pipeline, plots, uq
 from optimizer_pipeline.contracts import HistorySplit, ModelArtifact, utc_now
 from optimizer_pipeline.data import prepare_history, validate_history_frame
 from optimizer_pipeline.model import identify
-from resources.ledger import LedgerResource
-from resources.plant_store import PlantStoreResource
+from optimizer_pipeline.resources.ledger import LedgerResource
+from optimizer_pipeline.resources.plant_store import PlantStoreResource
 
 GATE_CHECKS = ("G1", "G2", "G3", "G4")
 

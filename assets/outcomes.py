@@ -4,10 +4,10 @@ from dagster import AssetExecutionContext, MetadataValue, Output, TableColumn, T
 
 import numpy as np
 
-from assets.batch import binding_asset
+from optimizer_pipeline.assets.batch import binding_asset
 from optimizer_pipeline import outcomes, plots
 from optimizer_pipeline.contracts import OutcomeVerdict, parse_iso_utc
-from resources.ledger import LedgerResource
+from optimizer_pipeline.resources.ledger import LedgerResource
 
 OUTCOMES_GROUP = "outcomes"
 RECENT_ROWS = 20  # outcomes listed in the UI table (newest first)

@@ -4,8 +4,8 @@ from typing import Callable
 
 from dagster import AssetExecutionContext, MetadataValue, Output, TableColumn, TableRecord, TableSchema
 
-from assets.batch import Check, add_partition_metadata, binding_asset, in_ledger_sessions, record_checks
-from assets.partitions import RECOMMENDATION_GROUP
+from optimizer_pipeline.assets.batch import Check, add_partition_metadata, binding_asset, in_ledger_sessions, record_checks
+from optimizer_pipeline.assets.partitions import RECOMMENDATION_GROUP
 from optimizer_pipeline import pipeline, plots
 from optimizer_pipeline.contracts import (
     BindingSpec,
@@ -17,9 +17,9 @@ from optimizer_pipeline.contracts import (
     SolveResult,
     utc_now,
 )
-from resources.ledger import LedgerResource
-from resources.plant_store import PlantStoreResource
-from resources.solver import SolverPoolResource
+from optimizer_pipeline.resources.ledger import LedgerResource
+from optimizer_pipeline.resources.plant_store import PlantStoreResource
+from optimizer_pipeline.resources.solver import SolverPoolResource
 
 
 def _plan_table(rec) -> MetadataValue:

@@ -20,12 +20,12 @@ from dagster import (
 
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
-from assets.outcomes import OUTCOMES_GROUP
-from assets.partitions import BINDINGS, CALIBRATION_GROUP, RECOMMENDATION_GROUP
+from optimizer_pipeline.assets.outcomes import OUTCOMES_GROUP
+from optimizer_pipeline.assets.partitions import BINDINGS, CALIBRATION_GROUP, RECOMMENDATION_GROUP
 from optimizer_pipeline.contracts import parse_iso_utc, utc_now
 from optimizer_pipeline.outcomes import drift_finding
 from optimizer_pipeline.settings import Settings
-from resources.ledger import LedgerResource
+from optimizer_pipeline.resources.ledger import LedgerResource
 
 
 def partition_ranges(ordered_keys: Sequence[str], wanted: Sequence[str]) -> list[tuple[str, str]]:

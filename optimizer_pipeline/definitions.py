@@ -5,11 +5,11 @@ from pathlib import Path
 
 from dagster import Definitions, load_assets_from_modules
 
-import assets.calibration
-import assets.outcomes
-import assets.recommendation
-from assets.outcomes import OUTCOMES_GROUP
-from assets.partitions import CALIBRATION_GROUP, RECOMMENDATION_GROUP
+from optimizer_pipeline.assets import calibration as calibration_assets
+from optimizer_pipeline.assets import outcomes as outcome_assets
+from optimizer_pipeline.assets import recommendation as recommendation_assets
+from optimizer_pipeline.assets.outcomes import OUTCOMES_GROUP
+from optimizer_pipeline.assets.partitions import CALIBRATION_GROUP, RECOMMENDATION_GROUP
 from optimizer_pipeline.automation import (
     binding_changes_sensor,
     outcome_drift_sensor,
@@ -22,18 +22,18 @@ from optimizer_pipeline.automation import (
     uq_freshness_sensor,
 )
 from optimizer_pipeline.settings import load_settings, resolve_home
-from resources.asset_store import BindingsIOManager
-from resources.ledger import LedgerResource
-from resources.plant_store import PlantStoreResource
-from resources.solver import SolverPoolResource
+from optimizer_pipeline.resources.asset_store import BindingsIOManager
+from optimizer_pipeline.resources.ledger import LedgerResource
+from optimizer_pipeline.resources.plant_store import PlantStoreResource
+from optimizer_pipeline.resources.solver import SolverPoolResource
 
 
 def build_definitions(home: Path) -> Definitions:
     settings = load_settings(home)
     return Definitions(
-        assets=[*load_assets_from_modules([assets.calibration], group_name=CALIBRATION_GROUP),
-                *load_assets_from_modules([assets.recommendation], group_name=RECOMMENDATION_GROUP),
-                *load_assets_from_modules([assets.outcomes], group_name=OUTCOMES_GROUP)],
+        assets=[*load_assets_from_modules([calibration_assets], group_name=CALIBRATION_GROUP),
+                *load_assets_from_modules([recommendation_assets], group_name=RECOMMENDATION_GROUP),
+                *load_assets_from_modules([outcome_assets], group_name=OUTCOMES_GROUP)],
         resources={
             "io_manager": BindingsIOManager(),
             "ledger": LedgerResource(home=str(home)),

@@ -11,7 +11,7 @@ from optimizer_pipeline.contracts import binding_from_dict, utc_now
 from optimizer_pipeline.model import identify
 from optimizer_pipeline.data import prepare_history
 from optimizer_pipeline.plants import get_plant
-from resources.ledger import LedgerResource
+from optimizer_pipeline.resources.ledger import LedgerResource
 
 from pipeline_fixtures import SEED, DemoHome, seed_home
 

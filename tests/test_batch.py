@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from assets.batch import in_ledger_sessions
+from optimizer_pipeline.assets.batch import in_ledger_sessions
 from optimizer_pipeline.ledger import Ledger, LedgerBusyError
 
 

@@ -18,7 +18,7 @@ from optimizer_pipeline import cli
 from optimizer_pipeline.contracts import Outcome, Recommendation, RecommendationStatus, Template, iso_utc, parse_iso_utc, utc_now
 from optimizer_pipeline.outcomes import EVALUATION_SUFFIX, Observation, record_outcome
 from optimizer_pipeline.plants import get_plant
-from resources.ledger import LedgerResource
+from optimizer_pipeline.resources.ledger import LedgerResource
 
 from pipeline_fixtures import SEED, DemoHome, seed_home
 

@@ -7,7 +7,7 @@ import pytest
 from dagster import asset, materialize
 
 from optimizer_pipeline.contracts import ProblemIR, StateSpace, Template
-from resources.solver import SolverPoolResource
+from optimizer_pipeline.resources.solver import SolverPoolResource
 
 seen: dict[str, list] = {}  # what the assets saw, for the assertions after the run
 
