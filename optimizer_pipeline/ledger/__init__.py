@@ -1,17 +1,22 @@
-"""The append-only DuckDB ledger (the only module with SQL)."""
+"""The append-only ledger: one `Ledger` interface (the only code with SQL), typed records, backends."""
 
-from optimizer_pipeline.ledger.schema import SCHEMA_VERSION
-from optimizer_pipeline.ledger.store import (
+from optimizer_pipeline.ledger.errors import LedgerBusyError, LedgerError, NotFoundError, RunStateError
+from optimizer_pipeline.ledger.records import (
+    BindingFailure,
     BindingUpsert,
-    Ledger,
-    LedgerBusyError,
-    LedgerError,
-    NotFoundError,
-    RunStateError,
+    CalibrationRecord,
+    CandidateRecord,
+    HistorySplitRecord,
+    OutcomeRecord,
+    RecommendationRecord,
+    RunRecord,
     StoredBinding,
     candidate_id,
     new_id,
 )
+from optimizer_pipeline.ledger.repository import Ledger
+from optimizer_pipeline.ledger.schema import SCHEMA_VERSION
 
-__all__ = ["SCHEMA_VERSION", "BindingUpsert", "Ledger", "LedgerBusyError", "LedgerError", "NotFoundError",
-           "RunStateError", "StoredBinding", "candidate_id", "new_id"]
+__all__ = ["SCHEMA_VERSION", "BindingFailure", "BindingUpsert", "CalibrationRecord", "CandidateRecord",
+           "HistorySplitRecord", "Ledger", "LedgerBusyError", "LedgerError", "NotFoundError", "OutcomeRecord",
+           "RecommendationRecord", "RunRecord", "RunStateError", "StoredBinding", "candidate_id", "new_id"]

@@ -145,6 +145,35 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
         "USING CAST(predicted_json AS DOUBLE[][])",
         "ALTER TABLE optimizer_candidates RENAME COLUMN predicted_json TO predicted",
     ]),
+    # The ledger as the one store of the binding assets: plant_history records how it split the
+    # stored samples (so a later step rebuilds the same split), and a batch records each binding
+    # stage that failed (queryable per binding; the other bindings of the batch go on).
+    (3, "history splits and binding failures", [
+        """CREATE TABLE history_splits (
+            id VARCHAR PRIMARY KEY,
+            binding_id VARCHAR NOT NULL,
+            binding_revision INTEGER NOT NULL,
+            samples_through TIMESTAMP NOT NULL,  -- the newest ingested_at of the samples it split
+            seed INTEGER NOT NULL,
+            data_hash VARCHAR NOT NULL,          -- content hash of the cleaned train / val / test / live runs
+            train_runs_json VARCHAR NOT NULL,
+            val_runs_json VARCHAR NOT NULL,
+            test_runs_json VARCHAR NOT NULL,
+            live_run VARCHAR,
+            report_json VARCHAR NOT NULL,
+            created_at TIMESTAMP NOT NULL
+        )""",
+        """CREATE TABLE binding_failures (
+            id VARCHAR PRIMARY KEY,
+            binding_id VARCHAR NOT NULL,
+            binding_revision INTEGER,
+            stage VARCHAR NOT NULL,              -- plant_history | model_artifact | ... | recommendation
+            error VARCHAR NOT NULL,              -- the error's kind (class name)
+            message VARCHAR NOT NULL,
+            dagster_run_id VARCHAR,
+            created_at TIMESTAMP NOT NULL
+        )""",
+    ]),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]

@@ -1,0 +1,245 @@
+"""Typed rows of the ledger: what its reads return (frozen dataclasses, one per table).
+
+Column names stay inside the ledger package: callers read named fields. JSON columns are decoded
+(`context_json` -> `context`), plans are nested lists of floats, timestamps ISO 8601 UTC text, and a
+row converts back to plain JSON with `to_json_dict()` (the `ledger --json` output).
+"""
+
+import dataclasses
+import json
+import math
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Sequence, TypeVar
+
+from optimizer_pipeline.contracts import BindingSpec, parse_iso_utc, utc_now
+
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class StoredBinding:
+    """One revision of a binding as stored (`binding_revisions`)."""
+
+    spec: BindingSpec
+    revision: int
+    spec_hash: str
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class BindingUpsert:
+    """What storing a binding did: a new binding, a new revision, or nothing (same spec)."""
+
+    binding_id: str
+    revision: int
+    created: bool  # first revision of a new binding
+    changed: bool  # a new revision was written
+    expired: int  # open recommendations expired by the change
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One optimizer run (`optimizer_runs`): a solve of one ProblemIR, `running` until it ends once."""
+
+    id: str
+    binding_id: str
+    binding_revision: int
+    profile_id: str
+    profile_version: int
+    problem_ir_hash: str | None
+    context: dict[str, Any]
+    problem: dict[str, Any] | None
+    diagnostics: dict[str, Any] | None
+    status: str
+    independent_cost: float | None
+    started_at: str
+    finished_at: str | None
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class CandidateRecord:
+    """One candidate of a run (`optimizer_candidates`); plans in engineering units (steps x tags)."""
+
+    id: str
+    run_id: str
+    seq: int
+    kind: str
+    solver_status: str
+    controls: list[list[float]]
+    predicted: list[list[float]]
+    cost: float | None
+    constraints: dict[str, Any]
+    feasible: bool
+    verified: bool
+    independent_cost: float | None
+    verify_report: dict[str, Any]
+    model_id: str
+    created_at: str
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class RecommendationRecord:
+    """One published recommendation (`optimizer_recommendations`) with its current status; `payload`
+    is the recommendation JSON as created."""
+
+    id: str
+    run_id: str
+    binding_id: str
+    binding_revision: int
+    candidate_id: str | None
+    template: str
+    problem_ir_hash: str
+    model_artifact_hash: str
+    evidence_source: str
+    uq_evidence: dict[str, Any] | None
+    status: str
+    status_label: str
+    reasons: list[str]
+    payload: dict[str, Any]
+    created_at: str
+    valid_until: str
+    expired_at: str | None
+    expired_reason: str | None
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def document(self) -> dict[str, Any]:
+        """The recommendation JSON (README "Recommendation JSON"): the published payload with the
+        current status, and the reason when it expired."""
+        doc = dict(self.payload, status=self.status, status_label=self.status_label)
+        if self.status == "expired":
+            doc["expired_reason"] = self.expired_reason
+        return doc
+
+
+@dataclass(frozen=True)
+class OutcomeRecord:
+    """One outcome (`optimizer_outcomes`): an observation after applying a recommendation, and its verdict."""
+
+    id: str
+    recommendation_id: str
+    binding_id: str
+    applied_at: str
+    observed: dict[str, Any]
+    delta: dict[str, Any]
+    verdict: str | None
+    details: dict[str, Any]
+    created_at: str
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class CalibrationRecord:
+    """One stored calibration (`uq_calibrations`) of a model artifact."""
+
+    id: str
+    binding_id: str
+    binding_revision: int
+    artifact_hash: str
+    calibrated_at: str
+    has_evidence: bool
+    method: str | None
+    coverage: float | None
+    threshold: float | None
+    evidence: dict[str, Any]
+    reasons: list[str]
+
+
+@dataclass(frozen=True)
+class HistorySplitRecord:
+    """How `plant_history` split a binding's stored samples (`history_splits`): enough to rebuild the
+    same split later (the samples ingested up to `samples_through`, split again with `seed`) and to
+    check it (`data_hash`)."""
+
+    id: str
+    binding_id: str
+    binding_revision: int
+    samples_through: str
+    seed: int
+    data_hash: str
+    train_runs: list[str]
+    val_runs: list[str]
+    test_runs: list[str]
+    live_run: str | None
+    report: dict[str, Any]
+    created_at: str
+
+
+@dataclass(frozen=True)
+class BindingFailure:
+    """A stage of one binding that failed in a batch (`binding_failures`): nothing of that stage was
+    written; the other bindings of the batch went on."""
+
+    id: str
+    binding_id: str
+    binding_revision: int | None
+    stage: str
+    error: str
+    message: str
+    dagster_run_id: str | None
+    created_at: str
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def new_id(prefix: str) -> str:
+    """A ledger id: `<kind prefix>-<16 hex digits>` (runs `or-`, recommendations `rec-`, outcomes `out-` ...)."""
+    return f"{prefix}-{uuid.uuid4().hex[:16]}"
+
+
+def candidate_id(run_id: str, seq: int) -> str:
+    """Candidate ids are `oc-<run suffix>-<seq>`."""
+    return f"oc-{run_id.removeprefix('or-')}-{seq}"
+
+
+def naive_now() -> datetime:
+    """Now as naive UTC (the ledger's TIMESTAMP columns)."""
+    return utc_now().replace(tzinfo=None)
+
+
+def naive(moment: "str | datetime | None") -> datetime:
+    """UTC naive datetime for TIMESTAMP columns (None -> now)."""
+    if moment is None:
+        return naive_now()
+    if isinstance(moment, str):
+        moment = parse_iso_utc(moment)
+    return moment if moment.tzinfo is None else moment.astimezone(timezone.utc).replace(tzinfo=None)
+
+
+def iso(value: datetime | None) -> str | None:
+    """A TIMESTAMP column (naive UTC) as ISO 8601 UTC text."""
+    if value is None:
+        return None
+    return (value if value.tzinfo else value.replace(tzinfo=timezone.utc)).isoformat()
+
+
+def _decode(name: str, value: Any) -> tuple[str, Any]:
+    if name.endswith("_json"):
+        return name[:-5], None if value is None else json.loads(value)
+    if isinstance(value, datetime):
+        return name, iso(value)
+    if isinstance(value, float) and math.isnan(value):
+        return name, None
+    return name, value
+
+
+def from_rows(kind: type[R], columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[R]:
+    """Rows of a `SELECT *` (in table order) as records of `kind`; a column the record does not name
+    is an error here, not a silently dropped field."""
+    out = []
+    for row in rows:
+        fields = dict(_decode(name, value) for name, value in zip(columns, row))
+        out.append(kind(**fields))
+    return out
