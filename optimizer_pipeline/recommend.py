@@ -8,12 +8,13 @@ the UI's conditions table shows them all, so there is one rule, not two.
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Mapping, Sequence
+from typing import Sequence
 
 from optimizer_pipeline.contracts import (
     BindingSpec,
     CandidateKind,
     Condition,
+    EvidenceSnapshot,
     EvidenceSource,
     ModelArtifact,
     ProblemIR,
@@ -25,20 +26,6 @@ from optimizer_pipeline.contracts import (
     parse_iso_utc,
 )
 from optimizer_pipeline.ledger import candidate_id, new_id
-
-
-@dataclass(frozen=True)
-class EvidenceSnapshot:
-    """What the calibration says at decision time."""
-
-    source: str  # simulation | real (where the calibration data came from)
-    has_evidence: bool
-    uq: Mapping[str, Any] | None  # the UQ evidence document as stored
-    uq_checks: tuple[Condition, ...]  # uq.gate_checks under the configured gate
-    calibrated_at: str | None
-    calibration_fresh: bool
-    fresh_days: float
-    input_distance: float | None
 
 
 @dataclass(frozen=True)

@@ -1,29 +1,29 @@
-"""UQ evidence (DESIGN.md "UQ evidence rules"): block scores of val / test runs, block-conformal
+"""UQ evidence rules (DESIGN.md "UQ evidence rules"): block scores of val / test runs, block-conformal
 qhat and test coverage, the verified-coverage threshold, the Clopper-Pearson bound and the
 exchangeability p-value (beyond the spec), the seed / strict gates, input distance and freshness.
 
 Units: scores, qhat and input distances are in the artifact's normalised units; `band_engineering`
-converts qhat to engineering units.
+converts qhat to engineering units. The evidence vocabulary (BlockScores, UQEvidence) lives in
+optimizer_pipeline.contracts.evidence.
 """
 
-import json
 import logging
 import math
-from dataclasses import dataclass, fields
 from datetime import datetime, timedelta, timezone
 from fractions import Fraction
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 from scipy import stats
 
 from optimizer_pipeline.contracts import (
     MIN_STD,
+    BlockScores,
     Condition,
     ContractError,
     ModelArtifact,
     RunSeries,
-    canonical_json,
+    UQEvidence,
     parse_iso_utc,
 )
 from optimizer_pipeline.model.artifact import stack_for
@@ -58,28 +58,6 @@ class UQInputError(ContractError):
 
 
 # --------------------------------------------------------------------------- block scores
-
-
-@dataclass(frozen=True, eq=False)
-class BlockScores:
-    """Scores of non-overlapping h-step blocks (normalised units).
-
-    run_ids (n_blocks,) str and starts (n_blocks,) int: the run and the local row k of the block's
-    initial (measured) state; the block covers y[k+1 .. k+h]. scores (n_blocks, n_cv): max over the
-    block of |measured - predicted|. n_runs counts runs with at least one block.
-    """
-
-    cv_tags: tuple[str, ...]
-    h: int
-    run_ids: np.ndarray
-    starts: np.ndarray
-    scores: np.ndarray
-    n_unique_steps: int
-    n_runs: int
-
-    @property
-    def n_blocks(self) -> int:
-        return int(self.scores.shape[0])
 
 
 def _max_over_steps(values: np.ndarray) -> np.ndarray:
@@ -125,51 +103,6 @@ def block_scores(artifact: ModelArtifact, runs: Sequence[RunSeries], h: int | No
 
 
 # --------------------------------------------------------------------------- evidence
-
-
-@dataclass(frozen=True)
-class UQEvidence:
-    """Block-conformal calibration of one artifact (canonical-JSON-able).
-
-    method: "split_conformal" | "empirical_max" | None (no evidence, see `reasons`).
-    qhat (n_cv,) normalised units; coverage = min over CVs of the covered fraction of test blocks.
-    """
-
-    method: str | None
-    alpha: float
-    block_length: int
-    cv_tags: tuple[str, ...]
-    qhat: tuple[float, ...] | None
-    rank_k: int | None  # split_conformal: k = ceil((n + 1)(1 - alpha))
-    safety_factor: float | None  # empirical_max: qhat = max(val) * factor
-    n_val_blocks: int
-    n_val_runs: int
-    n_test_blocks: int
-    n_test_runs: int
-    n_unique_test_steps: int
-    coverage: float | None
-    coverage_per_cv: tuple[float, ...] | None
-    coverage_threshold: float | None
-    coverage_lower_95: float | None  # one-sided Clopper-Pearson lower bound of the worst CV's coverage
-    exchangeability_p: float | None
-    exchangeability_test: str
-    reasons: tuple[str, ...]
-    calibrated_at: str | None = None
-
-    @property
-    def has_evidence(self) -> bool:
-        return self.method is not None
-
-    def to_dict(self) -> dict[str, Any]:
-        return json.loads(canonical_json(self))
-
-    @staticmethod
-    def from_dict(doc: Mapping[str, Any]) -> "UQEvidence":
-        values = {f.name: doc.get(f.name) for f in fields(UQEvidence)}
-        for name in ("cv_tags", "qhat", "coverage_per_cv", "reasons"):
-            if values[name] is not None:
-                values[name] = tuple(values[name])
-        return UQEvidence(**values)
 
 
 def _alpha(alpha: Any) -> Fraction:

@@ -1,0 +1,65 @@
+"""Contracts: the frozen vocabulary of the product (DESIGN.md "Vocabulary") and its canonical JSON.
+
+One module per group of words; every name is re-exported here, so `from
+optimizer_pipeline.contracts import X` is the one way to use them:
+
+  canonical       canonical JSON, fast_json, all_finite, sha256 / content hash, ContractError
+  timeutil        utc_now, iso_utc, parse_iso_utc
+  binding         Template, MV / CV / DV specs, ModelSettings, Profile, BindingSpec and its loaders
+  history         RunSeries, HistorySplit
+  model           Normalisation, StateSpace, Gate, ModelArtifact, MIN_STD
+  problem         ProblemIR
+  solve           CandidateKind, SolveCandidate, SolveResult
+  evidence        BlockScores, UQEvidence
+  recommendation  RecommendationStatus, EvidenceSource, Condition, Recommendation, EvidenceSnapshot
+  outcome         OutcomeVerdict, Outcome
+
+Units are stated per field. "Engineering units" are the plant's own; "normalised units" are
+z = (x - mean) / std with the train statistics of the model artifact.
+"""
+
+from optimizer_pipeline.contracts.binding import (
+    ID_PATTERN,
+    BindingSpec,
+    CVSpec,
+    DVSpec,
+    ModelSettings,
+    MVSpec,
+    Profile,
+    Template,
+    binding_from_dict,
+    binding_from_json,
+    load_binding_file,
+)
+from optimizer_pipeline.contracts.canonical import (
+    ContractError,
+    _canonical,  # the definition canonical_json is tested against (tests/test_contracts.py)
+    all_finite,
+    canonical_json,
+    content_hash,
+    fast_json,
+    sha256_hex,
+)
+from optimizer_pipeline.contracts.evidence import BlockScores, UQEvidence
+from optimizer_pipeline.contracts.history import HistorySplit, RunSeries
+from optimizer_pipeline.contracts.model import MIN_STD, Gate, ModelArtifact, Normalisation, StateSpace
+from optimizer_pipeline.contracts.outcome import Outcome, OutcomeVerdict
+from optimizer_pipeline.contracts.problem import ProblemIR
+from optimizer_pipeline.contracts.recommendation import (
+    Condition,
+    EvidenceSnapshot,
+    EvidenceSource,
+    Recommendation,
+    RecommendationStatus,
+)
+from optimizer_pipeline.contracts.solve import CandidateKind, SolveCandidate, SolveResult
+from optimizer_pipeline.contracts.timeutil import iso_utc, parse_iso_utc, utc_now
+
+__all__ = [
+    "ID_PATTERN", "MIN_STD", "BindingSpec", "BlockScores", "CVSpec", "CandidateKind", "Condition", "ContractError",
+    "DVSpec", "EvidenceSnapshot", "EvidenceSource", "Gate", "HistorySplit", "MVSpec", "ModelArtifact",
+    "ModelSettings", "Normalisation", "Outcome", "OutcomeVerdict", "ProblemIR", "Profile", "Recommendation",
+    "RecommendationStatus", "RunSeries", "SolveCandidate", "SolveResult", "StateSpace", "Template", "UQEvidence",
+    "all_finite", "binding_from_dict", "binding_from_json", "canonical_json", "content_hash", "fast_json",
+    "iso_utc", "load_binding_file", "parse_iso_utc", "sha256_hex", "utc_now",
+]

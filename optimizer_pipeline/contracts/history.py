@@ -1,0 +1,45 @@
+"""Plant history on the binding's sample grid: one run (RunSeries) and the runs of a binding split
+for training (HistorySplit). Engineering units."""
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from optimizer_pipeline.contracts.model import Normalisation
+
+
+@dataclass(frozen=True, eq=False)
+class RunSeries:
+    """One run aligned to the binding's sample grid, engineering units.
+
+    t: (n,) seconds since epoch; u: (n, n_mv); y: (n, n_cv); d: (n, n_dv) (n_dv may be 0).
+    Row k holds the samples at t[k]; u[k] is the MV value held from t[k] to t[k+1].
+    """
+
+    run_id: str
+    t: np.ndarray
+    u: np.ndarray
+    y: np.ndarray
+    d: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.t.shape[0])
+
+
+@dataclass(frozen=True, eq=False)
+class HistorySplit:
+    """Cleaned runs of one binding split by run (never by row); normalisation from train only.
+
+    `live` is the run with the latest timestamp (excluded from train / val / test): its last row
+    is "now". `report` lists every dropped / split run with its reason (shown in the UI).
+    `data_hash` is a sha256 over the cleaned samples of every split (for the artifact).
+    """
+
+    train: tuple[RunSeries, ...]
+    val: tuple[RunSeries, ...]
+    test: tuple[RunSeries, ...]
+    live: RunSeries | None
+    normalisation: Normalisation
+    report: Mapping[str, Any]
+    data_hash: str

@@ -1,0 +1,121 @@
+"""The identified model: train normalisation, the state-space realisation, the quality gates and
+the ModelArtifact that records them (normalised units z = (x - mean) / std)."""
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from optimizer_pipeline.contracts.canonical import canonical_json, content_hash, tuple1, tuple2
+
+
+# A train std below this means the tag never moved: normalised units are undefined and any distance
+# from the training data is infinite (DESIGN UQ rule "sigma < 1e-9 -> inf").
+MIN_STD = 1e-9
+
+
+@dataclass(frozen=True)
+class Normalisation:
+    """Train statistics per tag: z = (x - mean) / std."""
+
+    tags: tuple[str, ...]
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+    def of(self, tags: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        index = {t: i for i, t in enumerate(self.tags)}
+        idx = [index[t] for t in tags]
+        return np.asarray(self.mean, float)[idx], np.asarray(self.std, float)[idx]
+
+
+@dataclass(frozen=True)
+class StateSpace:
+    """Affine discrete-time model in normalised units (the ARX realisation).
+
+    x[k+1] = A x[k] + B u[k] + E d[k] + f ;  y[k] = C x[k]
+    A (nx, nx), B (nx, nu), E (nx, nd), f (nx,), C (ny, nx).
+    u[k] is held during step k; y[k+1] = C x[k+1] is the CV at the end of step k.
+    """
+
+    A: tuple[tuple[float, ...], ...]
+    B: tuple[tuple[float, ...], ...]
+    E: tuple[tuple[float, ...], ...]
+    f: tuple[float, ...]
+    C: tuple[tuple[float, ...], ...]
+
+    @staticmethod
+    def of(A: Any, B: Any, E: Any, f: Any, C: Any) -> "StateSpace":
+        A = np.atleast_2d(np.asarray(A, float))
+        nx = A.shape[0]
+        B = np.asarray(B, float).reshape(nx, -1)
+        E = np.asarray(E, float).reshape(nx, -1)
+        C = np.asarray(C, float).reshape(-1, nx)
+        return StateSpace(tuple2(A), tuple2(B), tuple2(E), tuple1(np.asarray(f, float).reshape(nx)), tuple2(C))
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        nx = len(self.A)
+        return (np.asarray(self.A, float).reshape(nx, nx),
+                np.asarray(self.B, float).reshape(nx, -1),
+                np.asarray(self.E, float).reshape(nx, -1),
+                np.asarray(self.f, float).reshape(nx),
+                np.asarray(self.C, float).reshape(-1, nx))
+
+
+@dataclass(frozen=True)
+class Gate:
+    name: str  # G1 .. G4
+    description: str
+    value: float | None  # None when not measurable (the description says why; the gate then fails)
+    threshold: float
+    passed: bool
+
+
+@dataclass(frozen=True)
+class ModelArtifact:
+    """The identified model of one binding revision; `artifact_hash` covers every field."""
+
+    binding_id: str
+    binding_revision: int
+    mv_tags: tuple[str, ...]
+    cv_tags: tuple[str, ...]
+    dv_tags: tuple[str, ...]
+    na: int
+    nb: int
+    delay: int
+    horizon: int  # training horizon P
+    sample_period_s: float
+    coefficients: Mapping[str, Any]  # ARX parameters in normalised units (model module's layout)
+    state_space: StateSpace
+    normalisation: Normalisation
+    gates: tuple[Gate, ...]
+    splits: Mapping[str, tuple[str, ...]]  # train / val / test / live -> run ids
+    training_data_hash: str
+    selection: Mapping[str, Any] = field(default_factory=dict)  # order choice record
+
+    def to_dict(self) -> dict[str, Any]:
+        return json.loads(canonical_json(self))
+
+    @property
+    def artifact_hash(self) -> str:
+        return content_hash(self)
+
+    @property
+    def gates_passed(self) -> bool:
+        return all(g.passed for g in self.gates)
+
+    @staticmethod
+    def from_dict(doc: Mapping[str, Any]) -> "ModelArtifact":
+        ss = doc["state_space"]
+        return ModelArtifact(
+            binding_id=doc["binding_id"], binding_revision=int(doc["binding_revision"]),
+            mv_tags=tuple(doc["mv_tags"]), cv_tags=tuple(doc["cv_tags"]), dv_tags=tuple(doc["dv_tags"]),
+            na=int(doc["na"]), nb=int(doc["nb"]), delay=int(doc["delay"]), horizon=int(doc["horizon"]),
+            sample_period_s=float(doc["sample_period_s"]), coefficients=doc["coefficients"],
+            state_space=StateSpace(tuple2(ss["A"]), tuple2(ss["B"]), tuple2(ss["E"]), tuple1(ss["f"]), tuple2(ss["C"])),
+            normalisation=Normalisation(tuple(doc["normalisation"]["tags"]), tuple1(doc["normalisation"]["mean"]),
+                                        tuple1(doc["normalisation"]["std"])),
+            gates=tuple(Gate(**g) for g in doc["gates"]),
+            splits={k: tuple(v) for k, v in doc["splits"].items()},
+            training_data_hash=doc["training_data_hash"], selection=doc.get("selection", {}),
+        )

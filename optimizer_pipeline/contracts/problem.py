@@ -1,0 +1,92 @@
+"""ProblemIR: a fully compiled optimisation problem in normalised model units, and its hash."""
+
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from optimizer_pipeline.contracts.binding import Template
+from optimizer_pipeline.contracts.canonical import canonical_json, sha256_hex, tuple1, tuple2
+from optimizer_pipeline.contracts.model import StateSpace
+
+
+@dataclass(frozen=True)
+class ProblemIR:
+    """A fully compiled optimisation problem in normalised model units.
+
+    Dynamics: `model` (x+ = A x + B u + E d + f, y = C x) with the output bias added to every
+    predicted y (offset-free: bias = measured - predicted now, held over the horizon).
+    Step k holds u[k] (k = 0 starts now) and predicts y at the end of step k.
+    For steady_response@1 the steady-state relation y_ss = G u + Gd d + y0 + bias is used
+    (`steady_gain` G (ny, nu), `steady_dv_gain` Gd (ny, nd), `steady_offset` y0 (ny,)).
+    Limits `y_lo` / `y_hi` are soft (slack penalty `slack_weight`); `u_lo` / `u_hi` / `du_max` hard.
+    """
+
+    template: Template
+    binding_id: str
+    binding_revision: int
+    profile_id: str
+    profile_version: int
+    model_artifact_hash: str
+    horizon: int
+    mv_tags: tuple[str, ...]
+    cv_tags: tuple[str, ...]
+    dv_tags: tuple[str, ...]
+    model: StateSpace
+    x0: tuple[float, ...]
+    u_prev: tuple[float, ...]  # MVs held now (normalised)
+    d: tuple[float, ...]  # DVs, held over the horizon (normalised)
+    bias: tuple[float, ...]  # (ny,)
+    u_lo: tuple[float, ...]
+    u_hi: tuple[float, ...]
+    du_max: tuple[float, ...]  # per step
+    y_lo: tuple[float, ...]
+    y_hi: tuple[float, ...]
+    y_target: tuple[float, ...]
+    y_weight: tuple[float, ...]
+    move_weight: float
+    slack_weight: float
+    band: tuple[float, ...] | None  # UQ half-width per CV (normalised), None without evidence
+    u_mean: tuple[float, ...]  # engineering = mean + std * normalised
+    u_std: tuple[float, ...]
+    y_mean: tuple[float, ...]
+    y_std: tuple[float, ...]
+    steady_gain: tuple[tuple[float, ...], ...] | None = None
+    steady_dv_gain: tuple[tuple[float, ...], ...] | None = None
+    steady_offset: tuple[float, ...] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return json.loads(canonical_json(self))
+
+    def canonical_json(self) -> str:
+        return canonical_json(self)
+
+    @property
+    def hash(self) -> str:
+        return sha256_hex(self.canonical_json())
+
+    @staticmethod
+    def from_dict(doc: Mapping[str, Any]) -> "ProblemIR":
+        def opt2(v: Any) -> Any:
+            return None if v is None else tuple2(v)
+
+        def opt1(v: Any) -> Any:
+            return None if v is None else tuple1(v)
+
+        m = doc["model"]
+        return ProblemIR(
+            template=Template(doc["template"]), binding_id=doc["binding_id"],
+            binding_revision=int(doc["binding_revision"]), profile_id=doc["profile_id"],
+            profile_version=int(doc["profile_version"]), model_artifact_hash=doc["model_artifact_hash"],
+            horizon=int(doc["horizon"]), mv_tags=tuple(doc["mv_tags"]), cv_tags=tuple(doc["cv_tags"]),
+            dv_tags=tuple(doc["dv_tags"]),
+            model=StateSpace(tuple2(m["A"]), tuple2(m["B"]), tuple2(m["E"]), tuple1(m["f"]), tuple2(m["C"])),
+            x0=tuple1(doc["x0"]), u_prev=tuple1(doc["u_prev"]), d=tuple1(doc["d"]), bias=tuple1(doc["bias"]),
+            u_lo=tuple1(doc["u_lo"]), u_hi=tuple1(doc["u_hi"]), du_max=tuple1(doc["du_max"]),
+            y_lo=tuple1(doc["y_lo"]), y_hi=tuple1(doc["y_hi"]), y_target=tuple1(doc["y_target"]),
+            y_weight=tuple1(doc["y_weight"]), move_weight=float(doc["move_weight"]),
+            slack_weight=float(doc["slack_weight"]), band=opt1(doc.get("band")),
+            u_mean=tuple1(doc["u_mean"]), u_std=tuple1(doc["u_std"]),
+            y_mean=tuple1(doc["y_mean"]), y_std=tuple1(doc["y_std"]),
+            steady_gain=opt2(doc.get("steady_gain")), steady_dv_gain=opt2(doc.get("steady_dv_gain")),
+            steady_offset=opt1(doc.get("steady_offset")),
+        )
