@@ -59,7 +59,7 @@ from optimizer_pipeline.contracts import (
     utc_now,
 )
 from optimizer_pipeline.ledger import Ledger, candidate_id, new_id
-from optimizer_pipeline.ledger.store import _candidate_table
+from optimizer_pipeline.ledger.candidates import candidate_table
 
 HORIZON = 30
 CANDIDATE_COLUMNS = 15  # optimizer_candidates
@@ -167,7 +167,7 @@ def time_batches(ledger: Ledger, batch: int) -> dict[str, float]:
     out["executemany"] = time.perf_counter() - t
     assert len(ids) == batch
     t = time.perf_counter()
-    _candidate_table(new_id("or"), many, "m" * 64)
+    candidate_table(new_id("or"), many, "m" * 64)
     out["build_table"] = time.perf_counter() - t
     t = time.perf_counter()
     candidate_rows(new_id("or"), many)

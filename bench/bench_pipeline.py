@@ -56,7 +56,7 @@ def main() -> None:
     total = time.perf_counter() - t_all
     assert all(ok for _, ok, _ in results), [r for r in results if not r[1]]
     runs = len({run_id for _, _, run_id in results})
-    statuses = [ledger.latest_recommendation(b)["status"] for b in ids]
+    statuses = [ledger.latest_recommendation(b).status for b in ids]
 
     per_run = []
     if args.per_run:

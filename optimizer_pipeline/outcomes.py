@@ -56,7 +56,7 @@ from optimizer_pipeline.contracts import (
     parse_iso_utc,
 )
 from optimizer_pipeline.data import read_history
-from optimizer_pipeline.ledger import Ledger, new_id
+from optimizer_pipeline.ledger import Ledger, OutcomeRecord, RecommendationRecord, new_id
 from optimizer_pipeline.model.arx import Orders, spectral_radius
 
 log = logging.getLogger(__name__)
@@ -271,46 +271,47 @@ def evaluate(rec: Mapping[str, Any], observation: Observation, applied_at_s: flo
 # --------------------------------------------------------------------------- recording
 
 
-def refuse_rejected(rec_row: Mapping[str, Any]) -> None:
+def refuse_rejected(rec_row: RecommendationRecord) -> None:
     """A rejected recommendation has no plan: no outcome can be recorded for it."""
-    if rec_row["status"] == RecommendationStatus.REJECTED.value:
-        raise OutcomeError(f"recommendation {rec_row['id']} was rejected (no feasible plan); there is nothing to apply")
+    if rec_row.status == RecommendationStatus.REJECTED.value:
+        raise OutcomeError(f"recommendation {rec_row.id} was rejected (no feasible plan); there is nothing to apply")
 
 
-def check_applicable(rec_row: Mapping[str, Any], applied_at: datetime) -> None:
+def check_applicable(rec_row: RecommendationRecord, applied_at: datetime) -> None:
     """Refuse an outcome for a recommendation that could not be acted on at `applied_at`.
 
     Rejected: never (no plan). Otherwise the plan was actionable from created_at until its end of
     validity = min(valid_until, expired_at): a recommendation that expired (superseded, binding
     changed, valid_until passed) AFTER it was applied is still a valid outcome target.
     """
-    rec_id = rec_row["id"]
+    rec_id = rec_row.id
     refuse_rejected(rec_row)
-    created = parse_iso_utc(rec_row["created_at"])
+    created = parse_iso_utc(rec_row.created_at)
     if applied_at < created:
         raise OutcomeError(f"recommendation {rec_id}: applied_at {iso_utc(applied_at)} is before it was created "
                            f"({iso_utc(created)})")
-    valid_until = parse_iso_utc(rec_row["valid_until"])
+    valid_until = parse_iso_utc(rec_row.valid_until)
     if applied_at > valid_until:
         raise OutcomeError(f"recommendation {rec_id}: applied_at {iso_utc(applied_at)} is after its valid_until "
                            f"{iso_utc(valid_until)}; an out-of-date plan is not evaluated")
-    if rec_row["status"] == RecommendationStatus.EXPIRED.value and rec_row.get("expired_at"):
-        expired_at = parse_iso_utc(rec_row["expired_at"])
+    if rec_row.status == RecommendationStatus.EXPIRED.value and rec_row.expired_at:
+        expired_at = parse_iso_utc(rec_row.expired_at)
         if applied_at > expired_at:
             raise OutcomeError(f"recommendation {rec_id} expired at {iso_utc(expired_at)} "
-                               f"({rec_row.get('expired_reason') or 'no reason recorded'}), before applied_at "
+                               f"({rec_row.expired_reason or 'no reason recorded'}), before applied_at "
                                f"{iso_utc(applied_at)}; do not act on expired plans")
 
 
-def evaluate_row(ledger: Ledger, rec_row: Mapping[str, Any], observation: Observation, applied_at: datetime) -> Evaluation:
-    """`evaluate` for a ledger recommendation row: the period from the binding revision it was solved
+def evaluate_row(ledger: Ledger, rec_row: RecommendationRecord, observation: Observation,
+                 applied_at: datetime) -> Evaluation:
+    """`evaluate` for a ledger recommendation: the period from the binding revision it was solved
     for, the settling steps from its model artifact (steady template only). The CLI and the asset
     both judge through here."""
-    stored = ledger.get_binding(rec_row["binding_id"], rec_row["binding_revision"])
-    rec = dict(rec_row["payload"], id=rec_row["id"])
+    stored = ledger.get_binding(rec_row.binding_id, rec_row.binding_revision)
+    rec = dict(rec_row.payload, id=rec_row.id)
     settle = None
     if rec["template"] == Template.STEADY_RESPONSE.value:
-        settle = settle_steps(ledger.get_artifact(rec_row["model_artifact_hash"]))
+        settle = settle_steps(ledger.get_artifact(rec_row.model_artifact_hash))
     return evaluate(rec, observation, applied_at.timestamp(), stored.spec.sample_period_s, settle)
 
 
@@ -320,7 +321,7 @@ def record_outcome(ledger: Ledger, rec_id: str, observed_file: str | Path, appli
     Every refusal raises before anything is written."""
     rec_row = ledger.get_recommendation(rec_id)
     refuse_rejected(rec_row)  # before reading the file: its verdict could not matter
-    stored = ledger.get_binding(rec_row["binding_id"], rec_row["binding_revision"])
+    stored = ledger.get_binding(rec_row.binding_id, rec_row.binding_revision)
     frame = read_history(observed_file, stored.spec)
     observation = Observation.from_frame(frame, stored.spec, Path(observed_file).name)
     if applied_at is None:
@@ -334,7 +335,7 @@ def record_outcome(ledger: Ledger, rec_id: str, observed_file: str | Path, appli
     # Keep what the judgement reads: from the sample that may stand for applied_at onwards.
     kept = observation.since(moment.timestamp() - stored.spec.sample_period_s / 2)
     evaluation = evaluate_row(ledger, rec_row, kept, moment)
-    outcome = Outcome(id=new_id("out"), recommendation_id=rec_id, binding_id=rec_row["binding_id"],
+    outcome = Outcome(id=new_id("out"), recommendation_id=rec_id, binding_id=rec_row.binding_id,
                       applied_at=iso_utc(moment), observed=kept.to_dict(), delta=evaluation.delta,
                       verdict=evaluation.verdict, details=evaluation.details)
     ledger.insert_outcome(outcome)
@@ -346,18 +347,18 @@ def evaluate_pending(ledger: Ledger, binding_id: str) -> list[Outcome]:
     appending one evaluation row each (id `<pending id>-eval`, details.evaluates = pending id; the
     insert is skipped when that id exists, so nothing is written twice). Returns the rows written."""
     rows = ledger.list_outcomes(binding_id)
-    evaluated = {(r.get("details") or {}).get("evaluates") for r in rows}
+    evaluated = {(r.details or {}).get("evaluates") for r in rows}
     written = []
     for row in rows:
-        if row["verdict"] is not None or row["id"] in evaluated:
+        if row.verdict is not None or row.id in evaluated:
             continue
-        rec_row = ledger.get_recommendation(row["recommendation_id"])
-        moment = parse_iso_utc(row["applied_at"])
-        evaluation = evaluate_row(ledger, rec_row, Observation.from_dict(row["observed"]), moment)
-        outcome = Outcome(id=row["id"] + EVALUATION_SUFFIX, recommendation_id=row["recommendation_id"],
-                          binding_id=binding_id, applied_at=row["applied_at"], observed=row["observed"],
+        rec_row = ledger.get_recommendation(row.recommendation_id)
+        moment = parse_iso_utc(row.applied_at)
+        evaluation = evaluate_row(ledger, rec_row, Observation.from_dict(row.observed), moment)
+        outcome = Outcome(id=row.id + EVALUATION_SUFFIX, recommendation_id=row.recommendation_id,
+                          binding_id=binding_id, applied_at=row.applied_at, observed=row.observed,
                           delta=evaluation.delta, verdict=evaluation.verdict,
-                          details=dict(evaluation.details, evaluates=row["id"]))
+                          details=dict(evaluation.details, evaluates=row.id))
         if ledger.insert_outcome_if_absent(outcome):
             written.append(outcome)
     return written
@@ -386,28 +387,28 @@ class DriftFinding:
     reason: str
 
 
-def drift_finding(binding_id: str, rows: Sequence[Mapping[str, Any]], calibrated_at: str | None) -> DriftFinding | None:
-    """The drift rule (module docstring) over ledger outcome rows of one binding. Only evaluated,
+def drift_finding(binding_id: str, rows: Sequence[OutcomeRecord], calibrated_at: str | None) -> DriftFinding | None:
+    """The drift rule (module docstring) over ledger outcomes of one binding. Only evaluated,
     conclusive outcomes of recommendations solved under the calibration at `calibrated_at` count
     (older ones already led to that calibration); None when there is no deviation."""
     since = None if calibrated_at is None else parse_iso_utc(calibrated_at)
 
-    def current(row: Mapping[str, Any]) -> bool:
-        stamp = (row.get("details") or {}).get("calibrated_at")
+    def current(row: OutcomeRecord) -> bool:
+        stamp = (row.details or {}).get("calibrated_at")
         return since is None or (stamp is not None and parse_iso_utc(stamp) >= since)
 
-    conclusive = sorted((r for r in rows if r["verdict"] in (OutcomeVerdict.CONFIRMED.value,
-                                                             OutcomeVerdict.DEVIATED.value) and current(r)),
-                        key=lambda r: (r["applied_at"], r["created_at"], r["id"]))
+    conclusive = sorted((r for r in rows if r.verdict in (OutcomeVerdict.CONFIRMED.value,
+                                                          OutcomeVerdict.DEVIATED.value) and current(r)),
+                        key=lambda r: (r.applied_at, r.created_at, r.id))
     if not conclusive:
         return None
-    newest = conclusive[-1]["id"]
-    recent = [r["verdict"] for r in conclusive[-DRIFT_RECENT:]]
+    newest = conclusive[-1].id
+    recent = [r.verdict for r in conclusive[-DRIFT_RECENT:]]
     deviated = recent.count(OutcomeVerdict.DEVIATED.value)
     if deviated >= DRIFT_DEVIATED:
         return DriftFinding(binding_id, newest, f"{deviated} of the last {len(recent)} outcomes of {binding_id} "
                                                 f"deviated from the prediction (newest {newest})")
-    window = [r["details"] for r in conclusive[-DRIFT_WINDOW:]]
+    window = [r.details for r in conclusive[-DRIFT_WINDOW:]]
     hits, trials = sum(int(d["hits"]) for d in window), sum(int(d["trials"]) for d in window)
     promised = min(float(d["promised_rate"]) for d in window)
     p_value = hit_rate_p_value(hits, trials, promised)

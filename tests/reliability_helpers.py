@@ -196,12 +196,12 @@ def check_kill_cycles(report: KillCycles, case: Case, pool: SolverPool, log_path
     request replayed, every killed worker gone, the pool healthy."""
     n = report.cycles
     assert report.codes == [errors.WORKER_INTERRUPTED] * n, Counter(report.codes)
-    runs = {r["id"]: r for r in case.ledger.list_runs(case.stored.spec.id)}
-    assert [runs[i]["status"] for i in report.run_ids] == ["interrupted"] * n
-    assert not [r for r in runs.values() if r["status"] == "running"], "a run was left running"
-    recs = [r for r in case.ledger.list_recommendations(case.stored.spec.id) if r["run_id"] in report.run_ids]
-    assert len(recs) == n and all(WORKER_REASON in " ".join(r["reasons"]) for r in recs)
-    assert [r["status"] for r in recs].count("rejected") == 1 and sum(r["status"] in OPEN for r in recs) == 1
+    runs = {r.id: r for r in case.ledger.list_runs(case.stored.spec.id)}
+    assert [runs[i].status for i in report.run_ids] == ["interrupted"] * n
+    assert not [r for r in runs.values() if r.status == "running"], "a run was left running"
+    recs = [r for r in case.ledger.list_recommendations(case.stored.spec.id) if r.run_id in report.run_ids]
+    assert len(recs) == n and all(WORKER_REASON in " ".join(r.reasons) for r in recs)
+    assert [r.status for r in recs].count("rejected") == 1 and sum(r.status in OPEN for r in recs) == 1
     log = received(log_path)
     sleeps = [req for _, req, op in log if op == "sleep"]
     assert len(sleeps) == n and len(set(sleeps)) == n, f"{len(sleeps)} solves received for {n} requests (replayed?)"
@@ -226,12 +226,13 @@ def hung_solve(case: Case, pool: SolverPool) -> HungSolve:
     started = time.monotonic()
     record = case.recommend(sleeping_solve(pool))
     elapsed = time.monotonic() - started
-    return HungSolve(elapsed, record.result.error_code, case.ledger.get_run(record.run_id)["status"], pid)
+    return HungSolve(elapsed, record.result.error_code, case.ledger.get_run(record.run_id).status, pid)
 
 
 # ---------------------------------------------------------------------------- process faults
 
-KILL_POINTS = ("insert_finished_run", "insert_candidates", "insert_recommendation")
+# The steps of Ledger.record_solve's one transaction (its private `_name(tx, ...)` forms).
+KILL_POINTS = ("_insert_run_row", "_insert_candidate_table", "_insert_recommendation")
 
 # A ledger writer that stops (sleeps) right after `Ledger.<point>` inside record_solve's transaction,
 # after saying so in a file: the parent then kills it with the transaction open and the lock held.
@@ -241,14 +242,16 @@ sys.path.insert(0, sys.argv[4])
 from optimizer_pipeline.ledger import Ledger
 from ledger_helpers import solve
 path, point, ready = sys.argv[1:4]
-original = getattr(Ledger, point)
-def paused(self, *args, **kwargs):
-    out = original(self, *args, **kwargs)
+original = Ledger.__dict__[point]
+static = isinstance(original, staticmethod)
+step = original.__func__ if static else original
+def paused(*args, **kwargs):
+    out = step(*args, **kwargs)
     with open(ready, "w") as handle:
         handle.write(str(os.getpid()))
     time.sleep(600)
     return out
-setattr(Ledger, point, paused)
+setattr(Ledger, point, staticmethod(paused) if static else paused)
 solve(Ledger(path), binding_id="crash")
 """
 
@@ -284,7 +287,7 @@ def kill_paused_writer(path: Path, point: str, workdir: Path, timeout_s: float =
 
 
 def _lock_held(path: Path) -> bool:
-    from optimizer_pipeline.ledger.store import LedgerBusyError
+    from optimizer_pipeline.ledger import LedgerBusyError
 
     try:
         Ledger(path, lock_timeout_s=0.2).query("SELECT 1")

@@ -59,7 +59,7 @@ def test_changed_revision_expires_the_old_recommendation_and_requests_one_refres
     doc["cvs"][0]["target"] = 48.0
     upsert = heater_home.ledger.upsert_binding(binding_from_dict(doc))
     assert (upsert.revision, upsert.expired) == (2, 1)
-    assert heater_home.ledger.get_recommendation(old["id"])["status"] == "expired"
+    assert heater_home.ledger.get_recommendation(old.id).status == "expired"
 
     result = _tick(heater_home, "binding_changes", cursor)
     assert [(r.partition_key, r.run_key) for r in result.run_requests] == [("heater-1", "heater-1@r2")]
@@ -67,8 +67,8 @@ def test_changed_revision_expires_the_old_recommendation_and_requests_one_refres
 
     heater_home.run("heater-1")  # what the requested run does
     new = heater_home.ledger.latest_recommendation("heater-1")
-    assert new["binding_revision"] == 2 and new["status"] == "verified"
-    assert new["payload"]["predicted"][-1][0] == pytest.approx(48.0, abs=0.5)
+    assert new.binding_revision == 2 and new.status == "verified"
+    assert new.payload["predicted"][-1][0] == pytest.approx(48.0, abs=0.5)
 
 
 def test_stale_calibration_requests_recalibrate_once(heater_home):
@@ -93,7 +93,7 @@ def test_expiry_sensor_records_expiry_past_valid_until(heater_home):
     _, rec_id = solve(heater_home.ledger, binding_id="heater-1", valid_for_s=-5)
     skip = _tick(heater_home, "recommendation_expiry")
     assert "expired 1 recommendation" in skip.skip_message
-    assert heater_home.ledger.get_recommendation(rec_id)["status"] == "expired"
+    assert heater_home.ledger.get_recommendation(rec_id).status == "expired"
 
 
 def test_daily_schedule_recalibrates_every_partition_in_one_run(heater_home):
@@ -117,7 +117,7 @@ def test_daily_schedule_recalibrates_every_partition_in_one_run(heater_home):
     calibrated = [e.partition for e in result.get_asset_materialization_events()
                   if e.asset_key == AssetKey("uq_calibration")]
     assert sorted(calibrated) == ["heater-1", "heater-2"]
-    assert {c["binding_id"] for c in heater_home.ledger.latest_calibrations()} == {"heater-1", "heater-2"}
+    assert {c.binding_id for c in heater_home.ledger.latest_calibrations()} == {"heater-1", "heater-2"}
 
 
 def test_schedule_cron_and_timezone_come_from_settings(heater_home, monkeypatch):

@@ -79,7 +79,7 @@ def test_reingest_of_a_changed_binding_bumps_revision_and_expires(tmp_path, file
     binding.write_text(yaml.safe_dump(doc))
     bumped = json.loads(cli(home, "ingest", str(binding), str(history)).stdout)
     assert (bumped["revision"], bumped["changed"], bumped["expired_recommendations"]) == (2, True, 1)
-    assert Ledger(ledger_path(home)).get_recommendation(rec_id)["status"] == "expired"
+    assert Ledger(ledger_path(home)).get_recommendation(rec_id).status == "expired"
 
 
 def test_bad_binding_file_writes_nothing(tmp_path, files):
@@ -158,7 +158,7 @@ def test_materialize_all_refreshes_every_binding_in_one_dagster_run(tmp_path, fi
     assert len({d["dagster_run_id"] for d in docs}) == 1
     assert [d["status"] for d in docs] == ["verified", "verified"]
     ledger = Ledger(ledger_path(home))
-    assert [d["recommendation_id"] for d in docs] == [ledger.latest_recommendation(b)["id"]
+    assert [d["recommendation_id"] for d in docs] == [ledger.latest_recommendation(b).id
                                                       for b in ("heater-1", "heater-2")]
 
 

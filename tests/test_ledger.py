@@ -36,20 +36,20 @@ def test_run_with_candidates_and_recommendation_is_stored_with_prefixed_ids(ledg
     cands = ledger.list_candidates(run_id=run_id)
     rec = ledger.get_recommendation(rec_id)
     assert run_id.startswith("or-") and rec_id.startswith("rec-")
-    assert run["status"] == "succeeded" and run["finished_at"] is not None and run["diagnostics"] == {"iterations": 12}
-    assert [c["id"] for c in cands] == [f"oc-{run_id[3:]}-0", f"oc-{run_id[3:]}-1"]
-    assert rec["status"] == "verified" and rec["payload"]["status_label"] == RecommendationStatus.VERIFIED.label
-    assert rec["candidate_id"] == cands[1]["id"]
+    assert run.status == "succeeded" and run.finished_at is not None and run.diagnostics == {"iterations": 12}
+    assert [c.id for c in cands] == [f"oc-{run_id[3:]}-0", f"oc-{run_id[3:]}-1"]
+    assert rec.status == "verified" and rec.payload["status_label"] == RecommendationStatus.VERIFIED.label
+    assert rec.candidate_id == cands[1].id
 
 
 def test_finishing_a_run_twice_is_refused(ledger):
     run_id = ledger.insert_run(run_row())
-    assert ledger.get_run(run_id)["status"] == "running"
+    assert ledger.get_run(run_id).status == "running"
     ledger.finish_run(run_id, "succeeded", independent_cost=1.5)
     with pytest.raises(RunStateError, match=f"run {run_id} is already finished \\(succeeded\\)"):
         ledger.finish_run(run_id, "failed")
-    assert ledger.get_run(run_id)["status"] == "succeeded"
-    assert ledger.get_run(run_id)["independent_cost"] == 1.5
+    assert ledger.get_run(run_id).status == "succeeded"
+    assert ledger.get_run(run_id).independent_cost == 1.5
 
 
 def test_candidates_are_inserted_as_one_batch(ledger):
@@ -82,9 +82,9 @@ def test_new_recommendation_supersedes_the_open_one(ledger):
     _, first = solve(ledger)
     _, second = solve(ledger)
     old = ledger.get_recommendation(first)
-    assert old["status"] == "expired" and old["expired_reason"] == f"superseded by {second}"
-    assert ledger.latest_recommendation("tanks-1")["id"] == second
-    assert ledger.get_recommendation(second)["status"] == "verified"
+    assert old.status == "expired" and old.expired_reason == f"superseded by {second}"
+    assert ledger.latest_recommendation("tanks-1").id == second
+    assert ledger.get_recommendation(second).status == "verified"
 
 
 def test_expiry_is_idempotent_and_keeps_rows(ledger):
@@ -94,22 +94,22 @@ def test_expiry_is_idempotent_and_keeps_rows(ledger):
     assert ledger.expire(binding_id="a", reason="test") == 0
     assert ledger.expire(problem_ir_hash="y" * 64, reason="test") == 1
     rows = ledger.list_recommendations()
-    assert len(rows) == 2 and {r["status"] for r in rows} == {"expired"}
-    assert all(r["payload"]["status"] == "verified" for r in rows)  # what was published is kept
+    assert len(rows) == 2 and {r.status for r in rows} == {"expired"}
+    assert all(r.payload["status"] == "verified" for r in rows)  # what was published is kept
 
 
 def test_expire_by_run(ledger):
     run_id, rec_id = solve(ledger)
     assert ledger.expire(run_id=run_id, reason="operator") == 1
-    assert ledger.get_recommendation(rec_id)["expired_reason"] == "operator"
+    assert ledger.get_recommendation(rec_id).expired_reason == "operator"
 
 
 def test_past_valid_until_is_expired_in_the_ledger(ledger):
     _, stale = solve(ledger, binding_id="a", valid_for_s=-1.0)
     _, fresh = solve(ledger, binding_id="b", valid_for_s=3600.0)
     assert ledger.expire_past_valid_until() == 1
-    assert ledger.get_recommendation(stale)["status"] == "expired"
-    assert ledger.get_recommendation(fresh)["status"] == "verified"
+    assert ledger.get_recommendation(stale).status == "expired"
+    assert ledger.get_recommendation(fresh).status == "verified"
 
 
 def test_identical_binding_upsert_writes_nothing(ledger, binding_doc):
@@ -120,7 +120,7 @@ def test_identical_binding_upsert_writes_nothing(ledger, binding_doc):
     assert (first.revision, first.created, first.changed) == (1, True, True)
     assert (again.revision, again.changed, again.expired) == (1, False, 0)
     assert ledger.counts()["binding_revisions"] == 1
-    assert ledger.latest_recommendation("tanks-1")["status"] == "verified"
+    assert ledger.latest_recommendation("tanks-1").status == "verified"
 
 
 def test_changed_binding_bumps_revision_and_expires_open_recommendations(ledger, binding_doc):
@@ -129,7 +129,7 @@ def test_changed_binding_bumps_revision_and_expires_open_recommendations(ledger,
     binding_doc["cvs"][0]["target"] = 6.5
     bumped = ledger.upsert_binding(binding_from_dict(binding_doc))
     assert (bumped.revision, bumped.changed, bumped.expired) == (2, True, 1)
-    assert ledger.get_recommendation(rec_id)["status"] == "expired"
+    assert ledger.get_recommendation(rec_id).status == "expired"
     assert [r[0] for r in ledger.binding_revisions("tanks-1")] == [1, 2]
     assert ledger.get_binding("tanks-1").spec.cvs[0].target == 6.5
     assert ledger.get_binding("tanks-1", revision=1).spec.cvs[0].target == 7.0
@@ -155,7 +155,7 @@ def test_outcomes_are_appended(ledger):
         ledger.insert_outcome(Outcome(id=new_id("out"), recommendation_id=rec_id, binding_id="tanks-1",
                                       applied_at=iso_utc(utc_now()), observed={"y1": [7.0]}, delta={"y1": [0.1]},
                                       verdict=verdict))
-    assert [o["verdict"] for o in ledger.list_outcomes(recommendation_id=rec_id)] == ["confirmed", "deviated"]
+    assert [o.verdict for o in ledger.list_outcomes(recommendation_id=rec_id)] == ["confirmed", "deviated"]
 
 
 def test_lock_held_past_the_bound_gives_a_clear_error(tmp_path):
@@ -194,7 +194,7 @@ def test_stale_running_runs_are_closed_as_interrupted_once(ledger):
     fresh = ledger.insert_run(run_row())
     assert ledger.close_stale_runs(older_than_s=60) == 1
     assert ledger.close_stale_runs(older_than_s=60) == 0
-    assert ledger.get_run(stale)["status"] == "interrupted" and ledger.get_run(fresh)["status"] == "running"
+    assert ledger.get_run(stale).status == "interrupted" and ledger.get_run(fresh).status == "running"
     with pytest.raises(RunStateError):
         ledger.finish_run(stale, "succeeded")
 
@@ -204,4 +204,4 @@ def test_recommendation_payload_reads_back_as_created(ledger):
     rec = recommendation(run["id"])
     ledger.record_solve(run, candidates(), "m" * 64, rec, run_status="succeeded", independent_cost=2.0,
                         diagnostics={}, evidence_source="simulation")
-    assert ledger.get_recommendation(rec.id)["payload"] == rec.to_json_dict()
+    assert ledger.get_recommendation(rec.id).payload == rec.to_json_dict()

@@ -11,7 +11,7 @@ import pytest
 
 from optimizer_pipeline.contracts import CandidateKind, ContractError, SolveCandidate, canonical_json
 from optimizer_pipeline.ledger import Ledger
-from optimizer_pipeline.ledger.store import BULK_CANDIDATE_ROWS, CANDIDATE_ARROW_SCHEMA
+from optimizer_pipeline.ledger.candidates import BULK_CANDIDATE_ROWS, CANDIDATE_ARROW_SCHEMA
 
 from ledger_helpers import candidates, recommendation, run_row
 
@@ -39,26 +39,27 @@ def test_plan_and_report_columns_read_back_the_values_of_the_canonical_texts(led
     written = [awkward, *candidates()[1:]]
     run_id = ledger.insert_run(run_row())
     ledger.insert_candidates(run_id, written, "m" * 64)
-    stored = sorted(ledger.list_candidates(run_id=run_id), key=lambda row: row["seq"])
+    stored = sorted(ledger.list_candidates(run_id=run_id), key=lambda row: row.seq)
     for row, c in zip(stored, written, strict=True):
         for column in ("controls", "predicted", "constraints", "verify_report"):
-            assert row[column] == json.loads(canonical_json(getattr(c, column))), column
+            assert getattr(row, column) == json.loads(canonical_json(getattr(c, column))), column
 
 
 def test_plans_read_back_as_nested_lists_of_python_floats(ledger):
     run_id = ledger.insert_run(run_row())
     ledger.insert_candidates(run_id, [candidate(seq=0, controls=((1, 2.5), (3.0, 4.0)), predicted=((7.0,),))], "m")
     row = ledger.list_candidates(run_id=run_id)[0]
-    assert (row["controls"], row["predicted"]) == ([[1.0, 2.5], [3.0, 4.0]], [[7.0]])
-    assert {type(x) for plan in (row["controls"], row["predicted"]) for step in plan for x in step} == {float}
-    assert json.loads(json.dumps(row)) == row  # what `ledger --json` prints, no fallback needed
+    assert (row.controls, row.predicted) == ([[1.0, 2.5], [3.0, 4.0]], [[7.0]])
+    assert {type(x) for plan in (row.controls, row.predicted) for step in plan for x in step} == {float}
+    doc = row.to_json_dict()  # what `ledger --json` prints, no fallback needed
+    assert json.loads(json.dumps(doc)) == doc
 
 
 def test_a_candidate_without_a_plan_reads_back_empty_plans(ledger):
     run_id = ledger.insert_run(run_row())
     ledger.insert_candidates(run_id, [candidate(seq=0, controls=(), predicted=())], "m")
     row = ledger.list_candidates(run_id=run_id)[0]
-    assert (row["controls"], row["predicted"]) == ([], [])
+    assert (row.controls, row.predicted) == ([], [])
 
 
 def test_a_bulk_batch_is_stored_whole_and_leaves_the_checkpoint_threshold_as_it_was(ledger):
@@ -69,8 +70,8 @@ def test_a_bulk_batch_is_stored_whole_and_leaves_the_checkpoint_threshold_as_it_
         threshold = ledger.query("SELECT current_setting('checkpoint_threshold') AS t")["t"][0]
         ledger.insert_candidates(run_id, batch, "m")
         assert ledger.query("SELECT current_setting('checkpoint_threshold') AS t")["t"][0] == threshold
-    stored = sorted(ledger.list_candidates(run_id=run_id), key=lambda row: row["seq"])
-    assert [(r["controls"], r["predicted"]) for r in stored] == [([[i, -i]], [[i / 7]]) for i in range(len(batch))]
+    stored = sorted(ledger.list_candidates(run_id=run_id), key=lambda row: row.seq)
+    assert [(r.controls, r.predicted) for r in stored] == [([[i, -i]], [[i / 7]]) for i in range(len(batch))]
 
 
 def test_candidate_rows_keep_their_ids_kinds_flags_and_costs(ledger):
@@ -78,9 +79,9 @@ def test_candidate_rows_keep_their_ids_kinds_flags_and_costs(ledger):
     written = candidates()
     ids = ledger.insert_candidates(run_id, written, "model-1")
     stored = ledger.list_candidates(run_id=run_id)
-    assert ids == [f"oc-{run_id[3:]}-{c.seq}" for c in written] == [row["id"] for row in stored]
-    assert [(r["seq"], r["kind"], r["solver_status"], r["cost"], r["independent_cost"], r["feasible"],
-             r["verified"], r["model_id"]) for r in stored] == \
+    assert ids == [f"oc-{run_id[3:]}-{c.seq}" for c in written] == [row.id for row in stored]
+    assert [(r.seq, r.kind, r.solver_status, r.cost, r.independent_cost, r.feasible,
+             r.verified, r.model_id) for r in stored] == \
         [(c.seq, c.kind.value, c.solver_status, c.cost, c.independent_cost, c.feasible, c.verified, "model-1")
          for c in written]
 
@@ -115,7 +116,7 @@ def test_non_finite_costs_are_stored_as_null(ledger):
     run_id = ledger.insert_run(run_row())
     ledger.insert_candidates(run_id, [replace(candidate(seq=0), cost=math.nan, independent_cost=math.inf)], "m" * 64)
     row = ledger.list_candidates(run_id=run_id)[0]
-    assert row["cost"] is None and row["independent_cost"] is None
+    assert row.cost is None and row.independent_cost is None
 
 
 def test_the_arrow_schema_is_the_candidate_table_column_for_column(ledger):
@@ -129,5 +130,5 @@ def test_a_run_without_candidates_is_recorded(ledger):
     ledger.record_solve(run, [], "m" * 64, None, run_status="failed", independent_cost=None,
                         diagnostics={"error": "timeout"}, evidence_source="simulation")
     stored = ledger.get_run("or-empty")
-    assert (stored["status"], stored["diagnostics"]) == ("failed", {"error": "timeout"})
+    assert (stored.status, stored.diagnostics) == ("failed", {"error": "timeout"})
     assert ledger.list_candidates(run_id="or-empty") == []

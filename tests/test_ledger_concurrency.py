@@ -30,11 +30,11 @@ def test_concurrent_writer_processes_keep_every_row(tmp_path):
         assert p.exitcode == 0
     ledger = Ledger(path)
     runs = ledger.list_runs()
-    assert sorted(r["id"] for r in runs) == sorted(written)
+    assert sorted(r.id for r in runs) == sorted(written)
     assert len(runs) == PROCESSES * RUNS_EACH
     assert ledger.counts()["optimizer_candidates"] == 2 * PROCESSES * RUNS_EACH
     recs = ledger.list_recommendations()
     # per binding exactly one open recommendation: every later one superseded the earlier
     for i in range(PROCESSES):
-        statuses = [r["status"] for r in recs if r["binding_id"] == f"b{i}"]
+        statuses = [r.status for r in recs if r.binding_id == f"b{i}"]
         assert statuses.count("verified") == 1 and statuses.count("expired") == RUNS_EACH - 1

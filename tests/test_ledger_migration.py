@@ -34,14 +34,15 @@ def v1_ledger(tmp_path):
 
 def test_opening_a_version_1_ledger_reads_the_plans_back_as_the_same_numbers(v1_ledger):
     rows = Ledger(v1_ledger).list_candidates(run_id="or-abc")
-    assert [(r["controls"], r["predicted"]) for r in rows] == \
+    assert [(r.controls, r.predicted) for r in rows] == \
         [(json.loads(V1_CONTROLS), json.loads(V1_PREDICTED)), ([], [])]
 
 
 def test_opening_a_version_1_ledger_keeps_every_other_candidate_field(v1_ledger):
     row = Ledger(v1_ledger).list_candidates(run_id="or-abc")[0]
-    assert {k: row[k] for k in ("id", "run_id", "seq", "kind", "solver_status", "cost", "constraints", "feasible",
-                                "verified", "independent_cost", "verify_report", "model_id", "created_at")} == \
+    assert {k: getattr(row, k) for k in ("id", "run_id", "seq", "kind", "solver_status", "cost", "constraints",
+                                         "feasible", "verified", "independent_cost", "verify_report", "model_id",
+                                         "created_at")} == \
         {"id": "oc-abc-0", "run_id": "or-abc", "seq": 0, "kind": "nominal", "solver_status": "solved", "cost": 1.5,
          "constraints": {"slack": 0.0}, "feasible": True, "verified": False, "independent_cost": None,
          "verify_report": {"ok": True}, "model_id": "m" * 64, "created_at": "2026-01-02T03:04:05+00:00"}

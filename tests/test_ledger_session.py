@@ -80,10 +80,10 @@ def test_a_failed_transaction_in_a_session_rolls_back_alone(ledger):
                                 run_status="succeeded", independent_cost=1.0, diagnostics={},
                                 evidence_source="simulation")
         last_run, last_rec = solve(ledger)
-    assert [r["id"] for r in ledger.list_runs()] == [first_run, last_run]
+    assert [r.id for r in ledger.list_runs()] == [first_run, last_run]
     assert ledger.counts()["optimizer_candidates"] == 4
-    assert [r["status"] for r in ledger.list_recommendations()] == ["expired", "verified"]
-    assert ledger.get_recommendation(first_rec)["expired_reason"] == f"superseded by {last_rec}"
+    assert [r.status for r in ledger.list_recommendations()] == ["expired", "verified"]
+    assert ledger.get_recommendation(first_rec).expired_reason == f"superseded by {last_rec}"
 
 
 def test_a_nested_session_joins_the_open_one_and_the_outer_end_releases_the_lock(ledger):

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from optimizer_pipeline.contracts import parse_iso_utc
+from optimizer_pipeline.ledger import OutcomeRecord, RecommendationRecord
 from optimizer_pipeline.model.arx import spectral_radius
 from optimizer_pipeline.outcomes import (
     MIN_STEPS,
@@ -195,8 +196,12 @@ def test_settle_steps_is_the_lag_plus_the_decay_of_the_slowest_mode():
 
 
 def rec_row(status="verified", expired_at=None):
-    return {"id": "rec-1", "status": status, "created_at": "2027-01-15T09:00:00+00:00",
-            "valid_until": "2027-01-15T10:00:00+00:00", "expired_at": expired_at, "expired_reason": "superseded"}
+    return RecommendationRecord(
+        id="rec-1", run_id="or-1", binding_id="b", binding_revision=1, candidate_id=None,
+        template="linear_mpc_quadratic@1", problem_ir_hash="p" * 64, model_artifact_hash="m" * 64,
+        evidence_source="simulation", uq_evidence=UQ, status=status, status_label=status, reasons=[], payload={},
+        created_at="2027-01-15T09:00:00+00:00", valid_until="2027-01-15T10:00:00+00:00", expired_at=expired_at,
+        expired_reason="superseded")
 
 
 def at(text):
@@ -227,8 +232,11 @@ def test_applied_after_valid_until_or_before_creation_is_refused():
 
 def outcome_row(i, verdict, hits=10, trials=10, calibrated_at=UQ["calibrated_at"]):
     applied = parse_iso_utc("2027-01-15T09:00:00") + timedelta(minutes=i)
-    return {"id": f"out-{i}", "verdict": verdict, "applied_at": applied.isoformat(), "created_at": applied.isoformat(),
-            "details": {"hits": hits, "trials": trials, "promised_rate": 0.9, "calibrated_at": calibrated_at}}
+    return OutcomeRecord(id=f"out-{i}", recommendation_id="rec-1", binding_id="b", applied_at=applied.isoformat(),
+                         observed={}, delta={}, verdict=verdict,
+                         details={"hits": hits, "trials": trials, "promised_rate": 0.9,
+                                  "calibrated_at": calibrated_at},
+                         created_at=applied.isoformat())
 
 
 def test_two_deviated_among_the_last_three_request_recalibration_keyed_by_the_newest():

@@ -46,12 +46,12 @@ def observed_file(demo, name, plant=None, steps=None, seed=0, applied_at=None):
     k + 1 at the end of step k, with the heater's measurement noise; MVs as the plan holds them."""
     plant = plant or demo.plant
     spec = plant.spec
-    doc = demo.rec["payload"]
+    doc = demo.rec.payload
     live = plant.history(SEED).live
     controls = np.asarray(doc["controls"])[:steps]
     y = np.vstack([live.y, plant.apply_plan(live, controls)])
     y = y + np.random.default_rng(seed).standard_normal(y.shape) * np.asarray(plant.cv_noise)
-    start = applied_at if applied_at is not None else parse_iso_utc(demo.rec["created_at"]).timestamp() + APPLY_DELAY_S
+    start = applied_at if applied_at is not None else parse_iso_utc(demo.rec.created_at).timestamp() + APPLY_DELAY_S
     frame = {"run_id": "after-apply", "timestamp": [iso_utc(pd.Timestamp(start + k * spec.sample_period_s, unit="s"))
                                                    for k in range(len(y))]}
     u = np.vstack([controls, controls[-1:]])
@@ -71,7 +71,7 @@ def run_outcome(demo, capsys, *args):
 
 def store_copy(demo, **changes):
     """A copy of the demo's recommendation stored as another recommendation (own id and run)."""
-    doc = demo.rec["payload"]
+    doc = demo.rec.payload
     fields = {f.name: doc[f.name] for f in dataclasses.fields(Recommendation)}
     fields.update(id=f"rec-copy{len(demo.ledger.list_recommendations())}", run_id=f"or-copy{len(demo.ledger.list_recommendations())}",
                   template=Template(doc["template"]), status=RecommendationStatus(doc["status"]))
@@ -99,39 +99,39 @@ def test_plan_applied_to_the_heaters_own_simulator_is_confirmed(heater):
     path = observed_file(heater, "nominal")
     env = {k: v for k, v in os.environ.items() if k not in ("OPTIMIZER_HOME", "DAGSTER_HOME")}
     proc = subprocess.run([sys.executable, "-m", "optimizer_pipeline.cli", "--home", str(heater.home), "outcome",
-                           heater.rec["id"], str(path)], capture_output=True, text=True, timeout=120, env=env)
+                           heater.rec.id, str(path)], capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
     assert summary["verdict"] == "confirmed", summary
     assert summary["trials"] == heater.plant.spec.model.horizon  # every step within P judged, one CV
-    stored = [o for o in heater.ledger.list_outcomes(recommendation_id=heater.rec["id"]) if o["id"] == summary["outcome_id"]]
-    assert stored[0]["verdict"] == "confirmed"
-    assert parse_iso_utc(stored[0]["applied_at"]).timestamp() == \
-        pytest.approx(parse_iso_utc(heater.rec["created_at"]).timestamp() + APPLY_DELAY_S, abs=1e-3)
-    assert len(stored[0]["delta"]["delta"]) == len(heater.rec["payload"]["predicted"])
+    stored = [o for o in heater.ledger.list_outcomes(recommendation_id=heater.rec.id) if o.id == summary["outcome_id"]]
+    assert stored[0].verdict == "confirmed"
+    assert parse_iso_utc(stored[0].applied_at).timestamp() == \
+        pytest.approx(parse_iso_utc(heater.rec.created_at).timestamp() + APPLY_DELAY_S, abs=1e-3)
+    assert len(stored[0].delta["delta"]) == len(heater.rec.payload["predicted"])
 
 
 @pytest.mark.parametrize("drift", [{"gain": 1.5}, {"tau": 2.0}], ids=["gain-1.5", "tau-2"])
 def test_plan_applied_to_a_plant_changed_after_calibration_is_deviated(heater, capsys, drift):
     path = observed_file(heater, f"drift-{'-'.join(drift)}", plant=heater.plant.perturbed(**drift))
-    code, out, err = run_outcome(heater, capsys, heater.rec["id"], path)
+    code, out, err = run_outcome(heater, capsys, heater.rec.id, path)
     assert code == 0, err
     summary = json.loads(out)
     assert summary["verdict"] == "deviated" and summary["p_value"] < 0.01, summary
 
 
 def test_too_short_an_observation_is_inconclusive(heater, capsys):
-    code, out, err = run_outcome(heater, capsys, heater.rec["id"], observed_file(heater, "short", steps=3))
+    code, out, err = run_outcome(heater, capsys, heater.rec.id, observed_file(heater, "short", steps=3))
     assert code == 0, err
     summary = json.loads(out)
     assert summary["verdict"] == "inconclusive" and summary["steps_aligned"] == 3, summary
 
 
 def test_one_recommendation_collects_several_outcomes(heater):
-    before = len(heater.ledger.list_outcomes(recommendation_id=heater.rec["id"]))
+    before = len(heater.ledger.list_outcomes(recommendation_id=heater.rec.id))
     for seed in (1, 2):
-        record_outcome(heater.ledger, heater.rec["id"], observed_file(heater, f"again-{seed}", seed=seed))
-    assert len(heater.ledger.list_outcomes(recommendation_id=heater.rec["id"])) == before + 2
+        record_outcome(heater.ledger, heater.rec.id, observed_file(heater, f"again-{seed}", seed=seed))
+    assert len(heater.ledger.list_outcomes(recommendation_id=heater.rec.id)) == before + 2
 
 
 # --------------------------------------------------------------------------- refused, nothing written
@@ -168,11 +168,11 @@ def test_recommendation_expired_after_it_was_applied_still_takes_the_outcome(hea
 def test_observed_file_failing_validation_is_refused(heater, capsys):
     path = observed_file(heater, "no-dv")
     pd.read_csv(path).drop(columns=["t_in"]).to_csv(path, index=False)
-    assert_refused(heater, capsys, [heater.rec["id"], path], str(path), "'t_in'")
+    assert_refused(heater, capsys, [heater.rec.id, path], str(path), "'t_in'")
 
 
 def test_applied_at_that_is_not_iso_8601_is_refused(heater, capsys):
-    assert_refused(heater, capsys, [heater.rec["id"], observed_file(heater, "bad-time"), "--applied-at", "yesterday"],
+    assert_refused(heater, capsys, [heater.rec.id, observed_file(heater, "bad-time"), "--applied-at", "yesterday"],
                    "--applied-at", "yesterday")
 
 
@@ -186,17 +186,17 @@ def test_outcome_deltas_judges_a_pending_observation_once(heater):
     frame = read_history(observed_file(heater, "pending"), spec)
     observation = Observation.from_frame(frame, spec, "pending.csv")
     applied = iso_utc(pd.Timestamp(observation.t[0], unit="s"))
-    pending = Outcome(id="out-pendingtest00001", recommendation_id=heater.rec["id"], binding_id=spec.id,
+    pending = Outcome(id="out-pendingtest00001", recommendation_id=heater.rec.id, binding_id=spec.id,
                       applied_at=applied, observed=observation.to_dict(), delta={}, verdict=None)
     heater.ledger.insert_outcome(pending)
 
     heater.run(spec.id, job="outcomes")
-    rows = {o["id"]: o for o in heater.ledger.list_outcomes(spec.id)}
+    rows = {o.id: o for o in heater.ledger.list_outcomes(spec.id)}
     evaluation = rows[pending.id + EVALUATION_SUFFIX]
-    assert evaluation["verdict"] == "confirmed" and evaluation["details"]["evaluates"] == pending.id
+    assert evaluation.verdict == "confirmed" and evaluation.details["evaluates"] == pending.id
     metadata = heater.instance.get_latest_materialization_event(AssetKey("outcome_deltas")).asset_materialization.metadata
     assert metadata["outcomes_evaluated_now"].value == 1
-    assert metadata["verdicts_confirmed"].value == sum(o["verdict"] == "confirmed" for o in rows.values())
+    assert metadata["verdicts_confirmed"].value == sum(o.verdict == "confirmed" for o in rows.values())
     assert len(metadata["latest_deltas"].value.records) > 0
     assert "data:image/png;base64," in metadata["plot"].value  # predicted vs observed, shown in the UI
 
@@ -219,7 +219,7 @@ def tick(demo):
 
 def test_deviated_outcomes_make_the_drift_sensor_request_one_recalibration(heater):
     drifted = heater.plant.perturbed(gain=1.5)
-    newest = [record_outcome(heater.ledger, heater.rec["id"], observed_file(heater, f"drift-{s}", plant=drifted, seed=s))
+    newest = [record_outcome(heater.ledger, heater.rec.id, observed_file(heater, f"drift-{s}", plant=drifted, seed=s))
               for s in (3, 4)][-1]
     assert newest.verdict.value == "deviated"
     requests = tick(heater)

@@ -6,7 +6,6 @@ from dagster import AssetKey, AssetRecordsFilter, instance_for_test
 
 from optimizer_pipeline.contracts import Template
 from optimizer_pipeline.plants import demo_plants
-from optimizer_pipeline.pipeline import recommendation_json
 
 from pipeline_fixtures import SEED, DemoHome, seed_home
 
@@ -30,8 +29,7 @@ def demo(tmp_path_factory):
 
 def test_every_binding_gets_a_verified_recommendation_with_its_evidence(demo):
     for binding_id in demo.plants:
-        row = demo.ledger.latest_recommendation(binding_id)
-        doc = recommendation_json(row)
+        doc = demo.ledger.latest_recommendation(binding_id).document()
         assert set(doc) >= REC_KEYS
         assert doc["status"] == "verified", (binding_id, doc["reasons"])
         assert doc["reasons"] == []
@@ -44,15 +42,15 @@ def test_every_binding_gets_a_verified_recommendation_with_its_evidence(demo):
 def test_ledger_holds_run_candidates_calibration_and_scores(demo):
     for binding_id in demo.plants:
         runs = demo.ledger.list_runs(binding_id)
-        assert [r["status"] for r in runs] == ["succeeded"]
+        assert [r.status for r in runs] == ["succeeded"]
         rec = demo.ledger.latest_recommendation(binding_id)
-        cands = demo.ledger.list_candidates(run_id=runs[0]["id"])
-        assert [c["kind"] for c in cands] == ["hold", "nominal", "robust"]
-        assert rec["run_id"] == runs[0]["id"] and rec["candidate_id"] in {c["id"] for c in cands}
-        assert runs[0]["problem_ir_hash"] == rec["problem_ir_hash"]
+        cands = demo.ledger.list_candidates(run_id=runs[0].id)
+        assert [c.kind for c in cands] == ["hold", "nominal", "robust"]
+        assert rec.run_id == runs[0].id and rec.candidate_id in {c.id for c in cands}
+        assert runs[0].problem_ir_hash == rec.problem_ir_hash
         cal = demo.ledger.latest_calibration(binding_id)
-        assert cal["has_evidence"] and cal["artifact_hash"] == rec["model_artifact_hash"]
-        scores = demo.ledger.block_scores(rec["model_artifact_hash"])
+        assert cal.has_evidence and cal.artifact_hash == rec.model_artifact_hash
+        scores = demo.ledger.block_scores(rec.model_artifact_hash)
         assert set(scores["segment"]) == {"val", "test"} and scores["score"].notna().all()
 
 
@@ -89,10 +87,10 @@ def test_each_partition_shows_its_own_recommendation(demo):
             AssetRecordsFilter(asset_key=AssetKey("recommendation"), asset_partitions=[binding_id]), limit=1).records
         metadata = record.asset_materialization.metadata
         rec = demo.ledger.latest_recommendation(binding_id)
-        assert metadata["recommendation_id"].value == rec["id"]
+        assert metadata["recommendation_id"].value == rec.id
         assert metadata["status"].value == "verified"
-        assert len(metadata["plan"].value.records) == len(recommendation_json(rec)["controls"])
-        assert metadata["problem_ir_hash"].value == rec["problem_ir_hash"]
+        assert len(metadata["plan"].value.records) == len(rec.document()["controls"])
+        assert metadata["problem_ir_hash"].value == rec.problem_ir_hash
         assert f"{binding_id}: verified plan" in metadata["plot"].value
 
 
@@ -101,7 +99,7 @@ def test_plan_applied_to_the_nonlinear_plant_moves_cvs_to_target_within_bounds_a
     plant = demo.plants[binding_id]
     spec = plant.spec
     live = plant.history(SEED).live
-    doc = recommendation_json(demo.ledger.latest_recommendation(binding_id))
+    doc = demo.ledger.latest_recommendation(binding_id).document()
     controls = np.asarray(doc["controls"])
     lo, hi = np.array([m.lo for m in spec.mvs]), np.array([m.hi for m in spec.mvs])
     max_move = np.array([m.max_move for m in spec.mvs])
@@ -123,7 +121,7 @@ def test_mpc_prediction_stays_inside_the_band_on_the_true_plant_within_p(demo):
     for binding_id in ("tanks-1", "heater-1"):
         plant = demo.plants[binding_id]
         live = plant.history(SEED).live
-        doc = recommendation_json(demo.ledger.latest_recommendation(binding_id))
+        doc = demo.ledger.latest_recommendation(binding_id).document()
         P = plant.spec.model.horizon
         y_plan = plant.apply_plan(live, np.asarray(doc["controls"]))[:P]
         inside = np.abs(y_plan - np.asarray(doc["predicted"])[:P]) <= np.asarray(doc["band"])
@@ -134,9 +132,9 @@ def test_solve_job_alone_reuses_the_calibration_and_supersedes(demo):
     first = demo.ledger.latest_recommendation("heater-1")
     demo.run("heater-1", job="solve")
     second = demo.ledger.latest_recommendation("heater-1")
-    assert second["id"] != first["id"] and second["status"] == "verified"
-    assert demo.ledger.get_recommendation(first["id"])["status"] == "expired"
-    assert second["model_artifact_hash"] == first["model_artifact_hash"]
+    assert second.id != first.id and second.status == "verified"
+    assert demo.ledger.get_recommendation(first.id).status == "expired"
+    assert second.model_artifact_hash == first.model_artifact_hash
 
 
 def test_solve_job_plans_from_the_newest_live_sample(demo):
@@ -149,7 +147,7 @@ def test_solve_job_plans_from_the_newest_live_sample(demo):
     before = demo.ledger.latest_recommendation("tanks-1")
     demo.run("tanks-1", job="solve")
     after = demo.ledger.latest_recommendation("tanks-1")
-    run_before, run_after = demo.ledger.get_run(before["run_id"]), demo.ledger.get_run(after["run_id"])
-    assert run_after["context"]["live_t"] == pytest.approx(later["timestamp"].iloc[-1])
-    assert run_after["context"]["live_t"] > run_before["context"]["live_t"]
-    assert after["model_artifact_hash"] == before["model_artifact_hash"]  # the model is reused, not refit
+    run_before, run_after = demo.ledger.get_run(before.run_id), demo.ledger.get_run(after.run_id)
+    assert run_after.context["live_t"] == pytest.approx(later["timestamp"].iloc[-1])
+    assert run_after.context["live_t"] > run_before.context["live_t"]
+    assert after.model_artifact_hash == before.model_artifact_hash  # the model is reused, not refit

@@ -38,13 +38,13 @@ def test_writer_killed_inside_the_recommendation_transaction_leaves_none_of_it(l
     before = ledger_dump(ledger)
     assert kill_paused_writer(ledger.path, point, tmp_path), "the paused writer did not hold the ledger lock"
     assert ledger_dump(ledger) == before
-    assert [r["status"] for r in ledger.list_recommendations("crash")] == ["verified"]
+    assert [r.status for r in ledger.list_recommendations("crash")] == ["verified"]
 
 
 def test_ledger_takes_writes_again_after_a_writer_was_killed_holding_its_lock(ledger, tmp_path):
-    kill_paused_writer(ledger.path, "insert_recommendation", tmp_path)
+    kill_paused_writer(ledger.path, "_insert_recommendation", tmp_path)
     run_id, rec_id = solve(Ledger(ledger.path, lock_timeout_s=5.0), binding_id="crash")
-    assert ledger.get_recommendation(rec_id)["status"] == "verified"
+    assert ledger.get_recommendation(rec_id).status == "verified"
     assert check_ledger_whole(ledger, [run_id]) == 2
 
 
@@ -62,10 +62,10 @@ def test_stale_running_run_is_closed_as_interrupted_at_the_next_recommend(tmp_pa
     stale = case.ledger.insert_run({**run_row("heater-1"), "started_at": now - timedelta(seconds=2.5)})
     recent = case.ledger.insert_run({**run_row("heater-1"), "started_at": now - timedelta(seconds=0.5)})
     record = case.recommend(_unavailable, now=now)
-    runs = {r["id"]: r for r in case.ledger.list_runs("heater-1")}
-    assert runs[stale]["status"] == "interrupted" and "reconciled" in runs[stale]["diagnostics"]
-    assert runs[recent]["status"] == "running"  # younger than the bound: may still be a live writer's
-    assert runs[record.run_id]["status"] == "failed"
+    runs = {r.id: r for r in case.ledger.list_runs("heater-1")}
+    assert runs[stale].status == "interrupted" and "reconciled" in runs[stale].diagnostics
+    assert runs[recent].status == "running"  # younger than the bound: may still be a live writer's
+    assert runs[record.run_id].status == "failed"
 
 
 def _unavailable(problem):

@@ -46,11 +46,11 @@ def test_concurrent_runs_including_one_partition_twice_leave_one_open_recommenda
         assert proc.returncode == 0, log[-3000:]
     ledger = Ledger(ledger_path(home))
     runs = ledger.list_runs()
-    assert Counter(r["binding_id"] for r in runs) == Counter(partitions) + Counter(p.spec.id for p in plants)
-    assert {r["status"] for r in runs} == {"succeeded"}
+    assert Counter(r.binding_id for r in runs) == Counter(partitions) + Counter(p.spec.id for p in plants)
+    assert {r.status for r in runs} == {"succeeded"}
     recs = ledger.list_recommendations()
-    open_per_binding = Counter(r["binding_id"] for r in recs if r["status"] in OPEN)
+    open_per_binding = Counter(r.binding_id for r in recs if r.status in OPEN)
     assert open_per_binding == {"heater-1": 1, "blend-1": 1}
-    superseded = [r for r in recs if r["binding_id"] == "heater-1" and r["status"] == "expired"]
-    assert len(superseded) == 2 and all(r["expired_reason"].startswith("superseded by ") for r in superseded)
-    assert check_ledger_whole(ledger, [r["id"] for r in runs], candidates_per_run=None) == len(runs)
+    superseded = [r for r in recs if r.binding_id == "heater-1" and r.status == "expired"]
+    assert len(superseded) == 2 and all(r.expired_reason.startswith("superseded by ") for r in superseded)
+    assert check_ledger_whole(ledger, [r.id for r in runs], candidates_per_run=None) == len(runs)

@@ -57,7 +57,7 @@ def test_pool_solves_for_the_pipeline_again_after_a_killed_worker(case, counted_
     worker_kill_cycles(case, pool, log_path, 1)
     record = case.recommend(pool_solve(pool))
     assert record.result.ok and record.recommendation.status.value == "verified", record.recommendation.reasons
-    assert case.ledger.get_run(record.run_id)["status"] == "succeeded"
+    assert case.ledger.get_run(record.run_id).status == "succeeded"
 
 
 def test_hung_solve_is_killed_within_timeout_plus_5s_and_recorded_as_a_failed_run(case, monkeypatch):

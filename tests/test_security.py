@@ -99,8 +99,8 @@ def test_hostile_tag_names_flow_through_a_recommendation_and_write_only_inside_h
     with SolverPool(size=1) as pool:
         record = case.recommend(pool_solve(pool))
     row = case.ledger.latest_recommendation(doc["id"])
-    assert row["id"] == record.recommendation.id and row["status"] == "verified", row["reasons"]
-    assert (tuple(row["payload"]["mv_tags"]), tuple(row["payload"]["cv_tags"])) == (
+    assert row.id == record.recommendation.id and row.status == "verified", row.reasons
+    assert (tuple(row.payload["mv_tags"]), tuple(row.payload["cv_tags"])) == (
         (HOSTILE_TAGS["q_heat"],), (HOSTILE_TAGS["t_out"],))
     assert _tables(case.ledger) == _tables(Ledger(tmp_path / "fresh.duckdb"))
     assert case.ledger.counts()["bindings"] == 1
@@ -122,21 +122,29 @@ def test_ledger_lookups_with_sql_in_the_value_match_nothing(tmp_path):
         assert ledger.expire(binding_id=value, reason="injection attempt") == 0
         with pytest.raises(NotFoundError):
             ledger.get_binding(value)
-    assert [r["status"] for r in ledger.list_recommendations("tanks-1")] == ["verified"]
+    assert [r.status for r in ledger.list_recommendations("tanks-1")] == ["verified"]
     assert ledger.counts()["optimizer_runs"] == 1
 
 
 # ---------------------------------------------------------------------------- SQL built only from constants
 
-SQL_CALLS = {"execute", "executemany", "query"}
-# Names an f-string may splice into SQL, each an identifier or a fragment built from literals:
+# Calls that take SQL text, and the position of that text among their arguments: DuckDB's own
+# execute, Ledger.query, and the backend / repository helpers every statement goes through.
+SQL_ARG = {"execute": 0, "executemany": 0, "query": 0, "fetch": 1, "changed": 1, "_read": 1, "_one": 1}
+# Functions that pass their caller's SQL text on unchanged (parameter `sql`); every call of them is checked too.
+PASS_THROUGH = {"query", "fetch", "changed", "_read", "_one"}
+# Names an f-string may splice into SQL, each an identifier or a fragment built from literals (the
+# call sites are checked by test_identifiers_spliced_into_sql_come_from_literals_at_every_call_site):
 IDENTIFIERS = {
-    "table": "_select: every call site passes a string literal",
+    "table": "_select / insert_table: every call site passes a string literal",
     "order": "_select: every call site passes a string literal",
     "t": "counts(): iterates a literal list of table names",
-    "condition": "_expire: f'({where}) AND status IN ({placeholders})', both built from literals",
+    "where": "_expire: every call site passes a literal or ' AND '.join of literal-column clauses",
+    "placeholders": "_expire: ', '.join of a literal '?' per open status (a module constant)",
+    "column": "list_candidates / expire: loop over a literal tuple of (column, value) pairs",
 }
 LEDGER_SOURCES = sorted(Path(ledger_package.__file__).parent.glob("*.py"))
+REPOSITORY = Path(ledger_package.__file__).parent / "repository.py"
 
 
 PACKAGE = Path(ledger_package.__file__).parents[1]
@@ -165,21 +173,39 @@ def _from_constant(node: ast.AST, scope: ast.AST) -> bool:
     return bool(iters) and all(_from_constant(i, scope) for i in iters)
 
 
+def _assigned(scope: ast.AST, name: str) -> list[ast.AST]:
+    """The values assigned to `name` in `scope` (`x = ...`, `x += ...`, `x, y = a, b`)."""
+    out = []
+    for node in ast.walk(scope):
+        if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name) and node.target.id == name:
+            out.append(node.value)
+        elif isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Name) and target.id == name:
+                    out.append(node.value)
+                elif isinstance(target, ast.Tuple):
+                    for i, element in enumerate(target.elts):
+                        if isinstance(element, ast.Name) and element.id == name:
+                            paired = isinstance(node.value, ast.Tuple) and len(node.value.elts) == len(target.elts)
+                            out.append(node.value.elts[i] if paired else node.value)  # unpaired: not static
+    return out
+
+
 def _static(node: ast.AST, scope: ast.FunctionDef) -> bool:
     """SQL text whose every piece is a literal, an allowed identifier, or a local built from those."""
     if isinstance(node, ast.Constant):
         return isinstance(node.value, str)
-    if isinstance(node, ast.JoinedStr):
-        return all(isinstance(v, ast.Constant) or (isinstance(v.value, ast.Name) and v.value.id in IDENTIFIERS)
-                   for v in node.values)
+    if isinstance(node, ast.JoinedStr):  # an allowed identifier, or a local built from literals only
+        return all(isinstance(v, ast.Constant) or (isinstance(v.value, ast.Name) and (
+            v.value.id in IDENTIFIERS or _static(v.value, scope))) for v in node.values)
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
         return _static(node.left, scope) and _static(node.right, scope)
+    if isinstance(node, ast.IfExp):
+        return _static(node.body, scope) and _static(node.orelse, scope)
     if isinstance(node, ast.Name):
-        if (scope.name, node.id) == ("query", "sql"):
-            return True  # Ledger.query passes its caller's text on; every `.query(` call is checked too
-        sources = [n.value for n in ast.walk(scope) if isinstance(n, (ast.Assign, ast.AugAssign))
-                   and any(isinstance(t, ast.Name) and t.id == node.id
-                           for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))]
+        if scope.name in PASS_THROUGH and node.id == "sql":
+            return True  # passes its caller's text on; every call of it is checked too
+        sources = _assigned(scope, node.id)
         iters = _loop_iters(scope, node.id)
         return bool(sources or iters) and all(_static(s, scope) for s in sources) \
             and all(_from_constant(i, scope) for i in iters)
@@ -188,39 +214,61 @@ def _static(node: ast.AST, scope: ast.FunctionDef) -> bool:
 
 def _sql_calls():
     for path in sorted(set(LEDGER_SOURCES) | set(QUERY_CALLERS)):
-        methods = SQL_CALLS if path in LEDGER_SOURCES else {"query"}
+        methods = SQL_ARG if path in LEDGER_SOURCES else {"query": 0}
         tree = ast.parse(path.read_text())
         for function in [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
             for call in ast.walk(function):
                 if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) \
-                        and call.func.attr in methods and call.args:
-                    yield path, function, call
+                        and call.func.attr in methods and len(call.args) > methods[call.func.attr]:
+                    yield path, function, call, call.args[methods[call.func.attr]]
 
 
 def test_every_ledger_statement_passes_values_as_parameters():
     calls = list(_sql_calls())
     assert len(calls) > 40  # the walk found the ledger's statements
-    loose = [f"{path.name}:{call.lineno} in {function.name}" for path, function, call in calls
-             if not _static(call.args[0], function)]
+    loose = [f"{path.name}:{call.lineno} in {function.name}" for path, function, call, sql in calls
+             if not _static(sql, function)]
     assert loose == [], f"SQL text built from values (pass them as ? parameters): {loose}"
 
 
+def _literal_pairs_loop(function: ast.FunctionDef) -> None:
+    """Every `for column, value in ((literal, ...), ...)` loop of `function` names literal columns."""
+    loops = [n for n in ast.walk(function) if isinstance(n, ast.For) and isinstance(n.target, ast.Tuple)
+             and isinstance(n.target.elts[0], ast.Name) and n.target.elts[0].id == "column"]
+    assert loops, f"{function.name}: no (column, value) loop found"
+    for loop in loops:
+        assert isinstance(loop.iter, ast.Tuple), f"repository.py:{loop.lineno}: {ast.unparse(loop.iter)}"
+        assert all(isinstance(pair, ast.Tuple) and isinstance(pair.elts[0], ast.Constant)
+                   and isinstance(pair.elts[0].value, str) for pair in loop.iter.elts), ast.unparse(loop.iter)
+
+
 def test_identifiers_spliced_into_sql_come_from_literals_at_every_call_site():
-    tree = ast.parse((Path(ledger_package.__file__).parent / "store.py").read_text())
+    tree = ast.parse(REPOSITORY.read_text())
+    # positions of the spliced arguments: _select(kind, table, binding_id, order), _expire(tx, where, ...),
+    # backend.insert_table(tx, table, rows)
+    spliced = {"_select": (1, 3), "_expire": (1,), "insert_table": (1,)}
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-             and n.func.attr in ("_select", "_expire")]
-    assert {c.func.attr for c in calls} == {"_select", "_expire"}
+             and n.func.attr in spliced]
+    assert {c.func.attr for c in calls} == set(spliced)
     for call in calls:
-        pieces = [call.args[0], call.args[2]] if call.func.attr == "_select" else [call.args[1]]
-        for piece in pieces:
+        for piece in (call.args[i] for i in spliced[call.func.attr]):
             literal = isinstance(piece, ast.Constant) and isinstance(piece.value, str)
             # expire(): " AND ".join(clauses) of f"{column} = ?" over a literal tuple of column names
-            joined = (isinstance(piece, ast.Call) and isinstance(piece.func, ast.Attribute)
-                      and piece.func.attr == "join" and isinstance(piece.func.value, ast.Constant))
-            assert literal or joined, f"store.py:{call.lineno}: {ast.unparse(piece)}"
-    expire = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "expire")
-    loop = next(n for n in ast.walk(expire) if isinstance(n, ast.For))
-    assert all(isinstance(pair.elts[0], ast.Constant) for pair in loop.iter.elts)
+            joined = (call.func.attr == "_expire" and isinstance(piece, ast.Call)
+                      and isinstance(piece.func, ast.Attribute) and piece.func.attr == "join"
+                      and isinstance(piece.func.value, ast.Constant))
+            assert literal or joined, f"repository.py:{call.lineno}: {ast.unparse(piece)}"
+    functions = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+    for name in ("expire", "list_candidates"):
+        _literal_pairs_loop(functions[name])
+    # _expire's placeholders: ", ".join("?" for _ in <MODULE CONSTANT>)
+    (placeholders,) = _assigned(functions["_expire"], "placeholders")
+    assert isinstance(placeholders, ast.Call) and isinstance(placeholders.func.value, ast.Constant), \
+        ast.unparse(placeholders)
+    (generator,) = placeholders.args
+    assert isinstance(generator, ast.GeneratorExp) and isinstance(generator.elt, ast.Constant) \
+        and generator.elt.value == "?" and _from_constant(generator.generators[0].iter, functions["_expire"]), \
+        ast.unparse(placeholders)
 
 
 # ---------------------------------------------------------------------------- UI
