@@ -3,18 +3,32 @@
 Owns the translation from engineering units to the model's normalised units (z = (x - mean) / std
 with the artifact's train normalisation), the validation of a ProblemIR (also one arriving as JSON
 from another process) and the one definition of the robust CV limits (nominal limits tightened by
-the UQ band). The canonical JSON and its sha256 (`ProblemIR.hash`) live in contracts.py.
+the UQ band). The canonical JSON and its sha256 (`ProblemIR.hash`) live in contracts/problem.py;
+the field checks and their messages in validation.py.
 """
 
 import math
 import operator
 from itertools import chain
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import numpy as np
 
 from optimizer_pipeline.contracts import BindingSpec, ContractError, ModelArtifact, ProblemIR, Template
 from optimizer_pipeline.model.statespace import steady_state
+from optimizer_pipeline.validation import (
+    AT_LEAST_ONE,
+    NON_NEGATIVE,
+    POSITIVE,
+    check_integer,
+    check_matrix,
+    check_number,
+    check_ordered,
+    check_vector,
+    refuse,
+    refuse_missing,
+    unknown,
+)
 
 # Soft CV limit penalty per normalised unit (form in solver/mpc.py). 1e3 is far above the CV limit
 # multipliers of normalised problems (tracking gradients ~2 w |y - target|, i.e. O(1..100)), so
@@ -27,31 +41,7 @@ class ProblemError(ContractError):
     """A problem (its inputs or a ProblemIR document) is inconsistent; the message names the field."""
 
 
-# --------------------------------------------------------------------------- validation helpers
-
-
-def _vector(value: Any, name: str, length: int | None = None) -> np.ndarray:
-    """A finite 1-D float vector of the expected length, or ProblemError naming `name`."""
-    try:
-        array = np.asarray(value, dtype=float)
-    except (TypeError, ValueError):
-        raise ProblemError(f"{name}: expected a vector of numbers, got {value!r}") from None
-    if array.ndim != 1:
-        raise ProblemError(f"{name}: expected a 1-D vector, got shape {array.shape}")
-    if length is not None and array.shape[0] != length:
-        raise ProblemError(f"{name}: expected length {length}, got {array.shape[0]}")
-    if not np.all(np.isfinite(array)):
-        bad = np.flatnonzero(~np.isfinite(array))
-        raise ProblemError(f"{name}[{bad[0]}]: expected a finite number, got {array[bad[0]]!r}")
-    return array
-
-
-def _matrix(rows: Sequence[Sequence[float]], name: str, n_rows: int, n_cols: int) -> None:
-    """Check nested rows form a finite (n_rows, n_cols) matrix, or ProblemError naming `name`."""
-    if len(rows) != n_rows:
-        raise ProblemError(f"{name}: expected {n_rows} rows, got {len(rows)}")
-    for i, row in enumerate(rows):
-        _vector(row, f"{name}[{i}]", n_cols)
+# --------------------------------------------------------------------------- validation
 
 
 def validate_problem(problem: ProblemIR) -> ProblemIR:
@@ -116,58 +106,41 @@ def _plainly_valid(problem: ProblemIR) -> bool:
 
 def _check_fields(problem: ProblemIR) -> None:
     """validate_problem's checks one field at a time: ProblemError naming the first offending one."""
-    p = "problem"
+    p, error = "problem", ProblemError
     if not isinstance(problem.template, Template):
-        raise ProblemError(f"{p}.template: unknown template {problem.template!r}")
-    if isinstance(problem.horizon, bool) or not isinstance(problem.horizon, int) or problem.horizon < 1:
-        raise ProblemError(f"{p}.horizon: expected an integer >= 1, got {problem.horizon!r}")
+        unknown(problem.template, [t.value for t in Template], f"{p}.template", what="template", error=error)
+    check_integer(problem.horizon, f"{p}.horizon", AT_LEAST_ONE, error=error)
     nu, ny, nd = len(problem.mv_tags), len(problem.cv_tags), len(problem.dv_tags)
     if nu == 0 or ny == 0:
         raise ProblemError(f"{p}: needs at least one MV and one CV (got {nu} MVs, {ny} CVs)")
-    nx = len(problem.model.A)
-    if nx == 0:
-        raise ProblemError(f"{p}.model.A: the model has no states")
     m = problem.model
-    _matrix(m.A, f"{p}.model.A", nx, nx)
-    _matrix(m.B, f"{p}.model.B", nx, nu)
-    _matrix(m.E, f"{p}.model.E", nx, nd)
-    _vector(m.f, f"{p}.model.f", nx)
-    _matrix(m.C, f"{p}.model.C", ny, nx)
-    for name, length in (("x0", nx), ("u_prev", nu), ("d", nd), ("bias", ny), ("u_lo", nu), ("u_hi", nu),
-                         ("du_max", nu), ("y_lo", ny), ("y_hi", ny), ("y_target", ny), ("y_weight", ny),
-                         ("u_mean", nu), ("u_std", nu), ("y_mean", ny), ("y_std", ny)):
-        _vector(getattr(problem, name), f"{p}.{name}", length)
-    for name in ("du_max", "u_std", "y_std"):
-        values = np.asarray(getattr(problem, name))
-        if np.any(values <= 0):
-            i = int(np.flatnonzero(values <= 0)[0])
-            raise ProblemError(f"{p}.{name}[{i}]: must be > 0, got {values[i]!r}")
-    if np.any(np.asarray(problem.y_weight) < 0):
-        i = int(np.flatnonzero(np.asarray(problem.y_weight) < 0)[0])
-        raise ProblemError(f"{p}.y_weight[{i}]: must be >= 0, got {problem.y_weight[i]!r}")
-    for lo_name, hi_name in (("u_lo", "u_hi"), ("y_lo", "y_hi")):
-        lo, hi = np.asarray(getattr(problem, lo_name)), np.asarray(getattr(problem, hi_name))
-        if np.any(lo > hi):
-            i = int(np.flatnonzero(lo > hi)[0])
-            raise ProblemError(f"{p}.{lo_name}[{i}]: {lo[i]:g} is above {hi_name}[{i}] = {hi[i]:g}")
-    for name in ("move_weight", "slack_weight"):
-        value = getattr(problem, name)
-        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-            raise ProblemError(f"{p}.{name}: expected a finite number >= 0, got {value!r}")
-    if problem.slack_weight <= 0:
-        raise ProblemError(f"{p}.slack_weight: must be > 0 (CV limits are soft), got {problem.slack_weight!r}")
+    if not isinstance(m.A, (tuple, list, np.ndarray)) or len(m.A) == 0:
+        refuse(f"{p}.model.A", "a state matrix with at least one state", m.A, error=error)
+    nx = len(m.A)
+    check_matrix(m.A, f"{p}.model.A", nx, nx, error=error)
+    check_matrix(m.B, f"{p}.model.B", nx, nu, error=error)
+    check_matrix(m.E, f"{p}.model.E", nx, nd, error=error)
+    check_vector(m.f, f"{p}.model.f", nx, error=error)
+    check_matrix(m.C, f"{p}.model.C", ny, nx, error=error)
+    for name, length, bounds in (("x0", nx, None), ("u_prev", nu, None), ("d", nd, None), ("bias", ny, None),
+                                 ("u_lo", nu, None), ("u_hi", nu, None), ("du_max", nu, POSITIVE),
+                                 ("y_lo", ny, None), ("y_hi", ny, None), ("y_target", ny, None),
+                                 ("y_weight", ny, NON_NEGATIVE), ("u_mean", nu, None), ("u_std", nu, POSITIVE),
+                                 ("y_mean", ny, None), ("y_std", ny, POSITIVE)):
+        check_vector(getattr(problem, name), f"{p}.{name}", length, bounds, error=error)
+    check_ordered(problem.u_lo, problem.u_hi, p, names=("u_lo", "u_hi"), error=error)
+    check_ordered(problem.y_lo, problem.y_hi, p, names=("y_lo", "y_hi"), error=error)
+    check_number(problem.move_weight, f"{p}.move_weight", NON_NEGATIVE, error=error)
+    check_number(problem.slack_weight, f"{p}.slack_weight", POSITIVE, error=error)  # CV limits are soft
     if problem.band is not None:
-        band = _vector(problem.band, f"{p}.band", ny)
-        if np.any(band < 0):
-            i = int(np.flatnonzero(band < 0)[0])
-            raise ProblemError(f"{p}.band[{i}]: a half-width must be >= 0, got {band[i]!r}")
+        check_vector(problem.band, f"{p}.band", ny, NON_NEGATIVE, name="a half-width", error=error)
     if problem.template is Template.STEADY_RESPONSE:
         for name in ("steady_gain", "steady_dv_gain", "steady_offset"):
             if getattr(problem, name) is None:
                 raise ProblemError(f"{p}.{name}: required for {Template.STEADY_RESPONSE.value}")
-        _matrix(problem.steady_gain, f"{p}.steady_gain", ny, nu)
-        _matrix(problem.steady_dv_gain, f"{p}.steady_dv_gain", ny, nd)
-        _vector(problem.steady_offset, f"{p}.steady_offset", ny)
+        check_matrix(problem.steady_gain, f"{p}.steady_gain", ny, nu, error=error)
+        check_matrix(problem.steady_dv_gain, f"{p}.steady_dv_gain", ny, nd, error=error)
+        check_vector(problem.steady_offset, f"{p}.steady_offset", ny, error=error)
 
 
 def problem_from_dict(doc: Any) -> ProblemIR:
@@ -177,7 +150,7 @@ def problem_from_dict(doc: Any) -> ProblemIR:
     try:
         problem = ProblemIR.from_dict(doc)
     except KeyError as exc:
-        raise ProblemError(f"problem.{exc.args[0]}: required field is missing") from None
+        refuse_missing("problem", exc.args[0], error=ProblemError)
     except ContractError:
         raise
     except (TypeError, ValueError, AttributeError, IndexError) as exc:
@@ -253,13 +226,12 @@ def compile_problem(binding: BindingSpec, artifact: ModelArtifact, x0: Any, bias
                                f"binding has {list(getattr(binding, kind))}")
     nx = len(artifact.state_space.A)
     nu, ny, nd = len(binding.mvs), len(binding.cvs), len(binding.dvs)
-    x0 = _vector(x0, f"{where}.x0", nx)
-    bias = _vector(bias, f"{where}.bias", ny)
-    u_now = _vector(u_now, f"{where}.u_now", nu)
-    d_now = _vector(d_now, f"{where}.d_now", nd)
-    band = None if band is None else _vector(band, f"{where}.band", ny)
-    if not (isinstance(slack_weight, (int, float)) and math.isfinite(slack_weight) and slack_weight > 0):
-        raise ProblemError(f"{where}.slack_weight: expected a finite number > 0, got {slack_weight!r}")
+    x0 = check_vector(x0, f"{where}.x0", nx, error=ProblemError)
+    bias = check_vector(bias, f"{where}.bias", ny, error=ProblemError)
+    u_now = check_vector(u_now, f"{where}.u_now", nu, error=ProblemError)
+    d_now = check_vector(d_now, f"{where}.d_now", nd, error=ProblemError)
+    band = None if band is None else check_vector(band, f"{where}.band", ny, error=ProblemError)
+    check_number(slack_weight, f"{where}.slack_weight", POSITIVE, error=ProblemError)
 
     norm = artifact.normalisation
     missing = [t for t in binding.tags if t not in norm.tags]
@@ -270,8 +242,7 @@ def compile_problem(binding: BindingSpec, artifact: ModelArtifact, x0: Any, bias
     d_mean, d_std = norm.of(binding.dv_tags)
     for tags, std in ((binding.mv_tags, u_std), (binding.cv_tags, y_std), (binding.dv_tags, d_std)):
         for tag, s in zip(tags, std):
-            if not (math.isfinite(s) and s > 0):
-                raise ProblemError(f"{where}.normalisation[{tag}]: std must be finite and > 0, got {s!r}")
+            check_number(float(s), f"{where}.normalisation[{tag}]", POSITIVE, name="std", error=ProblemError)
 
     mv_lo = np.array([m.lo for m in binding.mvs])
     mv_hi = np.array([m.hi for m in binding.mvs])

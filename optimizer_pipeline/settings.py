@@ -1,12 +1,23 @@
 """Home directory resolution and validated settings (environment > <home>/settings.yaml > defaults)."""
 
-import math
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
 
 from optimizer_pipeline.contracts import ContractError
+from optimizer_pipeline.validation import (
+    OPEN_UNIT,
+    POSITIVE,
+    Interval,
+    Rule,
+    check_choice,
+    check_mapping,
+    check_rule,
+    choice_rule,
+    number_rule,
+    refuse,
+)
 
 HOME_ENV = "OPTIMIZER_HOME"
 DEFAULT_HOME = ".optimizer"
@@ -48,22 +59,6 @@ class Settings:
     schedule_timezone: str = "UTC"
 
 
-# setting key (dotted, as in settings.yaml) -> (field, parser, check, expectation text)
-def _float(text: Any) -> float:
-    if isinstance(text, bool):
-        raise ValueError
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError
-    return value
-
-
-def _int(text: Any) -> int:
-    if isinstance(text, bool) or (isinstance(text, float) and not text.is_integer()):
-        raise ValueError
-    return int(str(text).strip()) if isinstance(text, str) else int(text)
-
-
 def _cron(text: Any) -> str:
     if not isinstance(text, str) or len(text.split()) != 5:
         raise ValueError
@@ -80,17 +75,17 @@ def _timezone(text: Any) -> str:
     return str(text)
 
 
-_SPEC: dict[str, tuple[str, Any, Any, str]] = {
-    "uq.fresh_days": ("uq_fresh_days", _float, lambda v: v > 0, "a number > 0"),
-    "uq.max_input_distance": ("uq_max_input_distance", _float, lambda v: v > 0, "a number > 0"),
-    "uq.alpha": ("uq_alpha", _float, lambda v: 0 < v < 1, "a number in (0, 1)"),
-    "uq.gate": ("uq_gate", str, lambda v: v in ("seed", "strict"), "'seed' or 'strict'"),
-    "solver.pool_size": ("solver_pool_size", _int, lambda v: 1 <= v <= 4, "an integer from 1 to 4"),
-    "solver.request_timeout_ms": ("solver_request_timeout_ms", _int, lambda v: 100 <= v <= 600_000,
-                                  "an integer from 100 to 600000"),
-    "solver.threads": ("solver_threads", _int, lambda v: 1 <= v <= 16, "an integer from 1 to 16"),
-    "schedule.cron": ("schedule_cron", _cron, lambda v: True, "a 5-field cron expression"),
-    "schedule.timezone": ("schedule_timezone", _timezone, lambda v: True, "an IANA time zone such as 'Europe/Berlin'"),
+# setting key (dotted, as in settings.yaml) -> (Settings field, what its value must be)
+_SPEC: dict[str, tuple[str, Rule]] = {
+    "uq.fresh_days": ("uq_fresh_days", number_rule(float, POSITIVE)),
+    "uq.max_input_distance": ("uq_max_input_distance", number_rule(float, POSITIVE)),
+    "uq.alpha": ("uq_alpha", number_rule(float, OPEN_UNIT)),
+    "uq.gate": ("uq_gate", choice_rule(("seed", "strict"))),
+    "solver.pool_size": ("solver_pool_size", number_rule(int, Interval(1, 4))),
+    "solver.request_timeout_ms": ("solver_request_timeout_ms", number_rule(int, Interval(100, 600_000))),
+    "solver.threads": ("solver_threads", number_rule(int, Interval(1, 16))),
+    "schedule.cron": ("schedule_cron", Rule(_cron, "a 5-field cron expression")),
+    "schedule.timezone": ("schedule_timezone", Rule(_timezone, "an IANA time zone such as 'Europe/Berlin'")),
 }
 
 
@@ -100,26 +95,17 @@ def env_name(key: str) -> str:
 
 
 def _parse(key: str, raw: Any, source: str) -> Any:
-    attr, parser, check, expected = _SPEC[key]
-    try:
-        value = parser(raw)
-    except (TypeError, ValueError):
-        raise SettingsError(f"{source}: {key} must be {expected}, got {raw!r}") from None
-    if not check(value):
-        raise SettingsError(f"{source}: {key} must be {expected}, got {raw!r}")
-    return value
+    return check_rule(raw, _SPEC[key][1], source, key, error=SettingsError)
 
 
 def _flatten(doc: Mapping[str, Any], source: str) -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for section, body in doc.items():
         if not isinstance(body, Mapping):
-            raise SettingsError(f"{source}: section {section!r} must be a mapping of settings")
+            refuse(source, "a mapping of settings", body, name=f"section {section!r}", error=SettingsError)
         for name, value in body.items():
             key = f"{section}.{name}"
-            if key not in _SPEC:
-                known = ", ".join(sorted(_SPEC))
-                raise SettingsError(f"{source}: unknown setting {key!r} (known: {known})")
+            check_choice(key, sorted(_SPEC), source, what="setting", error=SettingsError)
             flat[key] = value
     return flat
 
@@ -136,8 +122,7 @@ def load_settings(home: Path, environ: Mapping[str, str] | None = None) -> Setti
             doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         except yaml.YAMLError as exc:
             raise SettingsError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
-        if not isinstance(doc, Mapping):
-            raise SettingsError(f"{path}: expected a mapping such as 'uq: {{fresh_days: 7}}'")
+        check_mapping(doc, str(path), what="a mapping such as 'uq: {fresh_days: 7}'", error=SettingsError)
         for key, raw in _flatten(doc, str(path)).items():
             values[_SPEC[key][0]] = _parse(key, raw, str(path))
     for key in _SPEC:

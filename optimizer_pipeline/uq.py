@@ -28,6 +28,15 @@ from optimizer_pipeline.contracts import (
 )
 from optimizer_pipeline.model.artifact import stack_for
 from optimizer_pipeline.model.arx import Orders, rollout_windows, window_rows
+from optimizer_pipeline.validation import (
+    AT_LEAST_ONE,
+    OPEN_UNIT,
+    check_choice,
+    check_integer,
+    expectation,
+    refuse,
+    refuse_bound,
+)
 
 log = logging.getLogger(__name__)
 
@@ -82,9 +91,8 @@ def block_scores(artifact: ModelArtifact, runs: Sequence[RunSeries], h: int | No
     block is rolled out open-loop from its measured state with the measured MVs / DVs, all blocks
     of all runs at once (the only loop is over the h steps inside statespace.rollout).
     """
-    h = artifact.horizon if h is None else int(h)
-    if h < 1:
-        raise UQInputError(f"block length h must be >= 1, got {h}")
+    h = check_integer(artifact.horizon if h is None else int(h), "block scores", AT_LEAST_ONE, name="block length h",
+                      error=UQInputError)
     stacked = stack_for(artifact, runs)
     orders = Orders(artifact.na, artifact.nb, artifact.delay)
     rows, which = window_rows(stacked, orders.first_state_row, h, h)
@@ -110,9 +118,9 @@ def _alpha(alpha: Any) -> Fraction:
     try:
         exact = Fraction(str(alpha)) if not isinstance(alpha, Fraction) else alpha
     except (ValueError, ZeroDivisionError):
-        raise UQInputError(f"uq alpha: expected a number in (0, 1), got {alpha!r}") from None
-    if not 0 < exact < 1:
-        raise UQInputError(f"uq alpha: expected a number in (0, 1), got {alpha!r}")
+        refuse("uq", expectation("a number", OPEN_UNIT), alpha, name="alpha", error=UQInputError)
+    if exact not in OPEN_UNIT:
+        refuse_bound("uq", OPEN_UNIT, alpha, name="alpha", error=UQInputError)
     return exact
 
 
@@ -124,13 +132,12 @@ def conformal_rank(n: int, alpha: Any) -> int:
 def coverage_threshold(method: str, n_test_runs: int) -> float:
     """Verified-coverage threshold (DESIGN "UQ evidence rules"): empirical_max -> 1.0;
     split_conformal -> max(0.8, 0.9 - 3 sqrt(0.09 / nTestRuns))."""
+    check_choice(method, (SPLIT_CONFORMAL, EMPIRICAL_MAX), "coverage threshold", what="method", error=UQInputError)
     if method == EMPIRICAL_MAX:
         return 1.0
-    if method == SPLIT_CONFORMAL:
-        if n_test_runs < 1:
-            raise UQInputError(f"coverage threshold: nTestRuns must be >= 1, got {n_test_runs}")
-        return max(0.8, 0.9 - 3.0 * math.sqrt(0.09 / n_test_runs))
-    raise UQInputError(f"coverage threshold: unknown method {method!r} (known: {SPLIT_CONFORMAL}, {EMPIRICAL_MAX})")
+    if n_test_runs not in AT_LEAST_ONE:
+        refuse_bound("coverage threshold", AT_LEAST_ONE, n_test_runs, name="nTestRuns", error=UQInputError)
+    return max(0.8, 0.9 - 3.0 * math.sqrt(0.09 / n_test_runs))
 
 
 def clopper_pearson_lower(successes: int, trials: int, confidence: float = CP_CONFIDENCE) -> float:
@@ -213,8 +220,7 @@ def compute_block_uq(val: BlockScores, test: BlockScores, alpha: Any = 0.1,
 def gate_checks(evidence: UQEvidence, gate: str = "seed") -> list[Condition]:
     """The UQ gate as conditions. seed: evidence exists and coverage >= threshold; strict
     additionally: Clopper-Pearson lower bound >= 0.8 and exchangeability p >= 0.01."""
-    if gate not in GATES:
-        raise UQInputError(f"uq gate: unknown setting {gate!r} (known: {', '.join(GATES)})")
+    check_choice(gate, GATES, "uq gate", what="setting", error=UQInputError)
     if not evidence.has_evidence:
         why = "; ".join(evidence.reasons)
         return [Condition("UQ evidence", "none: " + why, f"{SPLIT_CONFORMAL} or {EMPIRICAL_MAX}", False,
@@ -280,9 +286,9 @@ def _instant(value: datetime | str, what: str) -> datetime:
         try:
             value = parse_iso_utc(value)
         except ValueError:
-            raise UQInputError(f"{what}: not an ISO 8601 timestamp: {value!r}") from None
+            refuse(what, "an ISO 8601 timestamp", value, error=UQInputError)
     if not isinstance(value, datetime):
-        raise UQInputError(f"{what}: expected a datetime or ISO 8601 text, got {value!r}")
+        refuse(what, "a datetime or ISO 8601 text", value, error=UQInputError)
     return value if value.tzinfo else value.replace(tzinfo=timezone.utc)  # naive = UTC
 
 

@@ -64,7 +64,7 @@ def test_lo_must_be_below_hi(binding_doc):
 
 def test_target_outside_limits_is_refused(binding_doc):
     binding_doc["cvs"][0]["target"] = 11.0
-    with pytest.raises(ContractError, match=r"cvs\[0\]\.target: 11 is outside the limits \[2, 10\]"):
+    with pytest.raises(ContractError, match=r"cvs\[0\]\.target: must be from 2 to 10, got 11\.0$"):
         binding_from_dict(binding_doc)
 
 

@@ -5,7 +5,6 @@ Units: limits, targets and max moves in the plant's engineering units; max_move 
 """
 
 import json
-import math
 import re
 from dataclasses import asdict, dataclass
 from enum import Enum
@@ -13,6 +12,22 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from optimizer_pipeline.contracts.canonical import ContractError, canonical_json, sha256_hex
+from optimizer_pipeline.validation import (
+    AT_LEAST_ONE,
+    NON_NEGATIVE,
+    POSITIVE,
+    Interval,
+    check_choice,
+    check_integer,
+    check_list,
+    check_mapping,
+    check_match,
+    check_number,
+    check_ordered,
+    check_text,
+    get_field,
+    refuse,
+)
 
 ID_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 
@@ -102,68 +117,31 @@ class BindingSpec:
         return sha256_hex(self.canonical_json())
 
 
-def _field(doc: Mapping[str, Any], key: str, where: str, *, required: bool = True, default: Any = None) -> Any:
-    if key not in doc or doc[key] is None:
-        if required:
-            raise ContractError(f"{where}.{key}: required field is missing")
-        return default
-    return doc[key]
-
-
-def _number(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ContractError(f"{where}: expected a number, got {value!r}")
-    number = float(value)
-    if not math.isfinite(number):
-        raise ContractError(f"{where}: expected a finite number, got {value!r}")
-    return number
-
-
-def _integer(value: Any, where: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ContractError(f"{where}: expected an integer, got {value!r}")
-    if value < minimum:
-        raise ContractError(f"{where}: must be >= {minimum}, got {value}")
-    return int(value)
-
-
-def _positive(value: Any, where: str) -> float:
-    number = _number(value, where)
-    if number <= 0:
-        raise ContractError(f"{where}: must be > 0, got {value!r}")
-    return number
-
-
-def _identifier(value: Any, where: str) -> str:
-    if not isinstance(value, str) or not ID_PATTERN.fullmatch(value):
-        raise ContractError(f"{where}: {value!r} does not match [a-z0-9][a-z0-9_-]{{0,62}}")
-    return value
+# the history file's key columns (data/ingest.py RUN_ID, TIMESTAMP): not available as tag names
+RESERVED_TAGS = ("run_id", "timestamp")
 
 
 def _tag(value: Any, where: str) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise ContractError(f"{where}: expected a non-empty tag name, got {value!r}")
-    if value in ("run_id", "timestamp"):
-        raise ContractError(f"{where}: tag name {value!r} is reserved for the history file")
-    return value
-
-
-def _limits(doc: Mapping[str, Any], where: str) -> tuple[float, float]:
-    lo = _number(_field(doc, "lo", where), f"{where}.lo")
-    hi = _number(_field(doc, "hi", where), f"{where}.hi")
-    if not lo < hi:
-        raise ContractError(f"{where}: lo ({lo:g}) must be < hi ({hi:g})")
-    return lo, hi
+    tag = check_text(value, where, what="a non-empty tag name", empty=False)
+    if tag in RESERVED_TAGS:
+        refuse(where, f"a tag name other than {' and '.join(map(repr, RESERVED_TAGS))} (the history file's columns)",
+               tag)
+    return tag
 
 
 def _items(doc: Mapping[str, Any], key: str, where: str, *, required: bool) -> list[Mapping[str, Any]]:
-    items = _field(doc, key, where, required=required, default=[])
-    if not isinstance(items, list):
-        raise ContractError(f"{where}.{key}: expected a list, got {type(items).__name__}")
+    """doc[key]: a list of mappings ([] when absent and not required)."""
+    items = check_list(get_field(doc, key, where) if required else get_field(doc, key, where, []), f"{where}.{key}")
     for i, item in enumerate(items):
-        if not isinstance(item, Mapping):
-            raise ContractError(f"{where}.{key}[{i}]: expected a mapping like {{tag: ...}}, got {item!r}")
+        check_mapping(item, f"{where}.{key}[{i}]", what="a mapping like {tag: ...}")
     return items
+
+
+def _limits(doc: Mapping[str, Any], where: str) -> tuple[float, float]:
+    lo = check_number(get_field(doc, "lo", where), f"{where}.lo")
+    hi = check_number(get_field(doc, "hi", where), f"{where}.hi")
+    check_ordered(lo, hi, where, strict=True)
+    return lo, hi
 
 
 def binding_from_dict(doc: Any, source: str = "binding") -> BindingSpec:
@@ -171,21 +149,18 @@ def binding_from_dict(doc: Any, source: str = "binding") -> BindingSpec:
 
     Raises ContractError whose message starts with `source` and names the offending field.
     """
-    if not isinstance(doc, Mapping):
-        raise ContractError(f"{source}: expected a mapping at the top level, got {type(doc).__name__}")
     w = source
-    binding_id = _identifier(_field(doc, "id", w), f"{w}.id")
-    period = _positive(_field(doc, "sample_period_s", w), f"{w}.sample_period_s")
-    unit = _field(doc, "unit", w, required=False, default="")
-    if not isinstance(unit, str):
-        raise ContractError(f"{w}.unit: expected text, got {unit!r}")
+    check_mapping(doc, w, what="a mapping at the top level")
+    binding_id = check_match(get_field(doc, "id", w), ID_PATTERN, f"{w}.id")
+    period = check_number(get_field(doc, "sample_period_s", w), f"{w}.sample_period_s", POSITIVE)
+    unit = check_text(get_field(doc, "unit", w, ""), f"{w}.unit")
 
     mvs = []
     for i, item in enumerate(_items(doc, "mvs", w, required=True)):
         at = f"{w}.mvs[{i}]"
         lo, hi = _limits(item, at)
-        mvs.append(MVSpec(_tag(_field(item, "tag", at), f"{at}.tag"), lo, hi,
-                          _positive(_field(item, "max_move", at), f"{at}.max_move")))
+        mvs.append(MVSpec(_tag(get_field(item, "tag", at), f"{at}.tag"), lo, hi,
+                          check_number(get_field(item, "max_move", at), f"{at}.max_move", POSITIVE)))
     if not mvs:
         raise ContractError(f"{w}.mvs: at least one MV is required")
 
@@ -193,17 +168,13 @@ def binding_from_dict(doc: Any, source: str = "binding") -> BindingSpec:
     for i, item in enumerate(_items(doc, "cvs", w, required=True)):
         at = f"{w}.cvs[{i}]"
         lo, hi = _limits(item, at)
-        target = _number(_field(item, "target", at), f"{at}.target")
-        if not lo <= target <= hi:
-            raise ContractError(f"{at}.target: {target:g} is outside the limits [{lo:g}, {hi:g}]")
-        weight = _number(_field(item, "weight", at, required=False, default=1.0), f"{at}.weight")
-        if weight < 0:
-            raise ContractError(f"{at}.weight: must be >= 0, got {weight:g}")
-        cvs.append(CVSpec(_tag(_field(item, "tag", at), f"{at}.tag"), lo, hi, target, weight))
+        target = check_number(get_field(item, "target", at), f"{at}.target", Interval(lo, hi))
+        weight = check_number(get_field(item, "weight", at, 1.0), f"{at}.weight", NON_NEGATIVE)
+        cvs.append(CVSpec(_tag(get_field(item, "tag", at), f"{at}.tag"), lo, hi, target, weight))
     if not cvs:
         raise ContractError(f"{w}.cvs: at least one CV is required")
 
-    dvs = [DVSpec(_tag(_field(item, "tag", f"{w}.dvs[{i}]"), f"{w}.dvs[{i}].tag"))
+    dvs = [DVSpec(_tag(get_field(item, "tag", f"{w}.dvs[{i}]"), f"{w}.dvs[{i}].tag"))
            for i, item in enumerate(_items(doc, "dvs", w, required=False))]
 
     seen: dict[str, str] = {}
@@ -213,41 +184,29 @@ def binding_from_dict(doc: Any, source: str = "binding") -> BindingSpec:
                 raise ContractError(f"{w}.{kind}[{i}].tag: {spec.tag!r} is already used by {seen[spec.tag]}")
             seen[spec.tag] = f"{kind}[{i}]"
 
-    model_doc = _field(doc, "model", w, required=False, default={})
-    if not isinstance(model_doc, Mapping):
-        raise ContractError(f"{w}.model: expected a mapping, got {model_doc!r}")
     at = f"{w}.model"
-    na = _field(model_doc, "na", at, required=False)
-    nb = _field(model_doc, "nb", at, required=False)
-    delay = _field(model_doc, "delay", at, required=False)
-    model = ModelSettings(
-        na=None if na is None else _integer(na, f"{at}.na", 1),
-        nb=None if nb is None else _integer(nb, f"{at}.nb", 1),
-        delay=None if delay is None else _integer(delay, f"{at}.delay", 1),
-        horizon=_integer(_field(model_doc, "horizon", at, required=False, default=10), f"{at}.horizon", 1),
-    )
+    model_doc = check_mapping(get_field(doc, "model", w, {}), at)
 
-    profile_doc = _field(doc, "profile", w)
-    if not isinstance(profile_doc, Mapping):
-        raise ContractError(f"{w}.profile: expected a mapping, got {profile_doc!r}")
+    def order(key: str) -> int | None:  # None: chosen from the data
+        value = get_field(model_doc, key, at, None)
+        return None if value is None else check_integer(value, f"{at}.{key}", AT_LEAST_ONE)
+
+    model = ModelSettings(na=order("na"), nb=order("nb"), delay=order("delay"),
+                          horizon=check_integer(get_field(model_doc, "horizon", at, 10), f"{at}.horizon", AT_LEAST_ONE))
+
     at = f"{w}.profile"
-    template_text = _field(profile_doc, "template", at)
-    try:
-        template = Template(template_text)
-    except ValueError:
-        known = ", ".join(t.value for t in Template)
-        raise ContractError(f"{at}.template: unknown template {template_text!r} (known: {known})") from None
+    profile_doc = check_mapping(get_field(doc, "profile", w), at)
+    template = Template(check_choice(get_field(profile_doc, "template", at), [t.value for t in Template],
+                                     f"{at}.template", what="template"))
     profile = Profile(
-        id=_identifier(_field(profile_doc, "id", at), f"{at}.id"),
-        version=_integer(_field(profile_doc, "version", at, required=False, default=1), f"{at}.version", 1),
+        id=check_match(get_field(profile_doc, "id", at), ID_PATTERN, f"{at}.id"),
+        version=check_integer(get_field(profile_doc, "version", at, 1), f"{at}.version", AT_LEAST_ONE),
         template=template,
-        horizon=_integer(_field(profile_doc, "horizon", at, required=False,
-                                default=1 if template is Template.STEADY_RESPONSE else 30), f"{at}.horizon", 1),
-        move_weight=_number(_field(profile_doc, "move_weight", at, required=False, default=0.1), f"{at}.move_weight"),
-        valid_for_s=_positive(_field(profile_doc, "valid_for_s", at, required=False, default=3600), f"{at}.valid_for_s"),
+        horizon=check_integer(get_field(profile_doc, "horizon", at, 1 if template is Template.STEADY_RESPONSE else 30),
+                              f"{at}.horizon", AT_LEAST_ONE),
+        move_weight=check_number(get_field(profile_doc, "move_weight", at, 0.1), f"{at}.move_weight", NON_NEGATIVE),
+        valid_for_s=check_number(get_field(profile_doc, "valid_for_s", at, 3600), f"{at}.valid_for_s", POSITIVE),
     )
-    if profile.move_weight < 0:
-        raise ContractError(f"{at}.move_weight: must be >= 0, got {profile.move_weight:g}")
 
     return BindingSpec(id=binding_id, sample_period_s=period, mvs=tuple(mvs), cvs=tuple(cvs), dvs=tuple(dvs),
                        model=model, profile=profile, unit=unit)

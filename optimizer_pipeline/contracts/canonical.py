@@ -1,5 +1,6 @@
 """Canonical JSON of the vocabulary (sorted keys, shortest float repr, no NaN / inf), its sha256,
-the orjson writer of what nobody hashes, the finite-number check, and ContractError.
+the orjson writer of what nobody hashes, the finite-number check, and ContractError (re-exported
+from optimizer_pipeline.validation, where the field checks that raise it live).
 
 canonical_json is defined by `_reference_json` (normalise the tree, json.dumps it); `_json_text`
 writes the same bytes faster on what the solver frames and the ledger write again and again.
@@ -17,12 +18,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import orjson
 
-
-class ContractError(ValueError):
-    """A user-supplied document (binding file, frame, setting) breaks a contract.
-
-    The message names the source and the field; it is meant to be shown as one line to a user.
-    """
+from optimizer_pipeline.validation import ContractError  # defined with the field checks that raise it
 
 
 # --------------------------------------------------------------------------- canonical JSON
