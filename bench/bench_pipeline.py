@@ -40,7 +40,8 @@ def main() -> None:
     from optimizer_pipeline.model import identify
     from optimizer_pipeline.plants import get_plant
     from optimizer_pipeline.settings import ledger_path, load_settings
-    from optimizer_pipeline.solver.pool import SolverPool, kept_alive
+    from optimizer_pipeline.solver.pool import SolverPool
+    from optimizer_pipeline.solver.shared import kept_alive
 
     plant = get_plant(args.plant)
     frame = plant.history(1).frame

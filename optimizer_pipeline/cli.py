@@ -60,7 +60,7 @@ def run_partitions(home: Path, binding_ids: Sequence[str], job_name: str = "refr
 
     from optimizer_pipeline.automation import partition_ranges, range_tags
     from optimizer_pipeline.definitions import build_definitions
-    from optimizer_pipeline.solver.pool import kept_alive
+    from optimizer_pipeline.solver.shared import kept_alive
 
     job = build_definitions(home).resolve_job_def(job_name)
     results = {}

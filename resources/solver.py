@@ -4,7 +4,7 @@ The pool starts when the resource is initialised and is shut down when the run (
 when it fails: `yield_for_execution` wraps the run in try / finally, and a failed start shuts down
 whatever it had started before raising, so no worker process outlives the run either way
 (DAGSTER-NOTES.md: teardown runs when the step fails, not when setup failed).
-Inside `solver.pool.kept_alive()` (the CLI running many partitions in one process) the pool is
+Inside `solver.shared.kept_alive()` (the CLI running many partitions in one process) the pool is
 shared by the runs and stopped when that block ends instead.
 """
 
@@ -16,7 +16,8 @@ from pydantic import Field, PrivateAttr
 
 from optimizer_pipeline.contracts import ProblemIR
 from optimizer_pipeline.solver.errors import SOLVER_UNAVAILABLE, SolverError
-from optimizer_pipeline.solver.pool import SolverPool, acquire
+from optimizer_pipeline.solver.pool import SolverPool
+from optimizer_pipeline.solver.shared import acquire
 
 
 class SolverPoolResource(ConfigurableResource):

@@ -15,7 +15,8 @@ import pytest
 from optimizer_pipeline.contracts import ProblemIR, StateSpace, Template, canonical_json
 from optimizer_pipeline.solver import errors
 from optimizer_pipeline.solver.errors import SolverError
-from optimizer_pipeline.solver.pool import SolverConfigError, SolverPool, worker_env
+from optimizer_pipeline.solver.pool import SolverConfigError, SolverPool
+from optimizer_pipeline.solver.process import worker_env
 from optimizer_pipeline.solver.solve import SolverCache, solve_problem
 
 FAST_BACKOFF = (0.05, 0.05, 0.05)

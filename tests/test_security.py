@@ -15,7 +15,8 @@ from optimizer_pipeline.contracts import ContractError, binding_from_dict
 from optimizer_pipeline.ledger import Ledger, NotFoundError
 from optimizer_pipeline.plants import get_plant
 from optimizer_pipeline.settings import ledger_path
-from optimizer_pipeline.solver.pool import ENV_PASS_THROUGH, ENV_WHITELIST, THREAD_VARS, SolverPool
+from optimizer_pipeline.solver.pool import SolverPool
+from optimizer_pipeline.solver.process import ENV_PASS_THROUGH, ENV_WHITELIST, THREAD_VARS
 
 from ledger_helpers import solve
 from reliability_helpers import heater_case, pool_solve

@@ -93,7 +93,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_runs_inside_kept_alive_share_one_pool_that_stops_at_the_end(tmp_path):
-    from optimizer_pipeline.solver.pool import kept_alive
+    from optimizer_pipeline.solver.shared import kept_alive
 
     seen = []
 

@@ -1,12 +1,14 @@
-"""Solver worker pool: long-lived worker processes, slot reservation, timeouts, restarts, degradation.
+"""Solver worker pool: slot reservation, hard timeouts, failure accounting, restart back-off, degradation.
 
-DESIGN.md "Solver worker protocol". Rules implemented here:
+DESIGN.md "Solver worker protocol". One worker process (environment, framing, reader threads, the
+stop steps) is solver/process.py; the capability probe is solver/probe.py; the keep-alive registry
+that shares a pool across runs is solver/shared.py. Rules implemented here:
 * 1-4 workers, one request in flight per worker; a caller reserves a free worker under the pool's
   lock, so two callers never share one. No free worker within `queue_wait_s` -> SOLVER_QUEUE_FULL.
 * The capability probe (`python -m optimizer_pipeline.solver.probe`) runs once per start(), not
   per solve; a missing numpy / scipy / osqp -> ENV_MISSING_DEP.
-* A ready frame with another protocol version or no positive pid, an exit before it, or silence
-  for `start_timeout_s` -> the worker is killed and the start counts as a failure.
+* A worker without a valid ready frame within `start_timeout_s` (WORKER_START_FAILED) is killed and
+  the start counts as a failure.
 * Hard timeout -> cancel frame, kill, retire, SOLVE_TIMEOUT. Worker death with a request in flight
   -> WORKER_INTERRUPTED; the request is never replayed (a solve is cheap to ask again, a replayed
   one could be acted on twice).
@@ -14,279 +16,41 @@ DESIGN.md "Solver worker protocol". Rules implemented here:
   After the n-th consecutive failure the worker is restarted after `backoff_s[n-1]` (1 s, 2 s, 4 s);
   past the schedule no automatic restart. From the 3rd consecutive failure on the pool is degraded:
   every call raises SOLVER_UNAVAILABLE until reset().
-* Worker environment: a whitelist of the parent's variables (no inherited secrets) + the thread
-  budget + PYTHONHASHSEED=0. shutdown() closes stdin, waits, terminates, kills and reports the exit
-  code of every worker.
-Frames are encoded by solver/codec.py (orjson). A reader thread per worker reads every stdout frame
-(responses, heartbeats, logs, EOF) and wakes the caller; a caller reading its own reply instead saved
-~12 us of a 40-60 us no-op round trip on the 2-core dev box (issue 8), too little for a second owner
-of the pipe (idle heartbeats, EOF and worker-death accounting would need a hand-over protocol).
+* shutdown() closes stdin, waits, terminates, kills and reports the exit code of every worker.
 """
 
 import itertools
-import json
 import logging
-import os
-import subprocess
 import sys
 import threading
 import time
-from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from optimizer_pipeline.contracts import ContractError, ProblemIR
 from optimizer_pipeline.solver import codec, errors
 from optimizer_pipeline.solver.errors import PROTOCOL_VERSION, SolverError
+from optimizer_pipeline.solver.probe import run_probe
+from optimizer_pipeline.solver.process import WorkerProcess, WorkerTimeout, worker_env
 
 log = logging.getLogger(__name__)
 
 MAX_CONSECUTIVE_FAILURES = 3
 DEFAULT_BACKOFF_S = (1.0, 2.0, 4.0)
 
-# Parent variables a worker may see; everything else (credentials, tokens, DAGSTER_* ...) stays out.
-# PATH / HOME / locale / temp dirs: what Python and BLAS need to run and find a writable place;
-# PYTHONPATH / VIRTUAL_ENV: to import this package the way the parent does; SYSTEMROOT / WINDIR:
-# Windows' Python cannot initialise its random source or sockets without them.
-ENV_WHITELIST = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "TEMP", "TMP", "TZ",
-                 "PYTHONPATH", "VIRTUAL_ENV", "SYSTEMROOT", "WINDIR")
-# Passed through only when set: OPTIMIZER_WORKER_TEST_OPS enables the worker's test-only ops (the
-# test suite sets it in its own process); OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE override OpenBLAS's
-# CPU detection, which crashes or picks slow kernels on some VMs and ARM boards. None is a secret.
-ENV_PASS_THROUGH = ("OPTIMIZER_WORKER_TEST_OPS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
-# Thread budget: each worker's BLAS / OpenMP pools get `threads` threads, so size x threads bounds
-# the CPU the pool can take.
-THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS")
-
 
 class SolverConfigError(ContractError):
     """A pool setting is out of range; the message names the setting, its range and the value."""
 
 
-def worker_env(threads: int, parent: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment of a worker: whitelist + pass-through from `parent` (default os.environ) + budget."""
-    parent = os.environ if parent is None else parent
-    env = {k: parent[k] for k in ENV_WHITELIST + ENV_PASS_THROUGH if k in parent}
-    env.update({k: str(threads) for k in THREAD_VARS})
-    env["PYTHONHASHSEED"] = "0"  # same set / dict iteration order in every worker and every run
-    return env
-
-
-def run_probe(python: str, env: Mapping[str, str], timeout_s: float = 60.0) -> dict[str, str]:
-    """Versions from the capability probe run by `python` in `env`; SolverError(ENV_MISSING_DEP) otherwise."""
-    cmd = [python, "-m", "optimizer_pipeline.solver.probe"]
-    try:
-        done = subprocess.run(cmd, env=dict(env), capture_output=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
-    except OSError as exc:
-        raise SolverError(errors.ENV_MISSING_DEP, f"cannot run the solver interpreter {python!r}: {exc}") from None
-    except subprocess.TimeoutExpired:
-        raise SolverError(errors.ENV_MISSING_DEP, f"capability probe with {python!r} did not finish in {timeout_s:g} s") from None
-    lines = done.stdout.decode("utf-8", "replace").strip().splitlines()
-    try:
-        report = json.loads(lines[-1]) if lines else None
-    except ValueError:
-        report = None
-    if done.returncode == 0 and isinstance(report, dict):
-        return report
-    if isinstance(report, dict) and "missing" in report:
-        raise SolverError(errors.ENV_MISSING_DEP, f"{python}: {report.get('message', report['missing'])}")
-    tail = done.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no output"]
-    raise SolverError(errors.ENV_MISSING_DEP, f"capability probe with {python!r} exited {done.returncode}: {tail[0]}")
-
-
-class _Timeout(Exception):
-    """No response within the hard timeout (the pool turns it into SOLVE_TIMEOUT after the kill)."""
-
-
-@dataclass
-class _Pending:
-    req_id: int
-    done: threading.Event = field(default_factory=threading.Event)
-    frame: dict[str, Any] | None = None
-    interrupted: str | None = None  # why the worker went away
-
-
-class _Worker:
-    """One worker process and its two reader threads (stdout frames, stderr log lines)."""
-
-    def __init__(self, cmd: Sequence[str], env: Mapping[str, str], on_exit: Callable[["_Worker"], None]) -> None:
-        self._on_exit = on_exit
-        self.started_at = time.monotonic()
-        self.proc = subprocess.Popen(list(cmd), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, env=dict(env), close_fds=True)
-        self.pid = self.proc.pid
-        self.ready = threading.Event()  # set by the ready frame or by EOF
-        self.ready_frame: dict[str, Any] | None = None
-        self.ready_ms: float | None = None  # spawn -> ready frame, milliseconds
-        self.exited = threading.Event()
-        self.retired = False  # guarded by the pool lock: its exit is expected, not a failure
-        self.last_heartbeat: float | None = None
-        self.stderr_tail: deque[str] = deque(maxlen=20)
-        self._lock = threading.Lock()
-        self._write_lock = threading.Lock()
-        self._pending: _Pending | None = None
-        self._readers = [threading.Thread(target=self._read_frames, name=f"solver-worker-{self.pid}-out", daemon=True),
-                         threading.Thread(target=self._read_stderr, name=f"solver-worker-{self.pid}-err", daemon=True)]
-        for reader in self._readers:
-            reader.start()
-
-    # ------------------------------------------------------------------ reader threads
-
-    def _read_frames(self) -> None:
-        for line in iter(self.proc.stdout.readline, b""):
-            self._dispatch(line)
-        try:  # reap it (no zombie, exit code known); a worker that closed stdout but lives on is useless
-            self.proc.wait(timeout=2.0)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.exited.set()
-        self.ready.set()
-        self._on_exit(self)  # failure accounting first, so a caller woken below sees it in stats()
-        with self._lock:
-            pending, self._pending = self._pending, None
-        if pending is not None:
-            pending.interrupted = f"worker {self.pid} exited with the request in flight"
-            pending.done.set()
-
-    def _read_stderr(self) -> None:
-        for raw in iter(self.proc.stderr.readline, b""):
-            line = raw.decode("utf-8", "replace").rstrip()
-            self.stderr_tail.append(line)
-            log.info("worker %d: %s", self.pid, line)
-
-    def _dispatch(self, line: bytes) -> None:
-        try:
-            frame = codec.decode(line)
-        except ValueError:
-            log.warning("worker %d: ignored a non-JSON stdout line: %r", self.pid, line[:200])
-            return
-        if not isinstance(frame, dict):
-            log.warning("worker %d: ignored a non-object frame: %r", self.pid, line[:200])
-            return
-        kind = frame.get("type")
-        if kind == "ready" and self.ready_frame is None:
-            self.ready_ms = (time.monotonic() - self.started_at) * 1000.0
-            self.ready_frame = frame
-            self.ready.set()
-        elif kind == "heartbeat":
-            self.last_heartbeat = time.monotonic()
-        elif kind == "log":
-            log.info("worker %d: %s", self.pid, frame.get("message"))
-        elif "reqId" in frame:
-            with self._lock:
-                pending = self._pending
-                if pending is not None and pending.req_id == frame["reqId"]:
-                    self._pending = None
-                else:
-                    pending = None
-            if pending is None:  # a cancel acknowledgement, or the answer to a request given up on
-                log.debug("worker %d: unmatched response %r", self.pid, line[:200])
-                return
-            pending.frame = frame
-            pending.done.set()
-        else:
-            log.warning("worker %d: ignored an unknown frame: %r", self.pid, line[:200])
-
-    # ------------------------------------------------------------------ caller side
-
-    def wait_ready(self, timeout_s: float) -> dict[str, Any]:
-        """The ready frame's diag; SolverError(WORKER_START_FAILED) if it is missing or invalid."""
-        if not self.ready.wait(timeout_s):
-            raise SolverError(errors.WORKER_START_FAILED, f"worker {self.pid} sent no ready frame within {timeout_s:g} s")
-        frame = self.ready_frame
-        if frame is None:
-            code = self.proc.wait(timeout=5)
-            tail = " | ".join(list(self.stderr_tail)[-3:]) or "no stderr"
-            raise SolverError(errors.WORKER_START_FAILED, f"worker {self.pid} exited with code {code} before its ready frame ({tail})")
-        if frame.get("protocolVersion") != PROTOCOL_VERSION:
-            raise SolverError(errors.WORKER_START_FAILED, f"worker {self.pid} speaks protocolVersion "
-                                                          f"{frame.get('protocolVersion')!r}, the pool speaks {PROTOCOL_VERSION}")
-        diag = frame.get("diag")
-        pid = diag.get("pid") if isinstance(diag, dict) else None
-        if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
-            raise SolverError(errors.WORKER_START_FAILED, f"worker {self.pid}: ready frame has no positive diag.pid ({pid!r})")
-        return diag
-
-    def send(self, frame: bytes) -> None:
-        with self._write_lock:
-            self.proc.stdin.write(frame + b"\n")
-            self.proc.stdin.flush()
-
-    def request(self, req_id: int, frame: bytes, timeout_s: float) -> dict[str, Any]:
-        """The response frame of `req_id`; raises _Timeout or SolverError(WORKER_INTERRUPTED)."""
-        pending = _Pending(req_id)
-        with self._lock:
-            self._pending = pending
-        if self.exited.is_set():
-            raise SolverError(errors.WORKER_INTERRUPTED, f"worker {self.pid} had exited before request {req_id}")
-        try:
-            self.send(frame)
-        except (BrokenPipeError, ValueError, OSError) as exc:  # ValueError: stdin already closed
-            raise SolverError(errors.WORKER_INTERRUPTED, f"worker {self.pid} stopped reading requests ({exc})") from None
-        if not pending.done.wait(timeout_s):
-            with self._lock:
-                if self._pending is pending:
-                    self._pending = None
-            if not pending.done.is_set():  # the answer may have landed between the wait and the lock
-                raise _Timeout()
-        if pending.interrupted is not None:
-            raise SolverError(errors.WORKER_INTERRUPTED, pending.interrupted)
-        return pending.frame
-
-    def kill(self) -> None:
-        self.proc.kill()  # Popen ignores an already reaped process
-        self.proc.wait()
-        self._join_readers()
-        self._close_pipes()
-
-    def _close_pipes(self) -> None:
-        for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
-            try:
-                pipe.close()
-            except OSError:
-                pass  # already broken with the process
-
-    def close(self, deadline: float) -> int | None:
-        """Stop the worker by the gentlest step that works (stdin closed by the caller); its exit code."""
-        try:
-            self.proc.wait(timeout=max(deadline - time.monotonic(), 0.0))
-        except subprocess.TimeoutExpired:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=1.0)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                try:
-                    self.proc.wait(timeout=5.0)
-                except subprocess.TimeoutExpired:
-                    log.error("worker %d survived SIGKILL for 5 s", self.pid)
-        self._join_readers()
-        self._close_pipes()
-        return self.proc.returncode
-
-    def close_stdin(self) -> None:
-        with self._write_lock:
-            try:
-                self.proc.stdin.close()
-            except OSError:
-                pass  # the worker is already gone: the pipe was broken
-
-    def _join_readers(self) -> None:
-        for reader in self._readers:
-            if reader is not threading.current_thread():
-                reader.join(timeout=2.0)
-
-
 @dataclass
 class _Slot:
     index: int
-    worker: _Worker | None = None
+    worker: WorkerProcess | None = None
     busy: bool = False  # a caller holds this slot
     starting: bool = False  # a restart (back-off, then spawn) owns this slot
-    spawning: _Worker | None = None  # the process being started, so shutdown can stop it
+    spawning: WorkerProcess | None = None  # the process being started, so shutdown can stop it
     wake: threading.Event = field(default_factory=threading.Event)  # cuts a back-off short
 
 
@@ -447,7 +211,7 @@ class SolverPool:
         slot, worker = self._reserve()
         try:
             answer = worker.request(req_id, frame, timeout_ms / 1000.0)
-        except _Timeout:
+        except WorkerTimeout:
             self._kill_on_timeout(slot, worker, req_id)
             raise SolverError(errors.SOLVE_TIMEOUT, f"{op} request {req_id}: no answer within {timeout_ms} ms "
                                                     f"(last heartbeat {_ago(worker.last_heartbeat)}); worker {worker.pid} killed") from None
@@ -463,7 +227,7 @@ class SolverPool:
         raise SolverError(str(error.get("code", errors.BAD_FRAME)),
                           str(error.get("message", f"malformed response from worker {worker.pid}: {answer!r}")))
 
-    def _reserve(self) -> tuple[_Slot, _Worker]:
+    def _reserve(self) -> tuple[_Slot, WorkerProcess]:
         deadline = time.monotonic() + self.queue_wait_s
         with self._lock:
             while True:
@@ -485,7 +249,7 @@ class SolverPool:
 
     # ------------------------------------------------------------------ failures and restarts
 
-    def _kill_on_timeout(self, slot: _Slot, worker: _Worker, req_id: int) -> None:
+    def _kill_on_timeout(self, slot: _Slot, worker: WorkerProcess, req_id: int) -> None:
         try:  # DESIGN: cancel, then kill: the cancel lets a live worker log what it was stopped in
             worker.send(codec.encode({"protocolVersion": PROTOCOL_VERSION, "reqId": f"cancel-{req_id}",
                                     "op": "cancel", "payload": {"reqId": req_id}}))
@@ -497,7 +261,7 @@ class SolverPool:
                 self._fail(slot, worker, f"worker {worker.pid} timed out on request {req_id}")
         worker.kill()
 
-    def _on_worker_exit(self, worker: _Worker) -> None:
+    def _on_worker_exit(self, worker: WorkerProcess) -> None:
         """Reader thread, at EOF of a worker's stdout."""
         with self._lock:
             if worker.retired:
@@ -509,7 +273,7 @@ class SolverPool:
                     return
         # not in a slot yet: _spawn sees the exit and counts it
 
-    def _fail(self, slot: _Slot, worker: _Worker | None, reason: str) -> None:
+    def _fail(self, slot: _Slot, worker: WorkerProcess | None, reason: str) -> None:
         """Count a failure, retire the slot's worker, schedule its restart. Caller holds the lock."""
         self._failures += 1
         self._last_failure = reason
@@ -546,7 +310,7 @@ class SolverPool:
                 self._changed.notify_all()
                 return
         try:
-            worker = _Worker(self.worker_cmd, self._env, self._on_worker_exit)
+            worker = WorkerProcess(self.worker_cmd, self._env, self._on_worker_exit)
         except OSError as exc:
             with self._lock:
                 slot.starting = False
@@ -608,51 +372,3 @@ def _check_int(name: str, value: Any, lo: int, hi: int) -> None:
 def _check_positive(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise SolverConfigError(f"solver pool {name}: expected a number > 0, got {value!r}")
-
-
-# ------------------------------------------------------------------ one pool across runs of a process
-
-_shared_lock = threading.Lock()
-_keepers = 0
-_shared: dict[tuple[int, int, int], SolverPool] = {}
-
-
-@contextmanager
-def kept_alive() -> Iterator[None]:
-    """While inside, a pool from `acquire` outlives the run that started it and serves the next run
-    with the same settings (the CLI and benchmarks run many partitions in one process; a pool start
-    costs ~0.6 s). On leaving the outermost block every shared pool is shut down."""
-    global _keepers
-    with _shared_lock:
-        _keepers += 1
-    try:
-        yield
-    finally:
-        with _shared_lock:
-            _keepers -= 1
-            pools = list(_shared.values()) if _keepers == 0 else []
-            if _keepers == 0:
-                _shared.clear()
-        for pool in pools:
-            pool.shutdown()
-
-
-def acquire(size: int, request_timeout_ms: int, threads: int) -> tuple[SolverPool, bool]:
-    """A started pool and whether the caller owns it (and must shut it down).
-
-    Outside `kept_alive` every call starts a pool of its own. Inside, pools are shared by settings;
-    a shared pool left degraded by an earlier run is reset, since a new run is a new start."""
-    key = (size, request_timeout_ms, threads)
-    with _shared_lock:
-        shared = _keepers > 0
-        pool = _shared.get(key) if shared else None
-    if pool is not None and pool.stats()["state"] == "running":
-        if pool.stats()["degraded"]:
-            pool.reset()
-        return pool, False
-    pool = SolverPool(size=size, request_timeout_ms=request_timeout_ms, threads=threads).start()
-    if not shared:
-        return pool, True
-    with _shared_lock:
-        _shared[key] = pool
-    return pool, False

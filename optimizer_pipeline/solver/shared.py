@@ -1,0 +1,60 @@
+"""Keep-alive registry: one started SolverPool per settings, shared by the runs of one process.
+
+Users: the Dagster resource (resources/solver.py) takes its pool from `acquire` for every run; the
+CLI (cli.py `run_partitions`) and bench/bench_pipeline.py wrap many runs in `kept_alive()`. It lives
+here, beside the pool, not in resources/solver.py: it needs nothing from Dagster and is not the
+resource's internals (the CLI and the benchmark enter it themselves, and would otherwise reach into
+a Dagster resource module for process-wide state), so the resource stays a thin adapter, the pool
+stays free of process-wide state, and the domain library keeps its no-dagster rule.
+"""
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from optimizer_pipeline.solver.pool import SolverPool
+
+_shared_lock = threading.Lock()
+_keepers = 0
+_shared: dict[tuple[int, int, int], SolverPool] = {}
+
+
+@contextmanager
+def kept_alive() -> Iterator[None]:
+    """While inside, a pool from `acquire` outlives the run that started it and serves the next run
+    with the same settings (the CLI and benchmarks run many partitions in one process; a pool start
+    costs ~0.6 s). On leaving the outermost block every shared pool is shut down."""
+    global _keepers
+    with _shared_lock:
+        _keepers += 1
+    try:
+        yield
+    finally:
+        with _shared_lock:
+            _keepers -= 1
+            pools = list(_shared.values()) if _keepers == 0 else []
+            if _keepers == 0:
+                _shared.clear()
+        for pool in pools:
+            pool.shutdown()
+
+
+def acquire(size: int, request_timeout_ms: int, threads: int) -> tuple[SolverPool, bool]:
+    """A started pool and whether the caller owns it (and must shut it down).
+
+    Outside `kept_alive` every call starts a pool of its own. Inside, pools are shared by settings;
+    a shared pool left degraded by an earlier run is reset, since a new run is a new start."""
+    key = (size, request_timeout_ms, threads)
+    with _shared_lock:
+        shared = _keepers > 0
+        pool = _shared.get(key) if shared else None
+    if pool is not None and pool.stats()["state"] == "running":
+        if pool.stats()["degraded"]:
+            pool.reset()
+        return pool, False
+    pool = SolverPool(size=size, request_timeout_ms=request_timeout_ms, threads=threads).start()
+    if not shared:
+        return pool, True
+    with _shared_lock:
+        _shared[key] = pool
+    return pool, False
