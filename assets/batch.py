@@ -1,40 +1,32 @@
-"""How a binding asset handles many partitions in one run (issue 8: one run for a 100-binding refresh).
+"""How a step over many binding partitions reports to Dagster: one materialization per binding that
+succeeded, check evaluations per partition, and ledger sessions across bindings.
 
-Every binding asset is a single-output `multi_asset` with `BackfillPolicy.single_run()`: a run covers
-one binding partition (sensors) or a range of them (a refresh of every binding, a UI backfill), and
-the asset function loops over `context.partition_keys`. Its value is a dict binding id -> value,
-stored one file per partition by `resources.asset_store.BindingsIOManager`, so a later
-one-partition run loads exactly the partitions it needs. Per binding, the UI metadata goes through
-`context.add_asset_metadata(..., partition_key=...)` and the checks through `record_checks`
-(one AssetCheckEvaluation per partition, linked to that partition's materialization in this run).
-Measured (BENCHMARKS.md): ~1.5 s of Dagster per run (run storage, step events, IO), paid once per
-run instead of once per binding: 100 bindings 186 s as 100 runs, 53 s as one.
+A run covers one binding partition (sensors) or a range of them (a refresh of every binding, a UI
+backfill: `BackfillPolicy.single_run()`), and one step loops over `context.partition_keys`. The
+values live in the ledger; the step yields no outputs. It logs an AssetMaterialization for each
+(asset, binding) that completed, so a binding that failed is simply not materialized while the
+others are (Dagster materializes every partition of a yielded output, which is why nothing is
+yielded), and an AssetCheckEvaluation per partition pointing at that partition's materialization.
+Measured (BENCHMARKS.md): ~1.5 s of Dagster per run, paid once per run instead of once per binding.
 """
 
 import time
-import warnings
 from contextlib import contextmanager
-from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Sequence, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator, Mapping, NamedTuple, TypeVar
 
 from dagster import (
     AssetCheckEvaluation,
     AssetCheckSeverity,
-    AssetCheckSpec,
     AssetExecutionContext,
     AssetKey,
-    AssetOut,
+    AssetMaterialization,
     AssetRecordsFilter,
-    BackfillPolicy,
     MetadataValue,
-    PreviewWarning,
-    multi_asset,
-)
-# not exported by dagster 1.13; the class AssetCheckResult itself fills in (pinned < 1.14 in pyproject)
-from dagster._core.definitions.asset_checks.asset_check_evaluation import (
-    AssetCheckEvaluationTargetMaterializationData,
 )
 
-from optimizer_pipeline.assets.partitions import BINDINGS
+from optimizer_pipeline import pipeline
+from optimizer_pipeline.assets.compat import check_target
 from optimizer_pipeline.ledger import Ledger
 
 T = TypeVar("T")
@@ -45,8 +37,9 @@ _END = object()
 
 
 class Check(NamedTuple):
-    """One evaluation of a binding asset's check on one partition."""
+    """One evaluation of an asset's check on one binding partition."""
 
+    asset: str
     binding_id: str
     name: str
     passed: bool
@@ -54,28 +47,45 @@ class Check(NamedTuple):
     severity: AssetCheckSeverity = AssetCheckSeverity.WARN
 
 
-def binding_asset(group_name: str, description: str, checks: Sequence[tuple[str, str]] = (),
-                  deps: Iterable[str] = ()) -> Callable:
-    """Decorator: a binding-partitioned asset named after the function, run for many partitions at
-    once. `checks` are (name, description) of its per-partition checks; they are optional outputs
-    (`can_subset`) because `record_checks` logs them per partition instead of yielding one result."""
+@dataclass
+class StepReport:
+    """What one step tells Dagster about its bindings, logged together at the end (`log_to`):
+    materialization metadata per (asset, binding) and check evaluations. A metadata value given
+    as a callable (a `plots.FigureQueue` entry) is waited for then and shown as markdown."""
 
-    def decorate(fn: Callable):
-        with warnings.catch_warnings():  # partitioned checks are "preview" in 1.13; measured to work (tests)
-            warnings.simplefilter("ignore", PreviewWarning)
-            specs = [AssetCheckSpec(name=name, asset=fn.__name__, description=text, partitions_def=BINDINGS)
-                     for name, text in checks]
-        return multi_asset(
-            name=fn.__name__,
-            outs={fn.__name__: AssetOut(group_name=group_name, description=description)},
-            partitions_def=BINDINGS,
-            backfill_policy=BackfillPolicy.single_run(),
-            can_subset=True,
-            deps=[AssetKey(d) for d in deps],
-            check_specs=specs,
-        )(fn)
+    materialized: dict[tuple[str, str], Mapping[str, Any]] = field(default_factory=dict)
+    checks: list[Check] = field(default_factory=list)
 
-    return decorate
+    def materialize(self, asset: str, binding_id: str, metadata: Mapping[str, Any]) -> None:
+        self.materialized[(asset, binding_id)] = metadata
+
+    def check(self, check: Check) -> None:
+        self.checks.append(check)
+
+    def log_to(self, context: AssetExecutionContext) -> None:
+        for (asset, binding_id), metadata in self.materialized.items():
+            context.log_event(AssetMaterialization(
+                asset_key=asset, partition=binding_id,
+                metadata={k: MetadataValue.md(v()) if callable(v) else v for k, v in metadata.items()}))
+        targets = self._targets(context)
+        for c in self.checks:
+            context.log_event(AssetCheckEvaluation(
+                asset_key=AssetKey(c.asset), check_name=c.name, passed=c.passed, metadata=dict(c.metadata),
+                severity=c.severity, target_materialization_data=targets.get((c.asset, c.binding_id)),
+                partition=c.binding_id))
+
+    def _targets(self, context: AssetExecutionContext) -> dict[tuple[str, str], Any]:
+        """The materialization of this run that each check evaluates, by (asset, binding)."""
+        targets = {}
+        for asset in sorted({c.asset for c in self.checks}):
+            partitions = sorted({b for a, b in self.materialized if a == asset})
+            if not partitions:
+                continue
+            records = context.instance.fetch_materializations(
+                AssetRecordsFilter(asset_key=AssetKey(asset), asset_partitions=partitions), limit=len(partitions)).records
+            targets.update({(asset, r.partition_key): check_target(r) for r in records
+                            if r.run_id == context.run.run_id})
+        return targets
 
 
 @contextmanager
@@ -104,25 +114,48 @@ def in_ledger_sessions(ledger: Ledger, items: Iterable[T], hold_s: float = SESSI
         iterator.close()
 
 
-def add_partition_metadata(context: AssetExecutionContext, metadata: Mapping[str, Mapping[str, Any]]) -> None:
-    """Attach each binding's metadata to its partition's materialization. A value given as a callable
-    (a `plots.FigureQueue` entry) is waited for here and shown as markdown. Call before the Output."""
-    for binding_id, values in metadata.items():
-        context.add_asset_metadata({k: MetadataValue.md(v()) if callable(v) else v for k, v in values.items()},
-                                   partition_key=binding_id)
+@dataclass
+class StageEnv:
+    """What every stage of a step shares: the ledger, the settings, the figure queue, the solve
+    function (None unless the step solves) and the Dagster run it belongs to."""
+
+    ledger: Ledger
+    settings: Any
+    figures: Any
+    solve: Any
+    run_id: str
 
 
-def record_checks(context: AssetExecutionContext, asset: str, checks: Sequence[Check]) -> None:
-    """Log each check's evaluation on its partition. Call after the asset's Output was yielded, so
-    every partition's materialization of this run exists and each evaluation points at it."""
-    key = AssetKey(asset)
-    partitions = sorted({c.binding_id for c in checks})
-    records = context.instance.fetch_materializations(
-        AssetRecordsFilter(asset_key=key, asset_partitions=partitions), limit=len(partitions)).records
-    targets = {r.partition_key: AssetCheckEvaluationTargetMaterializationData(
-        run_id=r.run_id, storage_id=r.storage_id, timestamp=r.timestamp)
-        for r in records if r.run_id == context.run.run_id}
-    for c in checks:
-        context.log_event(AssetCheckEvaluation(
-            asset_key=key, check_name=c.name, passed=c.passed, metadata=dict(c.metadata), severity=c.severity,
-            target_materialization_data=targets.get(c.binding_id), partition=c.binding_id))
+class BindingInputs:
+    """The values of one binding's stages in this step: the value an earlier stage of the same step
+    produced (and wrote to the ledger), else the one the ledger holds for the binding's revision."""
+
+    def __init__(self, ledger: Ledger, stored: Any):
+        self.ledger, self.stored = ledger, stored
+        self.produced: dict[str, Any] = {}
+
+    def _get(self, stage: str, load: Any) -> Any:
+        if stage not in self.produced:
+            self.produced[stage] = load()
+        return self.produced[stage]
+
+    def split(self):
+        return self._get("plant_history", lambda: pipeline.load_split(self.ledger, self.stored))
+
+    def artifact(self):
+        return self._get("model_artifact", lambda: pipeline.load_artifact(self.ledger, self.stored))
+
+    def scores(self):
+        return self._get("uq_block_scores",
+                         lambda: pipeline.load_scores(self.ledger, self.stored.spec, self.artifact()))
+
+    def calibration(self):
+        return self._get("uq_calibration", lambda: pipeline.load_calibration(self.ledger, self.artifact()))
+
+
+class StageResult(NamedTuple):
+    """A stage's value (already in the ledger), its materialization metadata and its checks."""
+
+    value: Any
+    metadata: Mapping[str, Any]
+    checks: tuple[Check, ...] = ()

@@ -1,19 +1,14 @@
-"""Calibration assets of the binding partitions: plant_history -> model_artifact -> uq_block_scores -> uq_calibration.
-
-Each asset handles every binding partition of its run (assets.batch); its value is a dict binding id -> value."""
+"""The calibration stages of one binding, for the Dagster step: plant_history -> model_artifact ->
+uq_block_scores -> uq_calibration. Each runs the domain stage (optimizer_pipeline.pipeline, which
+writes the ledger) and describes the result for the UI: metadata, plots, checks."""
 
 from typing import Callable
 
-from dagster import AssetExecutionContext, MetadataValue, Output, TableColumn, TableRecord, TableSchema
+from dagster import MetadataValue, TableColumn, TableRecord, TableSchema
 
-from optimizer_pipeline.assets.batch import Check, add_partition_metadata, binding_asset, in_ledger_sessions, record_checks
-from optimizer_pipeline.assets.partitions import CALIBRATION_GROUP
 from optimizer_pipeline import pipeline, plots, uq
-from optimizer_pipeline.contracts import HistorySplit, ModelArtifact, utc_now
-from optimizer_pipeline.data import prepare_history, validate_history_frame
-from optimizer_pipeline.model import identify
-from optimizer_pipeline.resources.ledger import LedgerResource
-from optimizer_pipeline.resources.plant_store import PlantStoreResource
+from optimizer_pipeline.assets.batch import BindingInputs, Check, StageEnv, StageResult
+from optimizer_pipeline.contracts import HistorySplit, ModelArtifact, Scores, utc_now
 
 GATE_CHECKS = ("G1", "G2", "G3", "G4")
 
@@ -48,36 +43,30 @@ def coverage_rows(evidence: uq.UQEvidence, artifact: ModelArtifact) -> list[dict
             for tag, q, b, c in zip(evidence.cv_tags, evidence.qhat, band, evidence.coverage_per_cv)]
 
 
-def scores_plot(figures: plots.FigureQueue, scores: pipeline.Scores, evidence: uq.UQEvidence,
+def scores_plot(figures: plots.FigureQueue, scores: Scores, evidence: uq.UQEvidence,
                 title: str) -> Callable[[], str]:
     """Markdown (when called): val and test block scores per CV against qhat."""
     return figures.add("block scores against qhat", plots.calibration_figure, evidence.cv_tags, scores.val.scores,
                        scores.test.scores, evidence.qhat, evidence.coverage_per_cv, evidence.coverage_threshold, title)
 
 
-@binding_asset(CALIBRATION_GROUP, "Stored plant history of the binding, cleaned, aligned to its sample grid and split by run.")
-def plant_history(context: AssetExecutionContext, plant_store: PlantStoreResource, ledger: LedgerResource):
-    splits = {}
-    bindings = plant_store.bindings_by_id(context.partition_keys)
-    with in_ledger_sessions(ledger.ledger(), bindings.items()) as items:
-        for binding_id, stored in items:
-            frame = validate_history_frame(plant_store.history(stored), stored.spec,
-                                           f"stored history of {stored.spec.id}")
-            split = prepare_history(frame, stored.spec, seed=pipeline.SPLIT_SEED)
-            cleaning = split.report["cleaning"]
-            changed = [r for r in cleaning["runs"] if r["action"] != "kept" or r["outliers"] or r["interpolated"]]
-            context.add_asset_metadata({
-                "binding_revision": stored.revision,
-                "rows": int(sum(len(r) for r in (*split.train, *split.val, *split.test))),
-                "runs_train": len(split.train), "runs_val": len(split.val), "runs_test": len(split.test),
-                "live_run": split.live.run_id if split.live else "none",
-                "runs_changed_or_dropped": _table(changed, [
-                    ("run_id", "string"), ("action", "string"), ("reason", "string"), ("rows_in", "int"),
-                    ("rows_out", "int"), ("outliers", "int"), ("interpolated", "int")]),
-                "warnings": MetadataValue.json(list(split.report.get("warnings", []))),
-            }, partition_key=binding_id)
-            splits[binding_id] = split
-    yield Output(splits, output_name="plant_history")
+def plant_history(env: StageEnv, inputs: BindingInputs) -> StageResult:
+    """Clean and split the binding's stored samples; the split is recorded in the ledger."""
+    stored = inputs.stored
+    split = pipeline.prepare_split(env.ledger, stored)
+    cleaning = split.report["cleaning"]
+    changed = [r for r in cleaning["runs"] if r["action"] != "kept" or r["outliers"] or r["interpolated"]]
+    return StageResult(split, {
+        "binding_revision": stored.revision,
+        "rows": int(sum(len(r) for r in (*split.train, *split.val, *split.test))),
+        "runs_train": len(split.train), "runs_val": len(split.val), "runs_test": len(split.test),
+        "live_run": split.live.run_id if split.live else "none",
+        "data_hash": split.data_hash,
+        "runs_changed_or_dropped": _table(changed, [
+            ("run_id", "string"), ("action", "string"), ("reason", "string"), ("rows_in", "int"),
+            ("rows_out", "int"), ("outliers", "int"), ("interpolated", "int")]),
+        "warnings": MetadataValue.json(list(split.report.get("warnings", []))),
+    })
 
 
 def _artifact_metadata(artifact: ModelArtifact, plot: Callable[[], str]) -> dict:
@@ -100,85 +89,53 @@ def _gate_checks(artifact: ModelArtifact) -> list[Check]:
     checks = []
     for name in GATE_CHECKS:
         gate = gates.get(name)
-        checks.append(Check(artifact.binding_id, f"gate_{name}", bool(gate and gate.passed), {} if gate is None else {
-            "value": "not measurable" if gate.value is None else float(gate.value),
-            "threshold": float(gate.threshold), "description": gate.description}))
+        metadata = {} if gate is None else {"value": "not measurable" if gate.value is None else float(gate.value),
+                                            "threshold": float(gate.threshold), "description": gate.description}
+        checks.append(Check("model_artifact", artifact.binding_id, f"gate_{name}", bool(gate and gate.passed), metadata))
     return checks
 
 
-@binding_asset(CALIBRATION_GROUP, "ARX model identified on the train runs, with its state-space realisation and gates G1-G4.",
-               checks=[(f"gate_{g}", f"Model quality gate {g}") for g in GATE_CHECKS])
-def model_artifact(context: AssetExecutionContext, plant_history: dict[str, HistorySplit],
-                   plant_store: PlantStoreResource, ledger: LedgerResource):
-    store, bindings = ledger.ledger(), plant_store.bindings_by_id(context.partition_keys)
-    artifacts, metadata, checks = {}, {}, []
-    with plots.FigureQueue(len(bindings)) as figures:
-        with in_ledger_sessions(store, bindings.items()) as items:
-            for binding_id, stored in items:
-                split = plant_history[binding_id]
-                artifact = identify(split, stored.spec, stored.revision)
-                store.put_artifact(artifact)
-                metadata[binding_id] = _artifact_metadata(artifact, fit_plot(figures, artifact, split))
-                checks += _gate_checks(artifact)
-                artifacts[binding_id] = artifact
-        add_partition_metadata(context, metadata)
-    yield Output(artifacts, output_name="model_artifact")
-    record_checks(context, "model_artifact", checks)
+def model_artifact(env: StageEnv, inputs: BindingInputs) -> StageResult:
+    """Identify the model on the train runs (stored by content hash) with its gates as checks."""
+    split = inputs.split()
+    artifact = pipeline.identify_model(env.ledger, inputs.stored, split)
+    return StageResult(artifact, _artifact_metadata(artifact, fit_plot(env.figures, artifact, split)),
+                       tuple(_gate_checks(artifact)))
 
 
-@binding_asset(CALIBRATION_GROUP,
-               "Block scores (max |h-step rollout residual| per block and CV, normalised) on val and test runs.")
-def uq_block_scores(context: AssetExecutionContext, model_artifact: dict[str, ModelArtifact],
-                    plant_history: dict[str, HistorySplit], plant_store: PlantStoreResource, ledger: LedgerResource):
-    store = ledger.ledger()
-    all_scores = {}
-    bindings = plant_store.bindings_by_id(context.partition_keys)
-    with in_ledger_sessions(store, bindings.items()) as items:
-        for binding_id, stored in items:
-            scores = pipeline.score_blocks(stored.spec, model_artifact[binding_id], plant_history[binding_id])
-            rows = pipeline.persist_scores(store, model_artifact[binding_id], scores)
-            context.add_asset_metadata({
-                "block_length": scores.val.h, "val_blocks": scores.val.n_blocks, "val_runs": scores.val.n_runs,
-                "test_blocks": scores.test.n_blocks, "test_runs": scores.test.n_runs,
-                "unique_test_steps": scores.test.n_unique_steps, "rows_written": rows,
-            }, partition_key=binding_id)
-            all_scores[binding_id] = scores
-    yield Output(all_scores, output_name="uq_block_scores")
+def uq_block_scores(env: StageEnv, inputs: BindingInputs) -> StageResult:
+    """Val and test block scores of the artifact, stored per block and CV."""
+    scores = pipeline.score_and_store(env.ledger, inputs.stored.spec, inputs.artifact(), inputs.split())
+    return StageResult(scores, {
+        "block_length": scores.val.h, "val_blocks": scores.val.n_blocks, "val_runs": scores.val.n_runs,
+        "test_blocks": scores.test.n_blocks, "test_runs": scores.test.n_runs,
+        "unique_test_steps": scores.test.n_unique_steps,
+        "rows_written": (scores.val.n_blocks + scores.test.n_blocks) * len(scores.val.cv_tags),
+    })
 
 
-@binding_asset(CALIBRATION_GROUP,
-               "Block-conformal UQ evidence: qhat per CV from val, coverage on test, or the fail-closed reason.",
-               checks=[("uq_coverage", "UQ evidence exists and test coverage >= threshold")])
-def uq_calibration(context: AssetExecutionContext, uq_block_scores: dict[str, pipeline.Scores],
-                   model_artifact: dict[str, ModelArtifact], ledger: LedgerResource):
-    store, settings, keys = ledger.ledger(), ledger.settings(), context.partition_keys
-    calibrations, metadata, checks = {}, {}, []
-    with plots.FigureQueue(len(keys)) as figures:
-        with in_ledger_sessions(store, keys) as items:
-            for binding_id in items:
-                artifact, scores = model_artifact[binding_id], uq_block_scores[binding_id]
-                calibration = pipeline.calibrate(store, artifact, scores, settings, utc_now())
-                ev = calibration.evidence
-                failures = pipeline.uq.gate_failures(ev, settings.uq_gate)
-                title = f"{artifact.binding_id}: {ev.method or 'no UQ evidence'}, block length {ev.block_length}"
-                metadata[binding_id] = {
-                    "plot": scores_plot(figures, scores, ev, title),
-                    "status": "passes the UQ gate" if not failures else "fails the UQ gate",
-                    "gate_failures": MetadataValue.json(failures),
-                    "coverage_by_cv": _table(coverage_rows(ev, artifact),
-                                             [("cv", "string"), ("qhat", "float"), ("band", "float"),
-                                              ("coverage", "float"), ("threshold", "float"), ("meets_threshold", "bool")]),
-                    "calibration_id": calibration.calibration_id, "artifact_hash": calibration.artifact_hash,
-                    "method": ev.method or "none (fail closed)",
-                    "coverage": ev.coverage, "coverage_threshold": ev.coverage_threshold,
-                    "coverage_lower_95": ev.coverage_lower_95, "exchangeability_p": ev.exchangeability_p,
-                    "qhat": MetadataValue.json(dict(zip(ev.cv_tags, ev.qhat))) if ev.qhat else "none",
-                    "reasons": MetadataValue.json(list(ev.reasons)),
-                    "evidence": MetadataValue.json(ev.to_dict()),
-                }
-                checks.append(Check(binding_id, "uq_coverage", not failures,
-                                    {"failures": MetadataValue.json(failures), "gate": settings.uq_gate}))
-                calibrations[binding_id] = calibration
-        add_partition_metadata(context, metadata)
-    yield Output(calibrations, output_name="uq_calibration")
-    record_checks(context, "uq_calibration", checks)
+def uq_calibration(env: StageEnv, inputs: BindingInputs) -> StageResult:
+    """Block-conformal evidence of the artifact (or the fail-closed reason), stored as a calibration."""
+    artifact, scores, settings = inputs.artifact(), inputs.scores(), env.settings
+    calibration = pipeline.calibrate(env.ledger, artifact, scores, settings, utc_now())
+    ev = calibration.evidence
+    failures = uq.gate_failures(ev, settings.uq_gate)
+    title = f"{artifact.binding_id}: {ev.method or 'no UQ evidence'}, block length {ev.block_length}"
+    metadata = {
+        "plot": scores_plot(env.figures, scores, ev, title),
+        "status": "passes the UQ gate" if not failures else "fails the UQ gate",
+        "gate_failures": MetadataValue.json(failures),
+        "coverage_by_cv": _table(coverage_rows(ev, artifact),
+                                 [("cv", "string"), ("qhat", "float"), ("band", "float"),
+                                  ("coverage", "float"), ("threshold", "float"), ("meets_threshold", "bool")]),
+        "calibration_id": calibration.calibration_id, "artifact_hash": calibration.artifact_hash,
+        "method": ev.method or "none (fail closed)",
+        "coverage": ev.coverage, "coverage_threshold": ev.coverage_threshold,
+        "coverage_lower_95": ev.coverage_lower_95, "exchangeability_p": ev.exchangeability_p,
+        "qhat": MetadataValue.json(dict(zip(ev.cv_tags, ev.qhat))) if ev.qhat else "none",
+        "reasons": MetadataValue.json(list(ev.reasons)),
+        "evidence": MetadataValue.json(ev.to_dict()),
+    }
+    check = Check("uq_calibration", artifact.binding_id, "uq_coverage", not failures,
+                  {"failures": MetadataValue.json(failures), "gate": settings.uq_gate})
+    return StageResult(calibration, metadata, (check,))

@@ -1,25 +1,21 @@
-"""The recommendation of each binding partition of the run: compile, solve in the worker pool, verify, decide, record."""
+"""The recommendation stage of one binding, for the Dagster step: compile from the newest live state,
+solve in the worker pool, verify, decide, record in the ledger; and describe it for the UI."""
 
 from typing import Callable
 
-from dagster import AssetExecutionContext, MetadataValue, Output, TableColumn, TableRecord, TableSchema
+from dagster import MetadataValue, TableColumn, TableRecord, TableSchema
 
-from optimizer_pipeline.assets.batch import Check, add_partition_metadata, binding_asset, in_ledger_sessions, record_checks
-from optimizer_pipeline.assets.partitions import RECOMMENDATION_GROUP
 from optimizer_pipeline import pipeline, plots
+from optimizer_pipeline.assets.batch import BindingInputs, Check, StageEnv, StageResult
 from optimizer_pipeline.contracts import (
     BindingSpec,
     Condition,
+    EvidenceSource,
     HistorySplit,
-    ModelArtifact,
     Recommendation,
     SolveCandidate,
-    SolveResult,
     utc_now,
 )
-from optimizer_pipeline.resources.ledger import LedgerResource
-from optimizer_pipeline.resources.plant_store import PlantStoreResource
-from optimizer_pipeline.resources.solver import SolverPoolResource
 
 
 def _plan_table(rec) -> MetadataValue:
@@ -60,42 +56,29 @@ def _conditions_table(conditions: tuple[Condition, ...]) -> MetadataValue:
                                schema=TableSchema(columns=columns))
 
 
-@binding_asset(RECOMMENDATION_GROUP,
-               "Move plan (or steady-state targets) with status verified / unverified / rejected and its evidence.",
-               checks=[("candidate_verified", "The chosen candidate is feasible and its independent cost agrees")])
-def recommendation(context: AssetExecutionContext, model_artifact: dict[str, ModelArtifact],
-                   plant_history: dict[str, HistorySplit], uq_calibration: dict[str, pipeline.Calibration],
-                   ledger: LedgerResource, plant_store: PlantStoreResource, solver: SolverPoolResource):
-    store, settings = ledger.ledger(), ledger.settings()
-    bindings = plant_store.bindings_by_id(context.partition_keys)
-    recommendations, metadata, checks = {}, {}, []
-    with plots.FigureQueue(len(bindings)) as figures:
-        with in_ledger_sessions(store, bindings.items()) as items:
-            for binding_id, stored in items:
-                artifact, split = model_artifact[binding_id], plant_history[binding_id]
-                calibration = uq_calibration[binding_id]
-                record = pipeline.recommend(stored, artifact, split, calibration,
-                                            lambda problem: SolveResult.from_dict(solver.solve(problem)),
-                                            store, settings, plant_store.source(stored.spec.id), utc_now())
-                rec, chosen = record.recommendation, record.chosen
-                metadata[binding_id] = {
-                    "status": rec.status.value, "status_label": rec.status_label,
-                    "plot": plan_plot(figures, stored.spec, split, rec, artifact.horizon),
-                    "reasons": MetadataValue.json(list(rec.reasons)),
-                    "conditions": _conditions_table(record.conditions),
-                    "recommendation_id": rec.id, "run_id": rec.run_id, "valid_until": rec.valid_until,
-                    "problem_ir_hash": rec.problem_ir_hash, "model_artifact_hash": rec.model_artifact_hash,
-                    "calibration_id": calibration.calibration_id, "training_data_hash": artifact.training_data_hash,
-                    "evidence": MetadataValue.json(dict(rec.evidence)),
-                    "plan": _plan_table(rec),
-                    "candidates": _candidates_table(record.result.candidates),
-                    "expired_past_valid_until": record.expired_before,
-                }
-                checks.append(Check(binding_id, "candidate_verified", bool(chosen and chosen.feasible and chosen.verified),
-                                    {"candidate_id": rec.candidate_id or "none",
-                                     "verify_report": MetadataValue.json(dict(chosen.verify_report) if chosen else {})}))
-                recommendations[binding_id] = rec.to_json_dict()
-        add_partition_metadata(context, metadata)
-    context.log.info(f"solver pool: {solver.stats()}")
-    yield Output(recommendations, output_name="recommendation")
-    record_checks(context, "recommendation", checks)
+def recommendation(env: StageEnv, inputs: BindingInputs) -> StageResult:
+    """Solve from the live state of this step's history with the revision's model and calibration."""
+    stored, ledger = inputs.stored, env.ledger
+    artifact, split, calibration = inputs.artifact(), inputs.split(), inputs.calibration()
+    source = ledger.sample_source(stored.spec.id) or EvidenceSource.REAL.value
+    record = pipeline.recommend(stored, artifact, split, calibration, env.solve, ledger, env.settings, source,
+                                utc_now())
+    rec, chosen = record.recommendation, record.chosen
+    metadata = {
+        "status": rec.status.value, "status_label": rec.status_label,
+        "plot": plan_plot(env.figures, stored.spec, split, rec, artifact.horizon),
+        "reasons": MetadataValue.json(list(rec.reasons)),
+        "conditions": _conditions_table(record.conditions),
+        "recommendation_id": rec.id, "run_id": rec.run_id, "valid_until": rec.valid_until,
+        "problem_ir_hash": rec.problem_ir_hash, "model_artifact_hash": rec.model_artifact_hash,
+        "calibration_id": calibration.calibration_id, "training_data_hash": artifact.training_data_hash,
+        "evidence": MetadataValue.json(dict(rec.evidence)),
+        "plan": _plan_table(rec),
+        "candidates": _candidates_table(record.result.candidates),
+        "expired_past_valid_until": record.expired_before,
+    }
+    check = Check("recommendation", stored.spec.id, "candidate_verified",
+                  bool(chosen and chosen.feasible and chosen.verified),
+                  {"candidate_id": rec.candidate_id or "none",
+                   "verify_report": MetadataValue.json(dict(chosen.verify_report) if chosen else {})})
+    return StageResult(rec, metadata, (check,))

@@ -34,10 +34,8 @@ def main() -> None:
 
     from optimizer_pipeline import pipeline
     from optimizer_pipeline.contracts import SolveResult, binding_from_dict, utc_now
-    from optimizer_pipeline.data import prepare_history, validate_history_frame
     from optimizer_pipeline.cli import run_partitions
     from optimizer_pipeline.ledger import Ledger
-    from optimizer_pipeline.model import identify
     from optimizer_pipeline.plants import get_plant
     from optimizer_pipeline.settings import ledger_path, load_settings
     from optimizer_pipeline.solver.pool import SolverPool
@@ -68,7 +66,7 @@ def main() -> None:
             run_partitions(home, extra[:1])  # the pool start, not timed
             for binding_id in extra[1:]:
                 t = time.perf_counter()
-                assert run_partitions(home, [binding_id])[0][1]
+                assert run_partitions(home, [binding_id])[0].ok
                 per_run.append(time.perf_counter() - t)
 
     # Domain split on the same data, in the same process (one binding, repeated).
@@ -78,14 +76,11 @@ def main() -> None:
     with SolverPool(size=settings.solver_pool_size, request_timeout_ms=settings.solver_request_timeout_ms) as pool:
         for _ in range(5):
             t = time.perf_counter()
-            split = prepare_history(validate_history_frame(ledger.history_frame(stored.spec.id, stored.spec.tags),
-                                                           stored.spec, "bench"), stored.spec)
+            split = pipeline.prepare_split(ledger, stored)
             t1 = time.perf_counter()
-            artifact = identify(split, stored.spec, stored.revision)
-            ledger.put_artifact(artifact)
+            artifact = pipeline.identify_model(ledger, stored, split)
             t2 = time.perf_counter()
-            scores = pipeline.score_blocks(stored.spec, artifact, split)
-            pipeline.persist_scores(ledger, artifact, scores)
+            scores = pipeline.score_and_store(ledger, stored.spec, artifact, split)
             calibration = pipeline.calibrate(ledger, artifact, scores, settings, utc_now())
             t3 = time.perf_counter()
             pipeline.recommend(stored, artifact, split, calibration, lambda p: SolveResult.from_dict(pool.solve(p)),

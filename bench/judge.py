@@ -1,4 +1,4 @@
-"""Judge recommendations the way DESIGN.md "How recommendations are judged" does, on the demo plants
+"""Judge recommendations the way docs/ARCHITECTURE.md, "How recommendations are judged" says, on the demo plants
 and on variants the pipeline has not been tuned on (non-minimum-phase quadruple tank, orders left
 to the data, another seed).
 

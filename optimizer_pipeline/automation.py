@@ -18,14 +18,13 @@ from dagster import (
     sensor,
 )
 
-from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
-
 from optimizer_pipeline.assets.outcomes import OUTCOMES_GROUP
 from optimizer_pipeline.assets.partitions import BINDINGS, CALIBRATION_GROUP, RECOMMENDATION_GROUP
 from optimizer_pipeline.contracts import parse_iso_utc, utc_now
 from optimizer_pipeline.outcomes import drift_finding
 from optimizer_pipeline.settings import Settings
-from optimizer_pipeline.resources.ledger import LedgerResource
+from optimizer_pipeline.assets.compat import range_tags
+from optimizer_pipeline.resources.ledger import LedgerResource, SettingsResource
 
 
 def partition_ranges(ordered_keys: Sequence[str], wanted: Sequence[str]) -> list[tuple[str, str]]:
@@ -42,11 +41,6 @@ def partition_ranges(ordered_keys: Sequence[str], wanted: Sequence[str]) -> list
     if start is not None:
         ranges.append((start, last))
     return ranges
-
-
-def range_tags(first: str, last: str) -> dict[str, str]:
-    """Run tags that make one run cover the binding partitions first..last (assets.batch)."""
-    return {ASSET_PARTITION_RANGE_START_TAG: first, ASSET_PARTITION_RANGE_END_TAG: last}
 
 
 recalibrate_job = define_asset_job(
@@ -87,7 +81,7 @@ def binding_changes_sensor():
             if seen.get(b.spec.id) == b.revision:
                 continue
             latest = store.latest_recommendation(b.spec.id)
-            if latest is not None and latest["binding_revision"] == b.revision:
+            if latest is not None and latest.binding_revision == b.revision:
                 continue  # already solved for this revision (e.g. by the CLI)
             requests.append(RunRequest(partition_key=b.spec.id, run_key=f"{b.spec.id}@r{b.revision}",
                                        tags={"optimizer/reason": f"binding {b.spec.id} at revision {b.revision}"}))
@@ -106,17 +100,17 @@ def uq_freshness_sensor():
 
     @sensor(name="uq_freshness", job=recalibrate_job, minimum_interval_seconds=300,
             default_status=DefaultSensorStatus.RUNNING)
-    def uq_freshness(context: SensorEvaluationContext, ledger: LedgerResource):
-        fresh_for = timedelta(days=ledger.settings().uq_fresh_days)
+    def uq_freshness(context: SensorEvaluationContext, ledger: LedgerResource, settings: SettingsResource):
+        fresh_for = timedelta(days=settings.get().uq_fresh_days)
         now = utc_now()
         known = set(context.instance.get_dynamic_partitions(BINDINGS.name))
         requests = []
         for calibration in ledger.ledger().latest_calibrations():
-            binding_id = calibration["binding_id"]
-            age = now - parse_iso_utc(calibration["calibrated_at"])
+            binding_id = calibration.binding_id
+            age = now - parse_iso_utc(calibration.calibrated_at)
             if binding_id in known and age > fresh_for:
-                requests.append(RunRequest(partition_key=binding_id, run_key=f"{binding_id}@{calibration['id']}",
-                                           tags={"optimizer/reason": f"calibration {calibration['id']} is "
+                requests.append(RunRequest(partition_key=binding_id, run_key=f"{binding_id}@{calibration.id}",
+                                           tags={"optimizer/reason": f"calibration {calibration.id} is "
                                                  f"{age.total_seconds() / 86400:.1f} days old"}))
         return requests or SkipReason("every calibration is fresh")
 
@@ -137,7 +131,7 @@ def outcome_drift_sensor():
         for binding_id in context.instance.get_dynamic_partitions(BINDINGS.name):
             calibration = store.latest_calibration(binding_id)
             finding = drift_finding(binding_id, store.list_outcomes(binding_id),
-                                    None if calibration is None else calibration["calibrated_at"])
+                                    None if calibration is None else calibration.calibrated_at)
             if finding is None:
                 continue
             context.log.info(f"outcome_drift: requesting recalibrate of {binding_id}: {finding.reason}")

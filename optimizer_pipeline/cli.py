@@ -1,4 +1,4 @@
-"""The `optimizer-pipeline` command line (DESIGN.md "Interfaces"): demo, ingest, materialize,
+"""The `optimizer-pipeline` command line (docs/ARCHITECTURE.md, "Interfaces"): demo, ingest, materialize,
 recommendation, outcome, ledger, ui. Bad input: one specific line on stderr, exit code 2,
 nothing partial written. Dagster is imported only by the commands that run it.
 """
@@ -8,7 +8,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
 from optimizer_pipeline.contracts import ContractError, EvidenceSource, load_binding_file
 from optimizer_pipeline.settings import dagster_home, ledger_path, resolve_home
@@ -52,17 +52,30 @@ def prepare_dagster_home(home: Path) -> Path:
     return path
 
 
-def run_partitions(home: Path, binding_ids: Sequence[str], job_name: str = "refresh") -> list[tuple[str, bool, str]]:
+class BindingRun(NamedTuple):
+    """How one binding fared in a CLI-launched run: ok, or the stage and reason it failed."""
+
+    binding_id: str
+    ok: bool
+    dagster_run_id: str
+    detail: str  # "" when ok, else "<stage>: <reason>"
+
+
+def run_partitions(home: Path, binding_ids: Sequence[str], job_name: str = "refresh") -> list[BindingRun]:
     """Run a job in process on the home's Dagster instance over the given binding partitions: one run
-    per stretch of them in the instance's partition order (all of them: one run)."""
+    per stretch of them in the instance's partition order (all of them: one run). A binding that
+    failed is named with its stage and reason from the ledger; the others completed."""
     prepare_dagster_home(home)
     from dagster import DagsterInstance
 
-    from optimizer_pipeline.automation import partition_ranges, range_tags
+    from optimizer_pipeline.assets.compat import range_tags
+    from optimizer_pipeline.automation import partition_ranges
     from optimizer_pipeline.definitions import build_definitions
+    from optimizer_pipeline.ledger import Ledger
     from optimizer_pipeline.solver.shared import kept_alive
 
     job = build_definitions(home).resolve_job_def(job_name)
+    ledger = Ledger(ledger_path(home))
     results = {}
     with DagsterInstance.get() as instance, kept_alive():
         known = set(instance.get_dynamic_partitions("bindings"))
@@ -75,13 +88,16 @@ def run_partitions(home: Path, binding_ids: Sequence[str], job_name: str = "refr
             result = job.execute_in_process(instance=instance, raise_on_error=False, run_config=QUIET_RUN_CONFIG,
                                             tags={"optimizer/launched_by": "cli",
                                                   **({} if partition else range_tags(first, last))}, **partition)
-            detail = result.run_id if result.success else _failure(result)
+            failed = {f.binding_id: f"{f.stage}: {f.message}" for f in ledger.list_failures(dagster_run_id=result.run_id)}
+            run_error = "" if result.success or failed else _failure(result)
             for key in ordered[ordered.index(first):ordered.index(last) + 1]:
-                results[key] = (key, result.success, detail)
+                detail = failed.get(key, run_error)
+                results[key] = BindingRun(key, not detail, result.run_id, detail)
     return [results[b] for b in binding_ids]
 
 
 def _failure(result: Any) -> str:
+    """The reason a run failed outside any binding's stages (e.g. a resource that could not start)."""
     for event in result.all_events:
         if event.is_step_failure:
             error = event.step_failure_data.error
@@ -132,21 +148,20 @@ def cmd_materialize(args: argparse.Namespace, home: Path) -> int:
     for binding_id in binding_ids:
         ledger.get_binding(binding_id)  # NotFoundError -> one line, before any run
     results = run_partitions(home, binding_ids, args.job)
-    failed = [f"{binding_id}: {detail}" for binding_id, ok, detail in results if not ok]
-    if failed:
-        raise UserError(f"materialize {'; '.join(failed)}")
     docs = []
-    for binding_id, _, run_id in results:
-        rec = ledger.latest_recommendation(binding_id)
-        docs.append({"binding_id": binding_id, "job": args.job, "dagster_run_id": run_id,
-                     "recommendation_id": rec and rec["id"], "status": rec and rec["status"]})
+    for run in results:
+        rec = ledger.latest_recommendation(run.binding_id) if run.ok else None
+        docs.append({"binding_id": run.binding_id, "job": args.job, "dagster_run_id": run.dagster_run_id,
+                     "ok": run.ok, "error": run.detail or None,
+                     "recommendation_id": rec and rec.id, "status": rec and rec.status})
     print(json.dumps(docs[0] if len(docs) == 1 and not args.all else docs, indent=2))
+    failed = [f"{run.binding_id} ({run.detail})" for run in results if not run.ok]
+    if failed:
+        raise UserError(f"materialize: {len(failed)} of {len(results)} binding(s) failed: {'; '.join(failed)}")
     return 0
 
 
 def cmd_recommendation(args: argparse.Namespace, home: Path) -> int:
-    from optimizer_pipeline.pipeline import recommendation_json
-
     ledger = _existing_ledger(home)
     ledger.get_binding(args.binding_id)
     ledger.expire_past_valid_until()
@@ -154,7 +169,7 @@ def cmd_recommendation(args: argparse.Namespace, home: Path) -> int:
     if row is None:
         raise UserError(f"binding {args.binding_id!r} has no recommendation yet; run "
                         f"`optimizer-pipeline materialize {args.binding_id}`")
-    doc = recommendation_json(row)
+    doc = row.document()
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
@@ -174,34 +189,36 @@ def cmd_ledger(args: argparse.Namespace, home: Path) -> int:
     ledger = _existing_ledger(home)
     if args.binding:
         ledger.get_binding(args.binding)
-    doc = {"runs": ledger.list_runs(args.binding), "candidates": ledger.list_candidates(binding_id=args.binding),
-           "recommendations": ledger.list_recommendations(args.binding), "outcomes": ledger.list_outcomes(args.binding)}
+    sections = {
+        "runs": (ledger.list_runs(args.binding),
+                 lambda r: f"{r.id}  {r.binding_id}@r{r.binding_revision}  {r.status:<9}  {r.started_at}"),
+        "candidates": (ledger.list_candidates(binding_id=args.binding),
+                       lambda c: f"{c.id}  {c.kind:<7}  {c.solver_status:<10}  cost {_num(c.cost)}  "
+                                 f"verified {c.verified}"),
+        "recommendations": (ledger.list_recommendations(args.binding),
+                            lambda r: f"{r.id}  {r.binding_id}@r{r.binding_revision}  {r.status:<10}  "
+                                      f"valid until {r.valid_until}"),
+        "outcomes": (ledger.list_outcomes(args.binding),
+                     lambda o: f"{o.id}  {o.recommendation_id}  {o.verdict}  applied {o.applied_at}"),
+        "failures": (ledger.list_failures(args.binding),
+                     lambda f: f"{f.id}  {f.binding_id}@r{f.binding_revision}  {f.stage}  {f.created_at}  "
+                               f"{f.error}: {f.message}"),
+    }
     if args.json:
-        print(json.dumps(doc, indent=2, default=str))
+        print(json.dumps({name: [r.to_json_dict() for r in rows] for name, (rows, _) in sections.items()},
+                         indent=2, default=str))
         return 0
     print(f"ledger {ledger.path}")
-    print(f"runs ({len(doc['runs'])})")
-    for r in doc["runs"]:
-        print(f"  {r['id']}  {r['binding_id']}@r{r['binding_revision']}  {r['status']:<9}  {r['started_at']}")
-    print(f"candidates ({len(doc['candidates'])})")
-    for c in doc["candidates"]:
-        print(f"  {c['id']}  {c['kind']:<7}  {c['solver_status']:<10}  cost {_num(c['cost'])}  "
-              f"verified {c['verified']}")
-    print(f"recommendations ({len(doc['recommendations'])})")
-    for r in doc["recommendations"]:
-        print(f"  {r['id']}  {r['binding_id']}@r{r['binding_revision']}  {r['status']:<10}  valid until "
-              f"{r['valid_until']}")
-    print(f"outcomes ({len(doc['outcomes'])})")
-    for o in doc["outcomes"]:
-        print(f"  {o['id']}  {o['recommendation_id']}  {o['verdict']}  applied {o['applied_at']}")
+    for name, (rows, line) in sections.items():
+        print(f"{name} ({len(rows)})")
+        for row in rows:
+            print(f"  {line(row)}")
     return 0
 
 
 def cmd_demo(args: argparse.Namespace, home: Path) -> int:
-    from optimizer_pipeline.pipeline import recommendation_json
-    from optimizer_pipeline.plants import demo_plants
-
     from optimizer_pipeline.ledger import Ledger
+    from optimizer_pipeline.plants import demo_plants
 
     ledger = Ledger(ledger_path(home))
     plants = demo_plants()
@@ -211,19 +228,17 @@ def cmd_demo(args: argparse.Namespace, home: Path) -> int:
                                      EvidenceSource.SIMULATION.value)
         print(f"  {plant.spec.id:<10} revision {upsert.revision}, {rows} new samples")
     print("materializing every asset of every binding through Dagster (job refresh) ...")
-    failed = []
-    for binding_id, ok, detail in run_partitions(home, [p.spec.id for p in plants]):
-        if not ok:
-            failed.append(f"{binding_id}: {detail}")
+    results = run_partitions(home, [p.spec.id for p in plants])
+    failed = [f"{run.binding_id} ({run.detail})" for run in results if not run.ok]
+    latest = [ledger.latest_recommendation(run.binding_id) for run in results if run.ok]
     print()
-    print(_demo_table([recommendation_json(ledger.latest_recommendation(p.spec.id)) for p in plants
-                       if ledger.latest_recommendation(p.spec.id)], plants))
+    print(_demo_table([rec.document() for rec in latest if rec is not None], plants))
     print()
     exe = _command_name()
     print(f"Open the Dagster UI on this home:  {exe} --home {home} ui   (then http://127.0.0.1:3000)")
     print(f"One recommendation as JSON:         {exe} --home {home} recommendation {plants[0].spec.id} --json")
     if failed:
-        print("failed: " + "; ".join(failed), file=sys.stderr)
+        print(f"error: {len(failed)} of {len(results)} binding(s) failed: " + "; ".join(failed), file=sys.stderr)
         return EXIT_RUN_FAILED
     return 0
 

@@ -1,8 +1,8 @@
-"""Outcomes (DESIGN.md "outcome"): what the plant did after a recommendation was applied, compared
+"""Outcomes (docs/ARCHITECTURE.md, "Outcome verdicts"): what the plant did after a recommendation was applied, compared
 with what it predicted — alignment, deltas, band hits, the verdict, and the drift rule over recent
 outcomes of a binding.
 
-Time convention (DESIGN.md "Recommendation JSON"): the plan starts at `applied_at`; `controls[k]` is
+Time convention (docs/ARCHITECTURE.md, "Recommendation JSON"): the plan starts at `applied_at`; `controls[k]` is
 held from applied_at + k*T to applied_at + (k+1)*T and `predicted[k]` is the CV at the end of step k,
 t_k = applied_at + (k+1)*T, with T the binding's sample period (s). Everything is in engineering units.
 
@@ -176,7 +176,7 @@ def _rows(array: np.ndarray) -> list[list[float | None]]:
 
 def evaluate(rec: Mapping[str, Any], observation: Observation, applied_at_s: float, period_s: float,
              settle: int | None = None) -> Evaluation:
-    """Judge an observation of a recommendation (its DESIGN.md JSON: template, mv_tags, cv_tags,
+    """Judge an observation of a recommendation (its recommendation JSON: template, mv_tags, cv_tags,
     controls (N, nu), predicted (N, ny), band (ny,), evidence.uq) applied at `applied_at_s` (s since
     epoch) on a grid of `period_s` seconds. `settle` (steps) is required for steady_response@1 only.
     The rules are the module docstring's."""

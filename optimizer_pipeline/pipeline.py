@@ -1,29 +1,39 @@
-"""The steps of one binding partition as plain functions: the Dagster assets call these, and so can
-tests and benchmarks without Dagster. history -> model -> block scores -> calibration -> recommendation.
+"""The stages of one binding as plain functions over the ledger: history -> model -> block scores ->
+calibration -> recommendation. The Dagster assets call these, and so can tests and benchmarks.
+
+The ledger is the one store: each stage writes its result there (`prepare_split`, `identify_model`,
+`score_and_store`, `calibrate`, `recommend`), and a stage whose input was not produced earlier in
+the same call chain loads it from there (`load_split`, `load_artifact`, `load_scores`,
+`load_calibration`) by binding, revision and artifact hash. A missing input is a MissingInputError
+that names what to run first.
 """
 
 import logging
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
 from optimizer_pipeline import uq
 from optimizer_pipeline.contracts import (
     BindingSpec,
+    Calibration,
     Condition,
     HistorySplit,
     ModelArtifact,
     ProblemIR,
     Recommendation,
+    Scores,
     SolveCandidate,
     SolveResult,
+    StoredBinding,
     Template,
     iso_utc,
 )
-from optimizer_pipeline.ledger import Ledger, StoredBinding, new_id
-from optimizer_pipeline.model import current_state
+from optimizer_pipeline.data import prepare_history, validate_history_frame
+from optimizer_pipeline.ledger import Ledger, LedgerError, new_id
+from optimizer_pipeline.model import current_state, identify
 from optimizer_pipeline.problem import compile_problem
 from optimizer_pipeline.recommend import EvidenceSnapshot, decide
 from optimizer_pipeline.settings import Settings
@@ -34,19 +44,8 @@ log = logging.getLogger(__name__)
 SPLIT_SEED = 0  # runs are split with a fixed seed so that a recalibration of the same data is reproducible
 
 
-@dataclass(frozen=True)
-class Scores:
-    val: uq.BlockScores
-    test: uq.BlockScores
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """UQ evidence of one artifact as calibrated at `calibrated_at` (stored as `calibration_id`)."""
-
-    calibration_id: str
-    artifact_hash: str
-    evidence: uq.UQEvidence
+class MissingInputError(LedgerError):
+    """A stage's input is not in the ledger for the binding's current revision (run the stage that makes it)."""
 
 
 @dataclass(frozen=True)
@@ -60,8 +59,63 @@ class SolveRecord:
     expired_before: int  # open recommendations expired past valid_until just before this solve
 
 
+def prepare_split(ledger: Ledger, stored: StoredBinding) -> HistorySplit:
+    """Clean and split the binding's stored samples, and record the split in the ledger.
+
+    Stored, not the frames: which samples (ingested up to `samples_through`), the seed and the data
+    hash. Cleaning and splitting are deterministic, so `load_split` rebuilds the same runs from the
+    same samples, and the hash proves it; storing the cleaned frames would copy every sample."""
+    spec = stored.spec
+    through = ledger.samples_through(spec.id)
+    if through is None:
+        raise MissingInputError(f"binding {spec.id}: no plant samples in the ledger; ingest its history first")
+    split = _split_of(ledger, stored, through, SPLIT_SEED)
+    ledger.put_split(spec.id, stored.revision, samples_through=through, seed=SPLIT_SEED, data_hash=split.data_hash,
+                     runs={"train": [r.run_id for r in split.train], "val": [r.run_id for r in split.val],
+                           "test": [r.run_id for r in split.test]},
+                     live_run=split.live.run_id if split.live else None, report=split.report)
+    return split
+
+
+def _split_of(ledger: Ledger, stored: StoredBinding, through: datetime, seed: int) -> HistorySplit:
+    spec = stored.spec
+    frame = validate_history_frame(ledger.history_frame(spec.id, spec.tags, through), spec,
+                                   f"stored history of {spec.id}")
+    return prepare_history(frame, spec, seed=seed)
+
+
+def load_split(ledger: Ledger, stored: StoredBinding) -> HistorySplit:
+    """The split `plant_history` last recorded for this revision, rebuilt from the same samples."""
+    spec = stored.spec
+    record = ledger.latest_split(spec.id, stored.revision)
+    if record is None:
+        raise MissingInputError(f"binding {spec.id} revision {stored.revision}: no plant_history in the ledger; "
+                                f"materialize plant_history (job recalibrate or refresh) first")
+    split = _split_of(ledger, stored, record.samples_through, record.seed)
+    if split.data_hash != record.data_hash:
+        raise MissingInputError(f"binding {spec.id}: the samples ingested up to {record.samples_through} no longer "
+                                f"give the split {record.id} (data hash differs); materialize plant_history again")
+    return split
+
+
+def identify_model(ledger: Ledger, stored: StoredBinding, split: HistorySplit) -> ModelArtifact:
+    artifact = identify(split, stored.spec, stored.revision)
+    ledger.put_artifact(artifact)
+    return artifact
+
+
+def load_artifact(ledger: Ledger, stored: StoredBinding) -> ModelArtifact:
+    """The newest model artifact of the binding's current revision."""
+    artifact = ledger.latest_artifact(stored.spec.id, stored.revision)
+    if artifact is None:
+        raise MissingInputError(f"binding {stored.spec.id} revision {stored.revision}: no model artifact in the "
+                                f"ledger; materialize model_artifact (job recalibrate or refresh) first")
+    return artifact
+
+
 def block_length(binding: BindingSpec, artifact: ModelArtifact) -> int:
-    """DESIGN UQ rule: h = the artifact's training horizon P; the steady-state template uses h = 1."""
+    """Block length h of the UQ scores (docs/ARCHITECTURE.md, UQ evidence rules): the artifact's
+    training horizon P; the steady-state template uses h = 1."""
     return 1 if binding.profile.template is Template.STEADY_RESPONSE else artifact.horizon
 
 
@@ -70,20 +124,54 @@ def score_blocks(binding: BindingSpec, artifact: ModelArtifact, split: HistorySp
     return Scores(uq.block_scores(artifact, split.val, h=h), uq.block_scores(artifact, split.test, h=h))
 
 
-def persist_scores(ledger: Ledger, artifact: ModelArtifact, scores: Scores) -> int:
-    return sum(ledger.put_block_scores(artifact, segment, s.run_ids.tolist(), s.starts.tolist(), s.scores)
-               for segment, s in (("val", scores.val), ("test", scores.test)))
+def score_and_store(ledger: Ledger, binding: BindingSpec, artifact: ModelArtifact, split: HistorySplit) -> Scores:
+    """Block scores of the val and test runs, written to the ledger in one transaction."""
+    scores = score_blocks(binding, artifact, split)
+    with ledger.session():
+        for segment, s in (("val", scores.val), ("test", scores.test)):
+            ledger.put_block_scores(artifact, segment, s.run_ids.tolist(), s.starts.tolist(), s.scores)
+    return scores
+
+
+def load_scores(ledger: Ledger, binding: BindingSpec, artifact: ModelArtifact) -> Scores:
+    """The block scores stored for the artifact (non-overlapping blocks of h steps each)."""
+    frame = ledger.block_scores(artifact.artifact_hash)
+    if frame.empty:
+        raise MissingInputError(f"binding {binding.id}: no block scores of model artifact "
+                                f"{artifact.artifact_hash[:12]} in the ledger; materialize uq_block_scores first")
+    h, tags = block_length(binding, artifact), list(artifact.cv_tags)
+
+    def segment(name: str) -> uq.BlockScores:
+        wide = frame[frame["segment"] == name].pivot_table(index=["run_id", "block_start"], columns="cv_tag",
+                                                           values="score", aggfunc="first", dropna=False)
+        wide = wide.reindex(columns=tags)
+        run_ids = np.asarray(wide.index.get_level_values(0), dtype=object)
+        return uq.BlockScores(cv_tags=tuple(tags), h=h, run_ids=run_ids,
+                              starts=np.asarray(wide.index.get_level_values(1), dtype=np.int64),
+                              scores=wide.to_numpy(float).reshape(len(wide), len(tags)),
+                              n_unique_steps=len(wide) * h, n_runs=len(set(run_ids)))
+
+    return Scores(segment("val"), segment("test"))
 
 
 def calibrate(ledger: Ledger, artifact: ModelArtifact, scores: Scores, settings: Settings,
               now: datetime) -> Calibration:
-    """Compute the evidence (DESIGN UQ rules) and record it in `uq_calibrations`."""
+    """Compute the evidence (docs/ARCHITECTURE.md, UQ evidence rules) and record it in `uq_calibrations`."""
     evidence = uq.compute_block_uq(scores.val, scores.test, alpha=settings.uq_alpha, calibrated_at=iso_utc(now))
     cal_id = ledger.put_calibration(artifact, evidence.to_dict(), has_evidence=evidence.has_evidence,
                                     method=evidence.method, coverage=evidence.coverage,
                                     threshold=evidence.coverage_threshold, reasons=evidence.reasons,
                                     calibrated_at=now)
     return Calibration(cal_id, artifact.artifact_hash, evidence)
+
+
+def load_calibration(ledger: Ledger, artifact: ModelArtifact) -> Calibration:
+    """The newest calibration of the artifact."""
+    record = ledger.latest_calibration(artifact.binding_id, artifact_hash=artifact.artifact_hash)
+    if record is None:
+        raise MissingInputError(f"binding {artifact.binding_id}: model artifact {artifact.artifact_hash[:12]} has no "
+                                f"calibration in the ledger; materialize uq_calibration (job recalibrate) first")
+    return Calibration(record.id, record.artifact_hash, uq.UQEvidence.from_dict(record.evidence))
 
 
 def evidence_snapshot(calibration: Calibration, artifact: ModelArtifact, u_now: np.ndarray, y_now: np.ndarray,
@@ -151,13 +239,3 @@ def run_status(result: SolveResult) -> str:
     if result.ok:
         return "succeeded"
     return "interrupted" if result.error_code == WORKER_INTERRUPTED else "failed"
-
-
-def recommendation_json(row: dict[str, Any]) -> dict[str, Any]:
-    """The DESIGN.md recommendation JSON of a ledger row: the published payload with the current status."""
-    doc = dict(row["payload"])
-    doc["status"] = row["status"]
-    doc["status_label"] = row["status_label"]
-    if row["status"] == "expired":
-        doc["expired_reason"] = row.get("expired_reason")
-    return doc

@@ -1,5 +1,5 @@
-"""Choosing the candidate to publish and deciding how far it can be trusted (DESIGN.md, the
-conditions for `verified`): evidence, coverage, freshness, input distance, feasibility, cost
+"""Choosing the candidate to publish and deciding how far it can be trusted (docs/ARCHITECTURE.md, "Recommendation
+status"): evidence, coverage, freshness, input distance, feasibility, cost
 agreement, model gates and, with `uq.gate = strict`, the Clopper-Pearson / exchangeability tests.
 
 Every condition is one `Condition`: the recommendation's `reasons` are the failing ones' texts and

@@ -1,4 +1,4 @@
-"""UQ evidence rules (DESIGN.md "UQ evidence rules"): block scores of val / test runs, block-conformal
+"""UQ evidence rules (docs/ARCHITECTURE.md, "UQ evidence rules"): block scores of val / test runs, block-conformal
 qhat and test coverage, the verified-coverage threshold, the Clopper-Pearson bound and the
 exchangeability p-value (beyond the spec), the seed / strict gates, input distance and freshness.
 
@@ -84,7 +84,7 @@ def _max_over_steps(values: np.ndarray) -> np.ndarray:
 
 
 def block_scores(artifact: ModelArtifact, runs: Sequence[RunSeries], h: int | None = None) -> BlockScores:
-    """Block scores of `runs` (DESIGN "UQ evidence rules": score). h defaults to the artifact's P
+    """Block scores of `runs` (docs/ARCHITECTURE.md, "UQ evidence rules": score). h defaults to the artifact's P
     (the steady-state template passes h=1).
 
     Blocks start at the first row with a measured state and tile each run without overlap; every
@@ -130,7 +130,7 @@ def conformal_rank(n: int, alpha: Any) -> int:
 
 
 def coverage_threshold(method: str, n_test_runs: int) -> float:
-    """Verified-coverage threshold (DESIGN "UQ evidence rules"): empirical_max -> 1.0;
+    """Verified-coverage threshold (docs/ARCHITECTURE.md, "UQ evidence rules"): empirical_max -> 1.0;
     split_conformal -> max(0.8, 0.9 - 3 sqrt(0.09 / nTestRuns))."""
     check_choice(method, (SPLIT_CONFORMAL, EMPIRICAL_MAX), "coverage threshold", what="method", error=UQInputError)
     if method == EMPIRICAL_MAX:
@@ -159,7 +159,7 @@ def exchangeability_p(val: np.ndarray, test: np.ndarray, k: int) -> float:
 
 def compute_block_uq(val: BlockScores, test: BlockScores, alpha: Any = 0.1,
                      calibrated_at: str | None = None) -> UQEvidence:
-    """UQ evidence from val (sets qhat) and test (measures coverage) block scores, DESIGN rules.
+    """UQ evidence from val (sets qhat) and test (measures coverage) block scores, the rules of docs/ARCHITECTURE.md, "UQ evidence rules".
 
     No evidence (method None) lists every failed rule in `reasons`.
     """

@@ -22,5 +22,5 @@ BINDING_DOC = {
 
 @pytest.fixture
 def binding_doc():
-    """A fresh, valid binding document (DESIGN.md example) that a test may modify."""
+    """A fresh, valid binding document (the README's example) that a test may modify."""
     return copy.deepcopy(BINDING_DOC)

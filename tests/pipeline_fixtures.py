@@ -5,10 +5,11 @@ from pathlib import Path
 
 from dagster import DagsterInstance
 
-from optimizer_pipeline.automation import range_tags
+from optimizer_pipeline.assets.compat import range_tags
 from optimizer_pipeline.definitions import build_definitions
 from optimizer_pipeline.ledger import Ledger
 from optimizer_pipeline.plants import Plant, demo_plants
+from optimizer_pipeline.resources.solver import InProcessSolverResource
 from optimizer_pipeline.settings import ledger_path
 
 SEED = 1
@@ -21,8 +22,10 @@ class DemoHome:
     instance: DagsterInstance
     plants: dict[str, Plant]
 
+    in_process_solver: bool = False  # the FAKE solver, for tests whose subject is not the worker pool
+
     def defs(self):
-        return build_definitions(self.home)
+        return build_definitions(self.home, solver=InProcessSolverResource() if self.in_process_solver else None)
 
     def run(self, binding_id: str, job: str = "refresh"):
         result = self.defs().resolve_job_def(job).execute_in_process(

@@ -23,10 +23,9 @@ from typing import Any, Callable
 import numpy as np
 
 from optimizer_pipeline import pipeline
-from optimizer_pipeline.contracts import ProblemIR, SolveResult, binding_from_dict, utc_now
-from optimizer_pipeline.data import prepare_history, validate_history_frame
+from optimizer_pipeline.contracts import Calibration, ProblemIR, SolveResult, binding_from_dict, utc_now
 from optimizer_pipeline.ledger import Ledger, StoredBinding
-from optimizer_pipeline.model import current_state, identify
+from optimizer_pipeline.model import current_state
 from optimizer_pipeline.plants import get_plant
 from optimizer_pipeline.problem import compile_problem
 from optimizer_pipeline.settings import Settings
@@ -108,7 +107,7 @@ class Case:
     stored: StoredBinding
     artifact: Any
     split: Any
-    calibration: pipeline.Calibration
+    calibration: Calibration
     settings: Settings
 
     def recommend(self, solve: Callable[[ProblemIR], SolveResult], now: datetime | None = None) -> pipeline.SolveRecord:
@@ -133,12 +132,9 @@ def heater_case(ledger: Ledger, doc: dict | None = None, frame=None, settings: S
     if ingest:
         ledger.ingest(spec, plant.history(SEED).frame if frame is None else frame, "simulation")
     stored = ledger.get_binding(spec.id)
-    history = validate_history_frame(ledger.history_frame(spec.id, spec.tags), spec, f"stored history of {spec.id}")
-    split = prepare_history(history, spec, seed=pipeline.SPLIT_SEED)
-    artifact = identify(split, spec, stored.revision)
-    ledger.put_artifact(artifact)
-    scores = pipeline.score_blocks(spec, artifact, split)
-    pipeline.persist_scores(ledger, artifact, scores)
+    split = pipeline.prepare_split(ledger, stored)
+    artifact = pipeline.identify_model(ledger, stored, split)
+    scores = pipeline.score_and_store(ledger, spec, artifact, split)
     settings = settings or Settings()
     calibration = pipeline.calibrate(ledger, artifact, scores, settings, utc_now())
     return Case(ledger, stored, artifact, split, calibration, settings)

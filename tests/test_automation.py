@@ -6,12 +6,13 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from dagster import AssetKey, RunRequest, SkipReason, build_schedule_context, build_sensor_context, instance_for_test
 
-from optimizer_pipeline.automation import partition_ranges, range_tags
+from optimizer_pipeline.assets.compat import range_tags
+from optimizer_pipeline.automation import partition_ranges
 from optimizer_pipeline.contracts import binding_from_dict, utc_now
 from optimizer_pipeline.model import identify
 from optimizer_pipeline.data import prepare_history
 from optimizer_pipeline.plants import get_plant
-from optimizer_pipeline.resources.ledger import LedgerResource
+from optimizer_pipeline.resources.ledger import LedgerResource, SettingsResource
 
 from pipeline_fixtures import SEED, DemoHome, seed_home
 
@@ -22,14 +23,15 @@ def heater_home(tmp_path):
     ledger = seed_home(tmp_path / "home", [plant])
     (tmp_path / "dagster").mkdir()
     with instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
-        yield DemoHome(tmp_path / "home", ledger, instance, {plant.spec.id: plant})
+        yield DemoHome(tmp_path / "home", ledger, instance, {plant.spec.id: plant}, in_process_solver=True)
 
 
 def _tick(home: DemoHome, name: str, cursor: str | None = None):
     defs = home.defs()
     sensor = defs.resolve_sensor_def(name)
     context = build_sensor_context(instance=home.instance, cursor=cursor, definitions=defs,
-                                   resources={"ledger": LedgerResource(home=str(home.home))})
+                                   resources={"ledger": LedgerResource(home=str(home.home)),
+                                              "settings": SettingsResource(home=str(home.home))})
     return sensor(context)
 
 

@@ -1,4 +1,4 @@
-"""assets/batch.py: ledger sessions across the bindings of a many-partition step."""
+"""optimizer_pipeline.assets.batch: ledger sessions across the bindings of a many-partition step."""
 
 import threading
 
@@ -6,6 +6,7 @@ import pytest
 
 from optimizer_pipeline.assets.batch import in_ledger_sessions
 from optimizer_pipeline.ledger import Ledger, LedgerBusyError
+from optimizer_pipeline.ledger.duckdb_backend import DuckDBBackend
 
 
 def _can_write_from_another_thread(path) -> bool:
@@ -33,8 +34,8 @@ def ledger(tmp_path):
 @pytest.fixture
 def opened(monkeypatch) -> list:
     """One entry per connection the ledger opens (the real open, counted)."""
-    calls, real_open = [], Ledger._open
-    monkeypatch.setattr(Ledger, "_open", lambda self: calls.append(1) or real_open(self))
+    calls, real_open = [], DuckDBBackend._open
+    monkeypatch.setattr(DuckDBBackend, "_open", lambda self: calls.append(1) or real_open(self))
     return calls
 
 

@@ -139,7 +139,7 @@ def test_materialize_of_a_history_too_short_to_split_is_one_line(tmp_path, files
     frame[frame["run_id"] == frame["run_id"].iloc[-1]].to_csv(history, index=False)  # only the live run
     assert cli(home, "ingest", str(binding), str(history)).returncode == 0
     proc = cli(home, "materialize", "heater-1")
-    assert_one_line_error(proc, "step plant_history failed: binding 'heater-1': 1 usable run(s)",
+    assert_one_line_error(proc, "heater-1 (plant_history: binding 'heater-1': 1 usable run(s)",
                           "at least 2 runs are needed")
     assert Ledger(ledger_path(home)).latest_recommendation("heater-1") is None
 

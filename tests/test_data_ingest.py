@@ -1,4 +1,4 @@
-"""History ingest: the file contract (DESIGN.md "History file") and one specific error per user mistake."""
+"""History ingest: the file contract (docs/ARCHITECTURE.md, "History file") and one specific error per user mistake."""
 
 from pathlib import Path
 

@@ -63,7 +63,7 @@ def test_a_partition_range_runs_as_one_run_under_the_multiprocess_executor(tmp_p
                            "--partition-range", f"{ids[0]}...{ids[-1]}"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert [ledger.latest_recommendation(b)["status"] for b in ids] == ["verified"] * len(ids)
+    assert [ledger.latest_recommendation(b).status for b in ids] == ["verified"] * len(ids)
     with DagsterInstance.from_config(str(tmp_path / "dagster")) as instance:
         (run,) = instance.get_runs()
         for binding_id in ids:
@@ -71,5 +71,5 @@ def test_a_partition_range_runs_as_one_run_under_the_multiprocess_executor(tmp_p
                 asset_key=AssetKey("recommendation"), asset_partitions=[binding_id]), limit=1).records
             assert record.run_id == run.run_id
             assert record.asset_materialization.metadata["recommendation_id"].value == \
-                ledger.latest_recommendation(binding_id)["id"]
+                ledger.latest_recommendation(binding_id).id
             assert plots.PNG_DATA_URI_PREFIX in record.asset_materialization.metadata["plot"].value

@@ -32,7 +32,7 @@ def heater(tmp_path_factory):
     ledger = seed_home(home, [plant])
     with instance_for_test(temp_dir=str(tmp_path_factory.mktemp("dagster"))) as instance:
         instance.add_dynamic_partitions("bindings", [plant.spec.id])
-        demo = DemoHome(home, ledger, instance, {plant.spec.id: plant})
+        demo = DemoHome(home, ledger, instance, {plant.spec.id: plant}, in_process_solver=True)
         demo.run(plant.spec.id)
         demo.rec = ledger.latest_recommendation(plant.spec.id)
         demo.plant = plant

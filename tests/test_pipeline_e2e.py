@@ -69,7 +69,7 @@ def test_asset_checks_pass_and_are_recorded_per_partition(demo):
     for binding_id in demo.plants:
         names = {e.check_name: e.passed for e in evaluations if e.partition == binding_id}
         assert names == {"gate_G1": True, "gate_G2": True, "gate_G3": True, "gate_G4": True, "uq_coverage": True,
-                         "candidate_verified": True}, binding_id
+                         "candidate_verified": True, "completed": True}, binding_id
 
 
 def test_each_check_points_at_its_partitions_materialization_of_the_run(demo):

@@ -200,7 +200,7 @@ def materialized(tmp_path_factory):
     ledger = seed_home(home, plants)
     with instance_for_test(temp_dir=str(tmp_path_factory.mktemp("dagster"))) as instance:
         instance.add_dynamic_partitions("bindings", ["tanks-1"])
-        DemoHome(home, ledger, instance, {"tanks-1": plants[0]}).run("tanks-1")
+        DemoHome(home, ledger, instance, {"tanks-1": plants[0]}, in_process_solver=True).run("tanks-1")
         yield instance
 
 

@@ -108,3 +108,27 @@ def test_runs_inside_kept_alive_share_one_pool_that_stops_at_the_end(tmp_path):
         assert all(_alive(pid) for pid in seen[0])
     assert not any(_alive(pid) for pid in seen[0])
     assert os.getpid() not in seen[0]
+
+
+def test_a_run_that_never_solves_starts_no_worker():
+    @asset
+    def no_solve(solver: SolverPoolResource) -> None:
+        seen["children"] = _worker_children()
+
+    assert materialize([no_solve], resources={"solver": SolverPoolResource(pool_size=2)}).success
+    assert seen["children"] == set()
+
+
+def test_the_in_process_fake_answers_what_the_worker_pool_answers():
+    from optimizer_pipeline.contracts import SolveResult
+    from optimizer_pipeline.resources.solver import InProcessSolverResource
+
+    fake = InProcessSolverResource().solve(_problem())
+    assert materialize([solved], resources={"solver": SolverPoolResource(pool_size=1)}).success
+    real = seen["result"]
+    def plans(doc):  # everything but timings (diagnostics) and the reports that carry them
+        return [(c.kind, c.controls, c.predicted, c.cost, c.feasible, c.verified, c.independent_cost)
+                for c in SolveResult.from_dict(doc).candidates]
+
+    assert fake["ok"] and real["ok"] and len(plans(fake)) == 2  # hold + nominal (no band, no robust)
+    assert plans(fake) == plans(real)

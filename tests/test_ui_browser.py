@@ -53,7 +53,7 @@ def _free_port() -> int:
 
 def _default_signals() -> None:
     """Run in the child before exec: a non-interactive parent may ignore SIGINT, and Dagster copies
-    that to SIGTERM (DAGSTER-NOTES), so the tree would ignore our stop."""
+    that to SIGTERM (docs/ARCHITECTURE.md, "Running dagster dev from scripts"), so the tree would ignore our stop."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
 

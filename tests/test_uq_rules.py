@@ -1,4 +1,4 @@
-"""DESIGN.md "UQ evidence rules" as a rule table: one test per branch and boundary."""
+"""docs/ARCHITECTURE.md, "UQ evidence rules" as a rule table: one test per branch and boundary."""
 
 import math
 from datetime import datetime, timedelta, timezone

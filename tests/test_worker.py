@@ -1,4 +1,4 @@
-"""The solver worker speaks NDJSON protocol v1 (DESIGN.md "Solver worker protocol") and survives bad frames."""
+"""The solver worker speaks NDJSON protocol v1 (docs/ARCHITECTURE.md, "Solver worker protocol") and survives bad frames."""
 
 import json
 import os

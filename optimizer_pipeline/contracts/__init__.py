@@ -1,16 +1,16 @@
-"""Contracts: the frozen vocabulary of the product (DESIGN.md "Vocabulary") and its canonical JSON.
+"""Contracts: the frozen vocabulary of the product (docs/ARCHITECTURE.md, "Vocabulary") and its canonical JSON.
 
 One module per group of words; every name is re-exported here, so `from
 optimizer_pipeline.contracts import X` is the one way to use them:
 
   canonical       canonical JSON, fast_json, all_finite, sha256 / content hash, ContractError
   timeutil        utc_now, iso_utc, parse_iso_utc
-  binding         Template, MV / CV / DV specs, ModelSettings, Profile, BindingSpec and its loaders
+  binding         Template, MV / CV / DV specs, ModelSettings, Profile, BindingSpec and its loaders, StoredBinding
   history         RunSeries, HistorySplit
   model           Normalisation, StateSpace, Gate, ModelArtifact, MIN_STD
   problem         ProblemIR
   solve           CandidateKind, SolveCandidate, SolveResult
-  evidence        BlockScores, UQEvidence
+  evidence        BlockScores, UQEvidence, Scores (val / test), Calibration (stored evidence)
   recommendation  RecommendationStatus, EvidenceSource, Condition, Recommendation, EvidenceSnapshot
   outcome         OutcomeVerdict, Outcome
 
@@ -29,6 +29,7 @@ from optimizer_pipeline.contracts.binding import (
     Template,
     binding_from_dict,
     binding_from_json,
+    StoredBinding,
     load_binding_file,
 )
 from optimizer_pipeline.contracts.canonical import (
@@ -40,7 +41,7 @@ from optimizer_pipeline.contracts.canonical import (
     fast_json,
     sha256_hex,
 )
-from optimizer_pipeline.contracts.evidence import BlockScores, UQEvidence
+from optimizer_pipeline.contracts.evidence import BlockScores, Calibration, Scores, UQEvidence
 from optimizer_pipeline.contracts.history import HistorySplit, RunSeries
 from optimizer_pipeline.contracts.model import MIN_STD, Gate, ModelArtifact, Normalisation, StateSpace
 from optimizer_pipeline.contracts.outcome import Outcome, OutcomeVerdict
@@ -56,10 +57,11 @@ from optimizer_pipeline.contracts.solve import CandidateKind, SolveCandidate, So
 from optimizer_pipeline.contracts.timeutil import iso_utc, parse_iso_utc, utc_now
 
 __all__ = [
-    "ID_PATTERN", "MIN_STD", "BindingSpec", "BlockScores", "CVSpec", "CandidateKind", "Condition", "ContractError",
-    "DVSpec", "EvidenceSnapshot", "EvidenceSource", "Gate", "HistorySplit", "MVSpec", "ModelArtifact",
-    "ModelSettings", "Normalisation", "Outcome", "OutcomeVerdict", "ProblemIR", "Profile", "Recommendation",
-    "RecommendationStatus", "RunSeries", "SolveCandidate", "SolveResult", "StateSpace", "Template", "UQEvidence",
-    "all_finite", "binding_from_dict", "binding_from_json", "canonical_json", "content_hash", "fast_json",
-    "iso_utc", "load_binding_file", "parse_iso_utc", "sha256_hex", "utc_now",
+    "BindingSpec", "BlockScores", "CVSpec", "Calibration", "CandidateKind", "Condition", "ContractError",
+    "DVSpec", "EvidenceSnapshot", "EvidenceSource", "Gate", "HistorySplit", "ID_PATTERN", "MIN_STD", "MVSpec",
+    "ModelArtifact", "ModelSettings", "Normalisation", "Outcome", "OutcomeVerdict", "ProblemIR", "Profile",
+    "Recommendation", "RecommendationStatus", "RunSeries", "Scores", "SolveCandidate", "SolveResult",
+    "StateSpace", "StoredBinding", "Template", "UQEvidence", "all_finite", "binding_from_dict",
+    "binding_from_json", "canonical_json", "content_hash", "fast_json", "iso_utc", "load_binding_file",
+    "parse_iso_utc", "sha256_hex", "utc_now",
 ]

@@ -1,5 +1,5 @@
 """The binding: which plant tags an optimiser reads and moves, their limits, the model settings and
-the optimisation profile (DESIGN.md "Binding file"), validated from a YAML / JSON document.
+the optimisation profile (docs/ARCHITECTURE.md, "Binding file"), validated from a YAML / JSON document.
 
 Units: limits, targets and max moves in the plant's engineering units; max_move per sample.
 """
@@ -7,6 +7,7 @@ Units: limits, targets and max moves in the plant's engineering units; max_move 
 import json
 import re
 from dataclasses import asdict, dataclass
+from datetime import datetime
 from enum import Enum
 from pathlib import Path
 from typing import Any, Mapping
@@ -145,7 +146,7 @@ def _limits(doc: Mapping[str, Any], where: str) -> tuple[float, float]:
 
 
 def binding_from_dict(doc: Any, source: str = "binding") -> BindingSpec:
-    """Validate a binding document (DESIGN.md "Binding file") into a BindingSpec.
+    """Validate a binding document (docs/ARCHITECTURE.md, "Binding file") into a BindingSpec.
 
     Raises ContractError whose message starts with `source` and names the offending field.
     """
@@ -235,3 +236,13 @@ def load_binding_file(path: str | Path) -> BindingSpec:
 
 def binding_from_json(text: str, source: str = "binding") -> BindingSpec:
     return binding_from_dict(json.loads(text), source=source)
+
+
+@dataclass(frozen=True)
+class StoredBinding:
+    """One revision of a binding as the ledger stores it (every change to the spec is a new revision)."""
+
+    spec: BindingSpec
+    revision: int
+    spec_hash: str
+    created_at: datetime

@@ -1,5 +1,5 @@
 """UQ evidence vocabulary: block scores of held-out runs and the block-conformal calibration of an
-artifact (DESIGN.md "UQ evidence rules"); the rules that compute them live in optimizer_pipeline.uq.
+artifact (docs/ARCHITECTURE.md, "UQ evidence rules"); the rules that compute them live in optimizer_pipeline.uq.
 
 Units: scores and qhat in the artifact's normalised units.
 """
@@ -78,3 +78,20 @@ class UQEvidence:
             if values[name] is not None:
                 values[name] = tuple(values[name])
         return UQEvidence(**values)
+
+
+@dataclass(frozen=True)
+class Scores:
+    """Block scores of one artifact on its val runs (which set qhat) and its test runs (which measure coverage)."""
+
+    val: BlockScores
+    test: BlockScores
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """UQ evidence of one artifact as calibrated at `calibrated_at` (stored as `calibration_id`)."""
+
+    calibration_id: str
+    artifact_hash: str
+    evidence: UQEvidence

@@ -11,7 +11,7 @@ from optimizer_pipeline.contracts.canonical import canonical_json, content_hash,
 
 
 # A train std below this means the tag never moved: normalised units are undefined and any distance
-# from the training data is infinite (DESIGN UQ rule "sigma < 1e-9 -> inf").
+# from the training data is infinite (docs/ARCHITECTURE.md, "UQ evidence rules": sigma < 1e-9 -> inf).
 MIN_STD = 1e-9
 
 

@@ -1,5 +1,5 @@
 """The recommendation: its status and label, the conditions for `verified`, where the evidence came
-from and what it said at decision time (DESIGN.md "Recommendation JSON")."""
+from and what it said at decision time (docs/ARCHITECTURE.md, "Recommendation JSON")."""
 
 import json
 from dataclasses import dataclass
@@ -49,7 +49,7 @@ class Condition:
 
 @dataclass(frozen=True)
 class Recommendation:
-    """The candidate chosen for action (DESIGN.md "Recommendation JSON")."""
+    """The candidate chosen for action (docs/ARCHITECTURE.md, "Recommendation JSON")."""
 
     id: str
     binding_id: str

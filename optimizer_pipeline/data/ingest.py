@@ -1,4 +1,4 @@
-"""History ingest: read a CSV / Parquet history file (DESIGN.md "History file") and validate it.
+"""History ingest: read a CSV / Parquet history file (docs/ARCHITECTURE.md, "History file") and validate it.
 
 The validated frame has the columns `run_id` (str), `timestamp` (float seconds since the epoch,
 UTC), then one float column per tag in `binding.tags` order; extra columns of the file are

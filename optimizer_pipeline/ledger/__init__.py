@@ -1,5 +1,6 @@
 """The append-only ledger: one `Ledger` interface (the only code with SQL), typed records, backends."""
 
+from optimizer_pipeline.contracts import StoredBinding  # a ledger read; defined with the binding vocabulary
 from optimizer_pipeline.ledger.errors import LedgerBusyError, LedgerError, NotFoundError, RunStateError
 from optimizer_pipeline.ledger.records import (
     BindingFailure,
@@ -10,7 +11,6 @@ from optimizer_pipeline.ledger.records import (
     OutcomeRecord,
     RecommendationRecord,
     RunRecord,
-    StoredBinding,
     candidate_id,
     new_id,
 )

@@ -146,7 +146,7 @@ class DuckDBBackend:
             if session is not None:
                 if session.in_transaction:
                     raise LedgerError(f"ledger {self.path}: a transaction is already open in this session; "
-                                      f"pass its connection (conn=) instead of opening another")
+                                      f"run the work inside it instead of opening another")
                 session.in_transaction = True
             try:
                 conn.execute("BEGIN TRANSACTION")

@@ -13,19 +13,16 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Sequence, TypeVar
 
-from optimizer_pipeline.contracts import BindingSpec, parse_iso_utc, utc_now
+from optimizer_pipeline.contracts import parse_iso_utc, utc_now
 
 R = TypeVar("R")
 
 
-@dataclass(frozen=True)
-class StoredBinding:
-    """One revision of a binding as stored (`binding_revisions`)."""
+class _Record:
+    """A row of the ledger; `to_json_dict` is its plain JSON (the `ledger --json` output)."""
 
-    spec: BindingSpec
-    revision: int
-    spec_hash: str
-    created_at: datetime
+    def to_json_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)
@@ -40,7 +37,7 @@ class BindingUpsert:
 
 
 @dataclass(frozen=True)
-class RunRecord:
+class RunRecord(_Record):
     """One optimizer run (`optimizer_runs`): a solve of one ProblemIR, `running` until it ends once."""
 
     id: str
@@ -57,12 +54,9 @@ class RunRecord:
     started_at: str
     finished_at: str | None
 
-    def to_json_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
 
 @dataclass(frozen=True)
-class CandidateRecord:
+class CandidateRecord(_Record):
     """One candidate of a run (`optimizer_candidates`); plans in engineering units (steps x tags)."""
 
     id: str
@@ -81,12 +75,9 @@ class CandidateRecord:
     model_id: str
     created_at: str
 
-    def to_json_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
 
 @dataclass(frozen=True)
-class RecommendationRecord:
+class RecommendationRecord(_Record):
     """One published recommendation (`optimizer_recommendations`) with its current status; `payload`
     is the recommendation JSON as created."""
 
@@ -109,9 +100,6 @@ class RecommendationRecord:
     expired_at: str | None
     expired_reason: str | None
 
-    def to_json_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
     def document(self) -> dict[str, Any]:
         """The recommendation JSON (README "Recommendation JSON"): the published payload with the
         current status, and the reason when it expired."""
@@ -122,7 +110,7 @@ class RecommendationRecord:
 
 
 @dataclass(frozen=True)
-class OutcomeRecord:
+class OutcomeRecord(_Record):
     """One outcome (`optimizer_outcomes`): an observation after applying a recommendation, and its verdict."""
 
     id: str
@@ -135,12 +123,9 @@ class OutcomeRecord:
     details: dict[str, Any]
     created_at: str
 
-    def to_json_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
 
 @dataclass(frozen=True)
-class CalibrationRecord:
+class CalibrationRecord(_Record):
     """One stored calibration (`uq_calibrations`) of a model artifact."""
 
     id: str
@@ -157,7 +142,7 @@ class CalibrationRecord:
 
 
 @dataclass(frozen=True)
-class HistorySplitRecord:
+class HistorySplitRecord(_Record):
     """How `plant_history` split a binding's stored samples (`history_splits`): enough to rebuild the
     same split later (the samples ingested up to `samples_through`, split again with `seed`) and to
     check it (`data_hash`)."""
@@ -177,7 +162,7 @@ class HistorySplitRecord:
 
 
 @dataclass(frozen=True)
-class BindingFailure:
+class BindingFailure(_Record):
     """A stage of one binding that failed in a batch (`binding_failures`): nothing of that stage was
     written; the other bindings of the batch went on."""
 
@@ -189,9 +174,6 @@ class BindingFailure:
     message: str
     dagster_run_id: str | None
     created_at: str
-
-    def to_json_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 def new_id(prefix: str) -> str:

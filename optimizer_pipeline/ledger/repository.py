@@ -31,10 +31,11 @@ from optimizer_pipeline.contracts import (
     Recommendation,
     RecommendationStatus,
     SolveCandidate,
+    StoredBinding,
     binding_from_json,
     canonical_json,
 )
-from optimizer_pipeline.ledger.candidates import BULK_CANDIDATE_ROWS, candidate_table, finite_or_none
+from optimizer_pipeline.ledger.candidates import BULK_CANDIDATE_ROWS, candidate_table
 from optimizer_pipeline.ledger.duckdb_backend import DuckDBBackend
 from optimizer_pipeline.ledger.errors import LedgerError, NotFoundError, RunStateError
 from optimizer_pipeline.ledger.records import (
@@ -46,7 +47,6 @@ from optimizer_pipeline.ledger.records import (
     OutcomeRecord,
     RecommendationRecord,
     RunRecord,
-    StoredBinding,
     from_rows,
     iso,
     naive,

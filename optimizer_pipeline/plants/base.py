@@ -2,9 +2,9 @@
 
 A plant subclass supplies its physics (`_rhs`, `_outputs`, `_equilibrium`), its binding document
 and its excitation design; this module turns them into simulation (`simulate`, `apply_plan`),
-analytic steady states and history files in the DESIGN.md "History file" format.
+analytic steady states and history files in the docs/ARCHITECTURE.md, "History file" format.
 
-Time convention (DESIGN.md "Recommendation JSON"): u[k] is held (zero-order hold) during step k,
+Time convention (docs/ARCHITECTURE.md, "Recommendation JSON"): u[k] is held (zero-order hold) during step k,
 which lasts one sample period; y[k] is the measurement at the start of step k, so y[k + 1] is the
 CV at the end of step k. Every quantity is in engineering units.
 
@@ -75,7 +75,7 @@ class LiveState:
 
 @dataclass(frozen=True, eq=False)
 class DemoHistory:
-    """A generated history file (wide frame, DESIGN.md "History file") and the live state at its end."""
+    """A generated history file (wide frame, docs/ARCHITECTURE.md, "History file") and the live state at its end."""
 
     frame: pd.DataFrame
     live: LiveState
@@ -92,7 +92,7 @@ class Plant(ABC):
     tau: float = 1.0
 
     name: ClassVar[str]
-    binding: ClassVar[dict[str, Any]]  # the binding document (DESIGN.md "Binding file")
+    binding: ClassVar[dict[str, Any]]  # the binding document (docs/ARCHITECTURE.md, "Binding file")
     n_cont: ClassVar[int]  # continuous ODE states
     settling_time_s: ClassVar[float]  # from anywhere in the excitation band to within ~1e-5 of steady state
     delay_samples: ClassVar[int] = 0  # transport delay between process and sensor, samples

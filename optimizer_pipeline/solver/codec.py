@@ -1,6 +1,6 @@
 """Wire codec of the solver protocol: JSON bytes of frames and their payloads (orjson), NaN / inf refused.
 
-DESIGN.md "Solver worker protocol" fixes the frames (NDJSON, protocol v1); this module only decides
+docs/ARCHITECTURE.md, "Solver worker protocol" fixes the frames (NDJSON, protocol v1); this module only decides
 how they are encoded. orjson is ~10x faster than the json module on a SolveResult (~15 kB), which was
 most of the pool's overhead over an in-process solve (issue 8). Two differences from json.dumps that
 matter here:

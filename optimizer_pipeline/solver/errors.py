@@ -1,12 +1,12 @@
 """Solver protocol constants: the protocol version, stable error codes (defined once), SolverError.
 
 The codes travel in worker frames (`{"ok":false,"error":{"code":…}}`), in pool exceptions and in
-the ledger's run diagnostics, so they never change meaning. DESIGN.md "Solver worker protocol".
+the ledger's run diagnostics, so they never change meaning. docs/ARCHITECTURE.md, "Solver worker protocol".
 No imports: the capability probe uses these codes before it knows numpy can be imported, and the
 pool reads them without importing the worker's solver stack.
 """
 
-PROTOCOL_VERSION = 1  # NDJSON frames, DESIGN.md "Solver worker protocol"
+PROTOCOL_VERSION = 1  # NDJSON frames, docs/ARCHITECTURE.md, "Solver worker protocol"
 
 # Pool-side outcomes of a request.
 SOLVE_TIMEOUT = "SOLVE_TIMEOUT"  # no answer within the request's hard timeout; the worker was killed

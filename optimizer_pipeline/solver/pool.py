@@ -1,6 +1,6 @@
 """Solver worker pool: slot reservation, hard timeouts, failure accounting, restart back-off, degradation.
 
-DESIGN.md "Solver worker protocol". One worker process (environment, framing, reader threads, the
+docs/ARCHITECTURE.md, "Solver worker protocol". One worker process (environment, framing, reader threads, the
 stop steps) is solver/process.py; the capability probe is solver/probe.py; the keep-alive registry
 that shares a pool across runs is solver/shared.py. Rules implemented here:
 * 1-4 workers, one request in flight per worker; a caller reserves a free worker under the pool's
@@ -33,6 +33,7 @@ from optimizer_pipeline.solver import codec, errors
 from optimizer_pipeline.solver.errors import PROTOCOL_VERSION, SolverError
 from optimizer_pipeline.solver.probe import run_probe
 from optimizer_pipeline.solver.process import WorkerProcess, WorkerTimeout, worker_env
+from optimizer_pipeline.validation import POSITIVE, Interval, check_integer, check_number
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ class SolverPool:
     BLAS / OpenMP thread budget of each worker. python: interpreter for the probe and workers.
     queue_wait_s: how long a caller waits for a free worker before SOLVER_QUEUE_FULL.
     start_timeout_s: how long a worker may take to send its ready frame.
-    backoff_s: restart delays after the 1st, 2nd, 3rd consecutive failure (DESIGN: 1, 2, 4 s);
+    backoff_s: restart delays after the 1st, 2nd, 3rd consecutive failure (docs/ARCHITECTURE.md, "Solver pool rules": 1, 2, 4 s);
     tests pass shorter ones. worker_cmd: the worker command line instead of
     `python -m optimizer_pipeline.solver.worker` (tests use it to start a misbehaving fake worker).
     """
@@ -69,11 +70,11 @@ class SolverPool:
     def __init__(self, size: int = 1, request_timeout_ms: int = 10_000, threads: int = 1,
                  python: str = sys.executable, queue_wait_s: float = 5.0, *, start_timeout_s: float = 30.0,
                  backoff_s: Sequence[float] = DEFAULT_BACKOFF_S, worker_cmd: Sequence[str] | None = None) -> None:
-        _check_int("size", size, 1, 4)
-        _check_int("threads", threads, 1, 16)
-        _check_positive("request_timeout_ms", request_timeout_ms)
-        _check_positive("queue_wait_s", queue_wait_s)
-        _check_positive("start_timeout_s", start_timeout_s)
+        check_integer(size, "solver pool", Interval(1, 4), name="size", error=SolverConfigError)
+        check_integer(threads, "solver pool", Interval(1, 16), name="threads", error=SolverConfigError)
+        for name, value in (("request_timeout_ms", request_timeout_ms), ("queue_wait_s", queue_wait_s),
+                            ("start_timeout_s", start_timeout_s)):
+            check_number(value, "solver pool", POSITIVE, name=name, error=SolverConfigError)
         if not backoff_s or any(isinstance(b, bool) or not isinstance(b, (int, float)) or b < 0 for b in backoff_s):
             raise SolverConfigError(f"solver pool backoff_s: expected a non-empty sequence of seconds >= 0, got {backoff_s!r}")
         self.size = size
@@ -201,7 +202,7 @@ class SolverPool:
 
     def _call(self, op: str, payload_json: bytes, timeout_ms: int | None) -> dict[str, Any]:
         timeout_ms = self.request_timeout_ms if timeout_ms is None else timeout_ms
-        _check_positive("timeout_ms", timeout_ms)
+        check_number(timeout_ms, "solver pool", POSITIVE, name="timeout_ms", error=SolverConfigError)
         req_id = next(self._req_ids)
         # the worker's budget ends before the hard timeout: after OSQP's time limit it still verifies,
         # encodes and writes its answer, and a late answer would count as a killed worker
@@ -250,7 +251,7 @@ class SolverPool:
     # ------------------------------------------------------------------ failures and restarts
 
     def _kill_on_timeout(self, slot: _Slot, worker: WorkerProcess, req_id: int) -> None:
-        try:  # DESIGN: cancel, then kill: the cancel lets a live worker log what it was stopped in
+        try:  # the pool rule: cancel, then kill: the cancel lets a live worker log what it was stopped in
             worker.send(codec.encode({"protocolVersion": PROTOCOL_VERSION, "reqId": f"cancel-{req_id}",
                                     "op": "cancel", "payload": {"reqId": req_id}}))
         except (OSError, ValueError):
@@ -362,13 +363,3 @@ class SolverPool:
 
 def _ago(moment: float | None) -> str:
     return "never" if moment is None else f"{time.monotonic() - moment:.1f} s ago"
-
-
-def _check_int(name: str, value: Any, lo: int, hi: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise SolverConfigError(f"solver pool {name}: expected an integer in [{lo}, {hi}], got {value!r}")
-
-
-def _check_positive(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise SolverConfigError(f"solver pool {name}: expected a number > 0, got {value!r}")

@@ -1,6 +1,6 @@
 """One solver worker process: its environment, its pipes and reader threads, the NDJSON v1 framing.
 
-DESIGN.md "Solver worker protocol". The pool (solver/pool.py) decides when a worker starts, serves and
+docs/ARCHITECTURE.md, "Solver worker protocol". The pool (solver/pool.py) decides when a worker starts, serves and
 stops, and counts its failures; this module owns everything about one process:
 * Environment (`worker_env`): a whitelist of the parent's variables (no inherited secrets) + the
   thread budget + PYTHONHASHSEED=0.

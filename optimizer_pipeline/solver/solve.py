@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 TIME_LIMIT_REACHED = "time limit reached"  # status of a QP not started because the deadline had passed
 
 # eps 1e-5 with polishing: a first MV move exact to well below the 0.01 % of range the judge allows
-# (DAGSTER-NOTES.md "OSQP 1.x": eps 1e-3 moved it by up to 1 % of range).
+# (docs/ARCHITECTURE.md, "OSQP 1.x": eps 1e-3 moved it by up to 1 % of range).
 # max_iter above OSQP's 4000: a cold start of an active soft-limit problem can need a few thousand
 # iterations (~0.006 ms each at quadruple-tank size); the request deadline bounds the time anyway.
 OSQP_SETTINGS = {"eps_abs": 1e-5, "eps_rel": 1e-5, "polishing": True, "warm_starting": True, "verbose": False,

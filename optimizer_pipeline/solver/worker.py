@@ -1,6 +1,6 @@
 """Solver worker process: NDJSON protocol v1 on stdin / stdout (`python -m optimizer_pipeline.solver.worker`).
 
-DESIGN.md "Solver worker protocol". One JSON object per line.
+docs/ARCHITECTURE.md, "Solver worker protocol". One JSON object per line.
 
   worker -> pool on start  {"type":"ready","protocolVersion":1,"diag":{"pid","python","numpy","scipy","osqp"}}
   pool -> worker           {"protocolVersion":1,"reqId":…,"op":…,"payload":{…},"deadlineMs":…}

@@ -1,0 +1,159 @@
+"""The binding assets: plant_history -> model_artifact -> uq_block_scores -> uq_calibration ->
+recommendation, one dynamic partition per binding, computed by one step per run.
+
+One `multi_asset` holds the five: a job selects the stages it runs (recalibrate: the calibration
+group; solve: plant_history + recommendation; refresh: all), and the step takes each binding of the
+run through the selected stages in order. Values live in the ledger: a stage uses what an earlier
+stage of the same step produced, else what the ledger holds (assets.batch.BindingInputs).
+
+A binding that fails at a stage (bad data, identification, calibration, solve) gets the failure
+recorded in the ledger (`binding_failures`) and a failed ERROR check `completed` on that stage's
+asset; that stage and the later ones are not materialized for it, nothing of the failed stage is
+written, and the other bindings go on. The step fails at the end, naming the failed bindings,
+after every other binding's materializations and checks are logged.
+"""
+
+import warnings
+from typing import Callable
+
+from dagster import (
+    AssetCheckSeverity,
+    AssetCheckSpec,
+    AssetExecutionContext,
+    AssetKey,
+    AssetSpec,
+    BackfillPolicy,
+    Failure,
+    MetadataValue,
+    PreviewWarning,
+    multi_asset,
+)
+
+from optimizer_pipeline import plots
+from optimizer_pipeline.assets import calibration, recommendation
+from optimizer_pipeline.assets.batch import (
+    BindingInputs,
+    Check,
+    StageEnv,
+    StageResult,
+    StepReport,
+    in_ledger_sessions,
+)
+from optimizer_pipeline.assets.partitions import BINDINGS, CALIBRATION_GROUP, RECOMMENDATION_GROUP
+from optimizer_pipeline.contracts import SolveResult
+from optimizer_pipeline.ledger import BindingFailure, Ledger, NotFoundError
+from optimizer_pipeline.resources.ledger import LedgerResource, SettingsResource
+from optimizer_pipeline.resources.solver import SolverResource
+
+COMPLETED_CHECK = "completed"
+
+# (asset, group, description, stage function, its own checks (name, description)); in data-flow order
+STAGES: tuple[tuple[str, str, str, Callable[[StageEnv, BindingInputs], StageResult], tuple], ...] = (
+    ("plant_history", CALIBRATION_GROUP,
+     "Stored plant history of the binding, cleaned, aligned to its sample grid and split by run (the split is "
+     "recorded in the ledger).", calibration.plant_history, ()),
+    ("model_artifact", CALIBRATION_GROUP,
+     "ARX model identified on the train runs, with its state-space realisation and gates G1-G4.",
+     calibration.model_artifact, tuple((f"gate_{g}", f"Model quality gate {g}") for g in calibration.GATE_CHECKS)),
+    ("uq_block_scores", CALIBRATION_GROUP,
+     "Block scores (max |h-step rollout residual| per block and CV, normalised) on val and test runs.",
+     calibration.uq_block_scores, ()),
+    ("uq_calibration", CALIBRATION_GROUP,
+     "Block-conformal UQ evidence: qhat per CV from val, coverage on test, or the fail-closed reason.",
+     calibration.uq_calibration, (("uq_coverage", "UQ evidence exists and test coverage >= threshold"),)),
+    ("recommendation", RECOMMENDATION_GROUP,
+     "Move plan (or steady-state targets) with status verified / unverified / rejected and its evidence.",
+     recommendation.recommendation,
+     (("candidate_verified", "The chosen candidate is feasible and its independent cost agrees"),)),
+)
+STAGE_NAMES = tuple(stage[0] for stage in STAGES)
+
+
+def _specs() -> tuple[list[AssetSpec], list[AssetCheckSpec]]:
+    assets, checks = [], []
+    with warnings.catch_warnings():  # partitioned check specs are "preview" in 1.13; measured to work (tests)
+        warnings.simplefilter("ignore", PreviewWarning)
+        for i, (name, group, description, _, own_checks) in enumerate(STAGES):
+            assets.append(AssetSpec(name, group_name=group, description=description, partitions_def=BINDINGS,
+                                    deps=[STAGE_NAMES[i - 1]] if i else [], skippable=True))
+            checks.append(AssetCheckSpec(COMPLETED_CHECK, asset=name, partitions_def=BINDINGS,
+                                         description="This stage completed for the binding (ERROR with the "
+                                                     "reason when it failed; recorded in the ledger)"))
+            checks += [AssetCheckSpec(check, asset=name, description=text, partitions_def=BINDINGS)
+                       for check, text in own_checks]
+    return assets, checks
+
+
+ASSET_SPECS, CHECK_SPECS = _specs()
+
+
+@multi_asset(name="binding_stages", specs=ASSET_SPECS, check_specs=CHECK_SPECS, can_subset=True,
+             backfill_policy=BackfillPolicy.single_run())
+def binding_stages(context: AssetExecutionContext, ledger: LedgerResource, settings: SettingsResource,
+                   solver: SolverResource):
+    selected = [name for name in STAGE_NAMES if AssetKey(name) in context.selected_asset_keys]
+    store = ledger.ledger()
+    report, failures = StepReport(), []
+    solve = (lambda problem: SolveResult.from_dict(solver.solve(problem))) if "recommendation" in selected else None
+    with plots.FigureQueue(len(context.partition_keys)) as figures:
+        env = StageEnv(store, settings.get(), figures, solve, context.run.run_id)
+        stored = {b.spec.id: b for b in store.list_bindings()}
+        with in_ledger_sessions(store, context.partition_keys) as keys:
+            for binding_id in keys:
+                failure = run_binding(env, stored.get(binding_id), binding_id, selected, report)
+                if failure is not None:
+                    context.log.error(f"binding {binding_id}: {failure.stage} failed: {failure.message}")
+                    failures.append(failure)
+        report.log_to(context)
+    if "recommendation" in selected:
+        context.log.info(f"solver: {solver.stats()}")
+    if failures:
+        raise Failure(description=failure_summary(failures, len(context.partition_keys)),
+                      metadata={"failed_bindings": MetadataValue.json(
+                          {f.binding_id: f"{f.stage}: {f.message}" for f in failures})})
+    return
+    yield  # a generator that yields nothing: the materializations are logged per binding (assets.batch)
+
+
+def run_binding(env: StageEnv, stored, binding_id: str, selected: list[str], report: StepReport) -> BindingFailure | None:
+    """Take one binding through the selected stages. On the first failure: record it in the ledger,
+    report a failed ERROR check on that stage, stop this binding; return the failure."""
+    ledger: Ledger = env.ledger
+    if stored is None:
+        return _fail(env, report, binding_id, None, selected[0],
+                     NotFoundError(f"binding {binding_id!r} is not in the ledger {ledger.path}"))
+    inputs = BindingInputs(ledger, stored)
+    stages = {name: stage for name, _, _, stage, _ in STAGES}
+    for name in selected:
+        try:
+            result = stages[name](env, inputs)
+        except Exception as exc:  # noqa: BLE001 - any failure of one binding is recorded and isolated
+            return _fail(env, report, binding_id, stored.revision, name, exc)
+        inputs.produced[name] = result.value
+        report.materialize(name, binding_id, result.metadata)
+        for check in result.checks:
+            report.check(check)
+    report.check(Check(selected[-1], binding_id, COMPLETED_CHECK, True,
+                       {"stages": MetadataValue.json(selected), "binding_revision": stored.revision}))
+    return None
+
+
+def _fail(env: StageEnv, report: StepReport, binding_id: str, revision: int | None, stage: str,
+          exc: Exception) -> BindingFailure:
+    message = _one_line(exc)
+    failure = env.ledger.record_failure(binding_id, revision, stage, type(exc).__name__, message, env.run_id)
+    report.check(Check(stage, binding_id, COMPLETED_CHECK, False,
+                       {"error": type(exc).__name__, "message": message, "failure_id": failure.id},
+                       severity=AssetCheckSeverity.ERROR))
+    return failure
+
+
+def _one_line(exc: Exception) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]
+
+
+def failure_summary(failures: list[BindingFailure], total: int) -> str:
+    """One line: how many bindings failed and, for each, the stage and the reason."""
+    return (f"{len(failures)} of {total} binding(s) failed: "
+            + "; ".join(f"{f.binding_id} at {f.stage}: {f.message}" for f in failures))
