@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -102,6 +103,25 @@ def test_bad_history_file_stores_neither_binding_nor_samples(tmp_path, files):
     assert_one_line_error(proc, "history.csv")
     counts = Ledger(ledger_path(home)).counts() if ledger_path(home).exists() else {}
     assert counts.get("bindings", 0) == 0 and counts.get("plant_samples", 0) == 0
+
+
+@pytest.mark.parametrize("column, value, fragment", [
+    ("q_heat", "inf", "column 'q_heat': infinite value inf in run 'heater-run-03' at row 903 (line 904)"),
+    ("timestamp", "4102444800", "run 'heater-run-03': timestamp 2100-01-01T00:00:00+00:00 at row 903 (line 904) "
+                                "is in the future"),
+])
+def test_ingest_refuses_an_infinite_value_or_a_future_timestamp_and_leaves_the_ledger_unchanged(
+        tmp_path, files, column, value, fragment):
+    home = tmp_path / "home"
+    binding, history = files
+    assert cli(home, "ingest", str(binding), str(history)).returncode == 0
+    before = Ledger(ledger_path(home)).counts()
+    frame = pd.read_csv(history, dtype=str)  # text in, text out: only the one cell changes
+    frame.loc[902, column] = value  # the third row of run 03 (300 rows per run)
+    bad = tmp_path / "bad.csv"
+    frame.to_csv(bad, index=False)
+    assert_one_line_error(cli(home, "ingest", str(binding), str(bad)), "bad.csv: ", fragment)
+    assert Ledger(ledger_path(home)).counts() == before
 
 
 @pytest.mark.parametrize("args, fragment", [

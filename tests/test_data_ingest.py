@@ -1,5 +1,6 @@
 """History ingest: the file contract (docs/ARCHITECTURE.md, "History file") and one specific error per user mistake."""
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -8,6 +9,7 @@ import pytest
 
 from optimizer_pipeline.contracts import ContractError, binding_from_dict
 from optimizer_pipeline.data import HistoryError, read_history, validate_history_frame
+from optimizer_pipeline.data.ingest import CLOCK_SKEW_ALLOWANCE_S
 
 JAN1_2024 = 1704067200.0  # 2024-01-01T00:00:00Z in seconds since the epoch
 
@@ -206,6 +208,45 @@ def test_decreasing_timestamp_in_a_run_is_rejected(tmp_path):
     text = "run_id,timestamp,v1,y1,y2\nr1,10,1,2,3\nr1,5,1,2,3\n"
     with pytest.raises(HistoryError, match=r"run 'r1': timestamp at row 2 \(line 3\) is not after"):
         read_history(_write(tmp_path, text), _binding())
+
+
+@pytest.mark.parametrize("cell, shown", [("inf", "inf"), ("-inf", "-inf"), ("Infinity", "inf")])
+def test_infinite_value_names_file_column_run_and_first_row(tmp_path, cell, shown):
+    text = f"run_id,timestamp,v1,y1,y2\nr1,0,1,2,3\nr1,5,{cell},2,3\nr1,10,{cell},2,3\n"
+    with pytest.raises(HistoryError, match=rf"^{tmp_path}/history\.csv: column 'v1': infinite value {shown} in run "
+                                           rf"'r1' at row 2 \(line 3\) \(inf / -inf are refused"):
+        read_history(_write(tmp_path, text), _binding())
+
+
+def test_infinite_value_in_parquet_and_frames_is_refused_too(tmp_path):
+    frame = pd.DataFrame({"run_id": ["a", "a", "a"], "timestamp": [0.0, 5.0, 10.0], "v1": [1.0, 1.0, 1.0],
+                          "y1": [1.0, 1.0, 1.0], "y2": [1.0, np.nan, -np.inf]})
+    frame.to_parquet(tmp_path / "h.parquet")
+    with pytest.raises(HistoryError, match=r"h\.parquet: column 'y2': infinite value -inf in run 'a' at row 3 "):
+        read_history(tmp_path / "h.parquet", _binding())
+    with pytest.raises(HistoryError, match=r"^stored: column 'y2': infinite value -inf in run 'a' at row 3 "):
+        validate_history_frame(frame, _binding(), "stored")
+
+
+def test_nan_stays_a_missing_value_beside_the_infinity_rule(tmp_path):
+    frame = read_history(_write(tmp_path, "run_id,timestamp,v1,y1,y2\nr1,0,1,NaN,3\nr1,5,1,2,3\n"), _binding())
+    assert np.isnan(frame["y1"].iloc[0])
+
+
+def test_future_timestamp_beyond_the_clock_skew_allowance_names_run_and_first_row(tmp_path):
+    now = time.time()
+    late = now + CLOCK_SKEW_ALLOWANCE_S + 3600
+    text = (f"run_id,timestamp,v1,y1,y2\nr1,{now - 10},1,2,3\nr2,{now - 5},1,2,3\n"
+            f"r2,{late},1,2,3\nr2,{late + 5},1,2,3\n")
+    with pytest.raises(HistoryError, match=r"history\.csv: run 'r2': timestamp \d{4}-.* at row 3 \(line 4\) is in "
+                                           r"the future \(more than 300 s after this host's clock"):
+        read_history(_write(tmp_path, text), _binding())
+
+
+def test_timestamps_within_the_clock_skew_allowance_are_accepted(tmp_path):
+    now = time.time()
+    text = f"run_id,timestamp,v1,y1,y2\nr1,{now - 5},1,2,3\nr1,{now + CLOCK_SKEW_ALLOWANCE_S - 60},1,2,3\n"
+    assert len(read_history(_write(tmp_path, text), _binding())) == 2
 
 
 def test_empty_run_id_names_the_row(tmp_path):

@@ -7,17 +7,23 @@ and, where it applies, the column, the run and the row.
 
 Row numbers are 1-based data rows as in the file; for CSV the text line (header = line 1) is
 given too, e.g. "row 17 (line 18)". Blank CSV lines count as rows and are skipped.
+
+Refused values (docs/ARCHITECTURE.md, "History file"): an infinite tag value (`inf`, `-inf`; an
+empty cell or NaN stays a missing value), and a timestamp more than CLOCK_SKEW_ALLOWANCE_S after
+the clock at validation time (a sample from the future would make a stale state look current).
 """
 
 import csv
 import logging
+import time
 from collections import Counter
+from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from optimizer_pipeline.contracts import BindingSpec, ContractError
+from optimizer_pipeline.contracts import BindingSpec, ContractError, iso_utc
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +31,9 @@ RUN_ID = "run_id"
 TIMESTAMP = "timestamp"
 CSV_SUFFIXES = (".csv",)
 PARQUET_SUFFIXES = (".parquet", ".pq")
+# A timestamp may be this far ahead of our clock (historian and host clocks disagree a little); further
+# ahead it is refused as a sample from the future.
+CLOCK_SKEW_ALLOWANCE_S = 300.0
 # Delimiters people use by mistake (spreadsheet exports in many locales write ';').
 _OTHER_DELIMITERS = {";": "';'", "\t": "tab", "|": "'|'"}
 
@@ -150,6 +159,11 @@ def _validate(frame: pd.DataFrame, binding: BindingSpec, source: str, *, lines: 
             raise HistoryError(f"{source}: column {tag!r}: non-numeric value {column.iloc[i]!r} "
                                f"in run {run_ids[i]!r} at {where(i)}")
         numbers = numbers.to_numpy(dtype=float)
+        infinite = np.flatnonzero(np.isinf(numbers))
+        if infinite.size:
+            i = infinite[0]
+            raise HistoryError(f"{source}: column {tag!r}: infinite value {float(numbers[i])!r} in run {run_ids[i]!r} "
+                               f"at {where(i)} (inf / -inf are refused; leave the cell empty for a missing value)")
         if np.isnan(numbers).all():
             raise HistoryError(f"{source}: column {tag!r} has no values (all empty / NaN)")
         values[tag] = numbers
@@ -192,7 +206,17 @@ def _timestamps(column: pd.Series, source: str, where, run_ids: np.ndarray) -> n
         problem = f"is empty at {where(i)}" if pd.isna(value) else \
             f"{value!r} at {where(i)} is not ISO 8601 text or seconds since the epoch"
         raise HistoryError(f"{source}: run {run_ids[i]!r}: timestamp {problem}")
+    now = time.time()
+    future = np.flatnonzero(seconds > now + CLOCK_SKEW_ALLOWANCE_S)
+    if future.size:
+        i = future[0]
+        raise HistoryError(f"{source}: run {run_ids[i]!r}: timestamp {_iso(seconds[i])} at {where(i)} is in the future "
+                           f"(more than {CLOCK_SKEW_ALLOWANCE_S:g} s after this host's clock, {_iso(now)})")
     return seconds
+
+
+def _iso(seconds: float) -> str:
+    return iso_utc(datetime.fromtimestamp(seconds, timezone.utc))
 
 
 def _names(names) -> str:
