@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
@@ -129,7 +130,7 @@ def cmd_ingest(args: argparse.Namespace, home: Path) -> int:
     from optimizer_pipeline.data import read_history
 
     spec = load_binding_file(args.binding_file)
-    frame = read_history(args.history_file, spec)
+    frame = read_history(args.history_file, spec, now_s=time.time())  # samples from the future are refused
     from optimizer_pipeline.ledger import Ledger
 
     upsert, rows = Ledger(ledger_path(home)).ingest(spec, frame, args.source)

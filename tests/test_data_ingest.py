@@ -238,15 +238,21 @@ def test_future_timestamp_beyond_the_clock_skew_allowance_names_run_and_first_ro
     late = now + CLOCK_SKEW_ALLOWANCE_S + 3600
     text = (f"run_id,timestamp,v1,y1,y2\nr1,{now - 10},1,2,3\nr2,{now - 5},1,2,3\n"
             f"r2,{late},1,2,3\nr2,{late + 5},1,2,3\n")
+    path = _write(tmp_path, text)
     with pytest.raises(HistoryError, match=r"history\.csv: run 'r2': timestamp \d{4}-.* at row 3 \(line 4\) is in "
                                            r"the future \(more than 300 s after this host's clock"):
-        read_history(_write(tmp_path, text), _binding())
+        read_history(path, _binding(), now_s=now)
+    assert len(read_history(path, _binding())) == 4  # without a clock (an outcome file) nothing is in the future
 
 
-def test_timestamps_within_the_clock_skew_allowance_are_accepted(tmp_path):
-    now = time.time()
-    text = f"run_id,timestamp,v1,y1,y2\nr1,{now - 5},1,2,3\nr1,{now + CLOCK_SKEW_ALLOWANCE_S - 60},1,2,3\n"
-    assert len(read_history(_write(tmp_path, text), _binding())) == 2
+def test_clock_skew_allowance_boundary_exactly_the_allowance_ahead_is_accepted(tmp_path):
+    now = 1_800_000_000.0
+    text = f"run_id,timestamp,v1,y1,y2\nr1,{now - 5},1,2,3\nr1,{now + CLOCK_SKEW_ALLOWANCE_S},1,2,3\n"
+    assert len(read_history(_write(tmp_path, text), _binding(), now_s=now)) == 2
+    with pytest.raises(HistoryError, match=r"timestamp 2027-01-15T08:05:00\.500000\+00:00 at row 2 \(line 3\) is in "
+                                           r"the future \(more than 300 s after this host's clock, 2027-01-15T08:00:00"):
+        read_history(_write(tmp_path, text.replace(f"{now + CLOCK_SKEW_ALLOWANCE_S}",
+                                                   f"{now + CLOCK_SKEW_ALLOWANCE_S + 0.5}")), _binding(), now_s=now)
 
 
 def test_empty_run_id_names_the_row(tmp_path):

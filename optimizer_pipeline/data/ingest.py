@@ -9,13 +9,13 @@ Row numbers are 1-based data rows as in the file; for CSV the text line (header 
 given too, e.g. "row 17 (line 18)". Blank CSV lines count as rows and are skipped.
 
 Refused values (docs/ARCHITECTURE.md, "History file"): an infinite tag value (`inf`, `-inf`; an
-empty cell or NaN stays a missing value), and a timestamp more than CLOCK_SKEW_ALLOWANCE_S after
-the clock at validation time (a sample from the future would make a stale state look current).
+empty cell or NaN stays a missing value), and, when the caller gives the clock (`now_s`, as the
+`ingest` command does), a timestamp more than CLOCK_SKEW_ALLOWANCE_S after it: a sample from the
+future would make a stale live state look current.
 """
 
 import csv
 import logging
-import time
 from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
@@ -42,8 +42,12 @@ class HistoryError(ContractError):
     """A history file or frame breaks the history contract; the message names file / column / run / row."""
 
 
-def read_history(path: str | Path, binding: BindingSpec) -> pd.DataFrame:
-    """Read and validate a history file for `binding` (format by suffix: .csv, .parquet, .pq)."""
+def read_history(path: str | Path, binding: BindingSpec, now_s: float | None = None) -> pd.DataFrame:
+    """Read and validate a history file for `binding` (format by suffix: .csv, .parquet, .pq).
+
+    now_s: the clock (seconds since the epoch); timestamps more than CLOCK_SKEW_ALLOWANCE_S after it
+    are refused. None skips that check.
+    """
     path = Path(path)
     source = str(path)
     if not path.is_file():
@@ -58,7 +62,7 @@ def read_history(path: str | Path, binding: BindingSpec) -> pd.DataFrame:
         lines = False
     else:
         raise HistoryError(f"{source}: unknown history file type {path.suffix!r} (use .csv, .parquet or .pq)")
-    result = _validate(frame, binding, source, lines=lines)
+    result = _validate(frame, binding, source, lines=lines, now_s=now_s)
     log.info("read %s: %d rows, %d runs", source, len(result), result[RUN_ID].nunique())
     return result
 
@@ -131,7 +135,8 @@ def _read_parquet(path: Path) -> pd.DataFrame:
 # --------------------------------------------------------------------------- validation
 
 
-def _validate(frame: pd.DataFrame, binding: BindingSpec, source: str, *, lines: bool) -> pd.DataFrame:
+def _validate(frame: pd.DataFrame, binding: BindingSpec, source: str, *, lines: bool,
+              now_s: float | None = None) -> pd.DataFrame:
     """frame.index holds 0-based data row numbers (used in messages only)."""
 
     def where(position: int) -> str:
@@ -146,7 +151,7 @@ def _validate(frame: pd.DataFrame, binding: BindingSpec, source: str, *, lines: 
         raise HistoryError(f"{source}: empty file (no data rows; at least one run is needed)")
 
     run_ids = _run_ids(frame[RUN_ID], source, where)
-    timestamps = _timestamps(frame[TIMESTAMP], source, where, run_ids)
+    timestamps = _timestamps(frame[TIMESTAMP], source, where, run_ids, now_s)
 
     values = {}
     for tag in binding.tags:
@@ -188,7 +193,7 @@ def _run_ids(column: pd.Series, source: str, where) -> np.ndarray:
     return ids.to_numpy(dtype=object)  # Python str: messages show 'r1', not np.str_('r1')
 
 
-def _timestamps(column: pd.Series, source: str, where, run_ids: np.ndarray) -> np.ndarray:
+def _timestamps(column: pd.Series, source: str, where, run_ids: np.ndarray, now_s: float | None) -> np.ndarray:
     """Seconds since the epoch (UTC) from numbers, ISO 8601 text (naive = UTC) or datetimes."""
     if isinstance(column.dtype, pd.DatetimeTZDtype) or pd.api.types.is_datetime64_dtype(column):
         moments = column.dt.tz_localize("UTC") if column.dt.tz is None else column.dt.tz_convert("UTC")
@@ -206,12 +211,11 @@ def _timestamps(column: pd.Series, source: str, where, run_ids: np.ndarray) -> n
         problem = f"is empty at {where(i)}" if pd.isna(value) else \
             f"{value!r} at {where(i)} is not ISO 8601 text or seconds since the epoch"
         raise HistoryError(f"{source}: run {run_ids[i]!r}: timestamp {problem}")
-    now = time.time()
-    future = np.flatnonzero(seconds > now + CLOCK_SKEW_ALLOWANCE_S)
-    if future.size:
+    future = np.flatnonzero(seconds > now_s + CLOCK_SKEW_ALLOWANCE_S) if now_s is not None else ()
+    if len(future):
         i = future[0]
         raise HistoryError(f"{source}: run {run_ids[i]!r}: timestamp {_iso(seconds[i])} at {where(i)} is in the future "
-                           f"(more than {CLOCK_SKEW_ALLOWANCE_S:g} s after this host's clock, {_iso(now)})")
+                           f"(more than {CLOCK_SKEW_ALLOWANCE_S:g} s after this host's clock, {_iso(now_s)})")
     return seconds
 
 
