@@ -3,6 +3,7 @@ ledger is byte-for-byte unchanged. Runs the CLI's own entry point in process (sa
 the console script, without paying an interpreter start per case)."""
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -10,11 +11,15 @@ import pytest
 import yaml
 
 from optimizer_pipeline.cli import main
-from optimizer_pipeline.contracts import ContractError, ProblemIR
+from optimizer_pipeline.contracts import ContractError, ProblemIR, StateSpace
+from optimizer_pipeline.data.ingest import MAX_HISTORY_BYTES
 from optimizer_pipeline.ledger import Ledger
 from optimizer_pipeline.plants import get_plant
-from optimizer_pipeline.problem import problem_from_dict
+from optimizer_pipeline.problem import problem_from_dict, validate_problem
 from optimizer_pipeline.settings import ledger_path
+from optimizer_pipeline.solver import codec, errors
+from optimizer_pipeline.solver.errors import SolverError
+from optimizer_pipeline.solver.pool import SolverPool
 
 PLANT = get_plant("heater")
 GOOD = PLANT.binding_doc()
@@ -151,6 +156,16 @@ def test_bad_history_file_is_one_clear_line_and_changes_nothing(seeded, capsys, 
     assert "bad.csv" in line
 
 
+def test_history_file_over_the_size_limit_is_one_line_naming_file_and_limit(seeded, capsys, tmp_path):
+    home, folder = seeded
+    path = tmp_path / "huge.csv"
+    with path.open("wb") as handle:  # sparse: the real limit without writing 256 MiB
+        handle.truncate(MAX_HISTORY_BYTES + 1)
+    line = _run_bad(capsys, home, "ingest", str(folder / "good.yaml"), str(path))
+    assert line == (f"error: {path}: history file is {MAX_HISTORY_BYTES + 1} bytes, over the limit of "
+                    f"{MAX_HISTORY_BYTES} bytes (MAX_HISTORY_BYTES, 256 MiB); split it into several files and ingest each")
+
+
 @pytest.mark.parametrize("args, fragment", [
     (["ingest", "nope.yaml", "nope.csv"], "binding file not found"),
     (["recommendation", "x'; DROP TABLE bindings; --"], "is not in the ledger"),
@@ -187,9 +202,42 @@ def test_malformed_problem_documents_are_refused_with_the_field(mutate, fragment
     assert fragment in str(err.value)
 
 
-def test_oversized_problem_payload_is_refused():
-    doc = _problem_doc()
-    doc["x0"] = [0.0] * 200_000
-    with pytest.raises(ContractError):
-        problem_from_dict(doc)
-    assert isinstance(ProblemIR.from_dict(_problem_doc()), ProblemIR)
+def _problem_over_the_size_limit() -> ProblemIR:
+    """A valid problem (every dimension consistent) whose JSON is just over codec.MAX_PROBLEM_BYTES:
+    a stable 640-state model of 2 MVs and 2 CVs (~9.3 MB of JSON)."""
+    from test_pool import _problem
+
+    nx = 640
+    rng = np.random.default_rng(0)
+    c = np.zeros((2, nx))
+    c[0, 0] = c[1, 1] = 1.0
+    model = StateSpace.of(0.9 * np.eye(nx) + rng.uniform(-1e-4, 1e-4, (nx, nx)), rng.uniform(-0.1, 0.1, (nx, 2)),
+                          np.zeros((nx, 0)), np.zeros(nx), c)
+    return replace(_problem(), model=model, x0=(0.0,) * nx)
+
+
+def test_oversized_problem_document_is_refused_by_the_pool_before_sending_naming_the_limit(tmp_path):
+    from reliability_helpers import counting_worker_cmd, received
+
+    problem = _problem_over_the_size_limit()
+    assert validate_problem(problem) is problem  # nothing is wrong with it but its size
+    size = len(codec.encode(problem))
+    assert codec.MAX_PROBLEM_BYTES < size < 2 * codec.MAX_PROBLEM_BYTES
+    at_limit = {"template": "nonlinear@2", "pad": ""}
+    at_limit["pad"] = " " * (codec.MAX_PROBLEM_BYTES - len(codec.encode(at_limit)))
+    assert len(codec.encode(at_limit)) == codec.MAX_PROBLEM_BYTES
+    log = tmp_path / "received.log"
+    with SolverPool(size=1, worker_cmd=counting_worker_cmd(log)) as pool:
+        with pytest.raises(codec.ProblemTooLarge) as refused:
+            pool.solve(problem)
+        assert str(refused.value) == (f"problem of binding 'pool-test': problem document is {size} bytes, over the "
+                                      f"limit of {codec.MAX_PROBLEM_BYTES} bytes (MAX_PROBLEM_BYTES, 8 MiB); not sent "
+                                      f"to a solver worker")
+        # exactly the limit is sent: the worker refuses it for its content, not for its size
+        with pytest.raises(SolverError) as sent:
+            pool.solve(at_limit)
+        assert sent.value.code == errors.BAD_REQUEST and sent.value.message.startswith("payload.problemIr:")
+        with pytest.raises(codec.ProblemTooLarge, match=f"is {codec.MAX_PROBLEM_BYTES + 1} bytes, over the limit"):
+            pool.solve({**at_limit, "pad": at_limit["pad"] + " "})
+        assert pool.ping()["busy"] is False
+    assert [op for _, _, op in received(log)] == ["solve", "ping"]  # only the document at the limit was sent

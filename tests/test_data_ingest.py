@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from optimizer_pipeline.contracts import ContractError, binding_from_dict
-from optimizer_pipeline.data import HistoryError, read_history, validate_history_frame
+from optimizer_pipeline.data import HistoryError, ingest, read_history, validate_history_frame
 from optimizer_pipeline.data.ingest import CLOCK_SKEW_ALLOWANCE_S
 
 JAN1_2024 = 1704067200.0  # 2024-01-01T00:00:00Z in seconds since the epoch
@@ -52,6 +52,54 @@ def test_parquet_round_trip_equals_csv(tmp_path):
     for name in ("history.parquet", "history.pq"):
         raw.to_parquet(tmp_path / name)
         pd.testing.assert_frame_equal(read_history(tmp_path / name, _binding()), csv_frame)
+
+
+@pytest.mark.parametrize("name", ["history.csv", "history.parquet"])
+def test_file_over_the_byte_limit_is_refused_before_it_is_read_naming_file_and_limit(tmp_path, name, monkeypatch):
+    path = tmp_path / name
+    with path.open("wb") as handle:  # sparse: the real limit without writing 256 MiB
+        handle.truncate(ingest.MAX_HISTORY_BYTES + 1)
+    monkeypatch.setattr(pd, "read_csv", lambda *a, **k: pytest.fail("read_csv called on an oversized file"))
+    monkeypatch.setattr(pd, "read_parquet", lambda *a, **k: pytest.fail("read_parquet called on an oversized file"))
+    with pytest.raises(HistoryError, match=rf"^{path}: history file is {ingest.MAX_HISTORY_BYTES + 1} bytes, over the "
+                                           rf"limit of {ingest.MAX_HISTORY_BYTES} bytes \(MAX_HISTORY_BYTES, 256 MiB\); "
+                                           rf"split it into several files and ingest each$"):
+        read_history(path, _binding())
+
+
+@pytest.mark.parametrize("name", ["history.csv", "history.parquet"])
+def test_byte_limit_boundary_a_file_of_exactly_the_limit_is_read(tmp_path, name, monkeypatch):
+    path = _write(tmp_path, GOOD)
+    if name.endswith(".parquet"):
+        pd.read_csv(path).to_parquet(tmp_path / name)
+        path = tmp_path / name
+    size = path.stat().st_size
+    monkeypatch.setattr(ingest, "MAX_HISTORY_BYTES", size)
+    assert len(read_history(path, _binding())) == 3
+    monkeypatch.setattr(ingest, "MAX_HISTORY_BYTES", size - 1)
+    with pytest.raises(HistoryError, match=rf"^{path}: history file is {size} bytes, over the limit of {size - 1} bytes"):
+        read_history(path, _binding())
+
+
+@pytest.mark.parametrize("name", ["history.csv", "history.parquet"])
+def test_file_over_the_row_limit_is_refused_naming_file_and_limit(tmp_path, name, monkeypatch):
+    # the real limit (2 million rows) is too slow to write here: the same check at 3 rows
+    path = _write(tmp_path, GOOD)
+    if name.endswith(".parquet"):
+        pd.read_csv(path).to_parquet(tmp_path / name)
+        path = tmp_path / name
+    monkeypatch.setattr(ingest, "MAX_HISTORY_ROWS", 3)
+    assert len(read_history(path, _binding())) == 3  # exactly the limit is accepted
+    monkeypatch.setattr(ingest, "MAX_HISTORY_ROWS", 2)
+    with pytest.raises(HistoryError, match=rf"^{path}: more than 2 data rows, the limit of one history file "
+                                           rf"\(MAX_HISTORY_ROWS\); split it into several files and ingest each$"):
+        read_history(path, _binding())
+
+
+def test_history_limits_are_the_ones_the_readme_documents():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert (ingest.MAX_HISTORY_BYTES, ingest.MAX_HISTORY_ROWS) == (256 * 1024 * 1024, 2_000_000)
+    assert "`MAX_HISTORY_BYTES` 256 MiB" in readme and "`MAX_HISTORY_ROWS` 2 000 000" in readme
 
 
 def test_iso_timestamps_with_offsets_become_utc_seconds(tmp_path):

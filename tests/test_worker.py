@@ -12,7 +12,7 @@ import osqp
 import pytest
 import scipy
 
-from optimizer_pipeline.solver import errors
+from optimizer_pipeline.solver import codec, errors
 from test_pool import _problem
 
 WORKER = [sys.executable, "-m", "optimizer_pipeline.solver.worker"]
@@ -96,6 +96,21 @@ def test_malformed_frame_gets_an_error_response_and_the_worker_keeps_serving(wor
     frame = worker.next_frame()
     assert (frame["reqId"], frame["ok"], frame["error"]["code"]) == (req_id, False, code)
     assert frame["error"]["message"]
+    _assert_still_serving(worker)
+
+
+@pytest.mark.parametrize("over", [1, codec.MAX_REQUEST_BYTES + 10])
+def test_request_line_over_the_size_limit_is_refused_unread_naming_the_limit(worker, over):
+    head = b'{"protocolVersion": 1, "reqId": "big", "op": "ping", "payload": {}'
+    at_limit = head + b" " * (codec.MAX_REQUEST_BYTES - len(head) - 1) + b"}"  # JSON allows the blanks
+    assert len(at_limit) == codec.MAX_REQUEST_BYTES
+    worker.write(at_limit + b"\n")
+    assert worker.next_frame() == {"reqId": "big", "ok": True, "result": {"pid": worker.proc.pid, "busy": False}}
+    size = codec.MAX_REQUEST_BYTES + over
+    worker.write(head + b" " * (size - len(head) - 1) + b"}\n")
+    assert worker.next_frame() == {"reqId": "big", "ok": False, "error": {"code": errors.BAD_REQUEST, "message": (
+        f"request line of {size} bytes is over the limit of {codec.MAX_REQUEST_BYTES} bytes (MAX_REQUEST_BYTES: "
+        f"a problem document of at most {codec.MAX_PROBLEM_BYTES} bytes, MAX_PROBLEM_BYTES, plus the frame); not read")}}
     _assert_still_serving(worker)
 
 

@@ -8,6 +8,10 @@ and, where it applies, the column, the run and the row.
 Row numbers are 1-based data rows as in the file; for CSV the text line (header = line 1) is
 given too, e.g. "row 17 (line 18)". Blank CSV lines count as rows and are skipped.
 
+Size limits of one file (README, "Limits"): at most MAX_HISTORY_BYTES on disk (checked before
+reading) and MAX_HISTORY_ROWS data rows (CSV: parsing stops one row past it; Parquet: from the file's
+metadata, before reading). A longer history is ingested as several files: ingest appends.
+
 Refused values (docs/ARCHITECTURE.md, "History file"): an infinite tag value (`inf`, `-inf`; an
 empty cell or NaN stays a missing value), and, when the caller gives the clock (`now_s`, as the
 `ingest` command does), a timestamp more than CLOCK_SKEW_ALLOWANCE_S after it: a sample from the
@@ -34,6 +38,10 @@ PARQUET_SUFFIXES = (".parquet", ".pq")
 # A timestamp may be this far ahead of our clock (historian and host clocks disagree a little); further
 # ahead it is refused as a sample from the future.
 CLOCK_SKEW_ALLOWANCE_S = 300.0
+# ~256 MiB is ~2.5 million rows of a 10-tag CSV; the validated frame and the ledger insert hold a few
+# copies of it in memory. 2 million rows is 230 days of 10 s samples.
+MAX_HISTORY_BYTES = 256 * 1024 * 1024
+MAX_HISTORY_ROWS = 2_000_000
 # Delimiters people use by mistake (spreadsheet exports in many locales write ';').
 _OTHER_DELIMITERS = {";": "';'", "\t": "tab", "|": "'|'"}
 
@@ -54,6 +62,12 @@ def read_history(path: str | Path, binding: BindingSpec, now_s: float | None = N
         raise HistoryError(f"{source}: history file not found" if not path.exists()
                            else f"{source}: not a file")
     suffix = path.suffix.lower()
+    if suffix in CSV_SUFFIXES + PARQUET_SUFFIXES:
+        size = path.stat().st_size
+        if size > MAX_HISTORY_BYTES:
+            raise HistoryError(f"{source}: history file is {size} bytes, over the limit of {MAX_HISTORY_BYTES} bytes "
+                               f"(MAX_HISTORY_BYTES, {MAX_HISTORY_BYTES >> 20} MiB); split it into several files "
+                               f"and ingest each")
     if suffix in CSV_SUFFIXES:
         frame = _read_csv(path, binding)
         lines = True
@@ -110,20 +124,34 @@ def _read_csv(path: Path, binding: BindingSpec) -> pd.DataFrame:
 
     try:
         frame = pd.read_csv(path, encoding="utf-8-sig", skipinitialspace=True, skip_blank_lines=False, low_memory=False,
-                            dtype={RUN_ID: str, TIMESTAMP: str}, usecols=lambda c: c.strip() in required)
+                            dtype={RUN_ID: str, TIMESTAMP: str}, usecols=lambda c: c.strip() in required,
+                            nrows=MAX_HISTORY_ROWS + 1)
     except UnicodeDecodeError:
         raise HistoryError(f"{source}: cannot read history file (not UTF-8 text)") from None
     except (pd.errors.ParserError, ValueError, OSError) as exc:
         detail = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
         raise HistoryError(f"{source}: cannot parse CSV ({detail})") from None
+    if len(frame) > MAX_HISTORY_ROWS:
+        raise _too_many_rows(source)
     frame.columns = [c.strip() for c in frame.columns]
     # Blank lines read as all-missing rows: drop them but keep the index = data row number - 1.
     return frame[frame.notna().any(axis=1)]
 
 
+def _too_many_rows(source: str) -> HistoryError:
+    return HistoryError(f"{source}: more than {MAX_HISTORY_ROWS} data rows, the limit of one history file "
+                        f"(MAX_HISTORY_ROWS); split it into several files and ingest each")
+
+
 def _read_parquet(path: Path) -> pd.DataFrame:
+    import pyarrow.parquet as pq
+
     try:
+        if pq.read_metadata(path).num_rows > MAX_HISTORY_ROWS:
+            raise _too_many_rows(str(path))
         frame = pd.read_parquet(path)
+    except HistoryError:
+        raise
     except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise HistoryError(f"{path}: cannot read Parquet file ({detail})") from None

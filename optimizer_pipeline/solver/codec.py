@@ -12,13 +12,28 @@ matter here:
 * a dataclass is written from its __dict__ minus names starting with "_" (orjson's rule): a
   contracts field named so would not reach the worker (tests/test_pool_codec.py compares the
   ProblemIR the worker rebuilds with the original).
+
+Size limit (README, "Limits"): a problem document (the ProblemIR JSON of a solve request) is at most
+MAX_PROBLEM_BYTES. The pool refuses a larger one before sending (`check_problem_size`), the worker
+reads at most MAX_REQUEST_BYTES of a request line and refuses a longer line without decoding it.
 """
 
 from typing import Any
 
 import orjson
 
-from optimizer_pipeline.contracts import fast_json
+from optimizer_pipeline.contracts import ContractError, fast_json
+
+# The demo problems are ~2 kB; a binding with 20 MVs and 20 CVs, na = nb = 3 and delay 6 (a state of
+# 200) is ~1 MB. 8 MiB is far above any problem OSQP solves within a request timeout, and small
+# enough that a worker never buffers more than that of one request line.
+MAX_PROBLEM_BYTES = 8 * 1024 * 1024
+# A request line: the problem document plus the frame around it (protocolVersion, reqId, op, deadlineMs).
+MAX_REQUEST_BYTES = MAX_PROBLEM_BYTES + 4096
+
+
+class ProblemTooLarge(ContractError):
+    """A problem document over MAX_PROBLEM_BYTES; the message names the size and the limit."""
 
 
 def encode(value: Any) -> bytes:
@@ -30,3 +45,11 @@ def encode(value: Any) -> bytes:
 def decode(data: bytes | str) -> Any:
     """The value of one JSON text; ValueError (orjson.JSONDecodeError) if it is not JSON or not UTF-8."""
     return orjson.loads(data)
+
+
+def check_problem_size(problem_json: bytes, what: str = "problem") -> None:
+    """ProblemTooLarge when the encoded problem document is over MAX_PROBLEM_BYTES."""
+    if len(problem_json) > MAX_PROBLEM_BYTES:
+        raise ProblemTooLarge(f"{what}: problem document is {len(problem_json)} bytes, over the limit of "
+                              f"{MAX_PROBLEM_BYTES} bytes (MAX_PROBLEM_BYTES, {MAX_PROBLEM_BYTES >> 20} MiB); "
+                              f"not sent to a solver worker")

@@ -17,6 +17,7 @@ that shares a pool across runs is solver/shared.py. Rules implemented here:
   past the schedule no automatic restart. From the 3rd consecutive failure on the pool is degraded:
   every call raises SOLVER_UNAVAILABLE until reset().
 * shutdown() closes stdin, waits, terminates, kills and reports the exit code of every worker.
+* A problem document over codec.MAX_PROBLEM_BYTES is refused before sending (codec.ProblemTooLarge).
 """
 
 import itertools
@@ -184,12 +185,15 @@ class SolverPool:
     def solve(self, problem: ProblemIR | Mapping[str, Any], timeout_ms: int | None = None) -> dict[str, Any]:
         """The SolveResult (as its JSON dict) of `problem`; SolverError with a stable code otherwise.
 
-        ContractError (nothing sent) if the problem holds NaN / inf or a value without a JSON form.
+        ContractError (nothing sent) if the problem holds NaN / inf or a value without a JSON form;
+        codec.ProblemTooLarge (a ContractError, nothing sent) if its JSON is over codec.MAX_PROBLEM_BYTES.
         The worker rebuilds an equal ProblemIR and hashes it itself (the wire carries no hash)."""
         try:
             problem_json = codec.encode(problem if isinstance(problem, ProblemIR) else dict(problem))
         except TypeError as exc:  # orjson's JSONEncodeError
             raise ContractError(f"problem: {exc}") from None
+        binding = problem.binding_id if isinstance(problem, ProblemIR) else problem.get("binding_id")
+        codec.check_problem_size(problem_json, "problem" if binding is None else f"problem of binding {binding!r}")
         return self._call("solve", b'{"problemIr":' + problem_json + b"}", timeout_ms)
 
     def ping(self, timeout_ms: int | None = None) -> dict[str, Any]:

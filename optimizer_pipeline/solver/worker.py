@@ -15,7 +15,9 @@ docs/ARCHITECTURE.md, "Solver worker protocol". One JSON object per line.
                            {"type":"heartbeat","reqId":…} every HEARTBEAT_S while a request runs
 
 A line that is not a valid frame gets an error response (reqId null when it cannot be read) and the
-worker keeps serving. The worker exits on stdin EOF or "shutdown", so it cannot outlive its owner.
+worker keeps serving. A request line over codec.MAX_REQUEST_BYTES is not decoded: the worker reads at
+most that much of it, skips the rest and answers BAD_REQUEST naming the limit (with the reqId when
+it can be read from the start of the line). The worker exits on stdin EOF or "shutdown", so it cannot outlive its owner.
 One SolverCache lives for the process lifetime: re-solves of the same structure are warm starts.
 Frames are encoded by solver/codec.py (orjson; a result holding NaN / inf is answered SOLVE_FAILED).
 Threads: the main thread reads stdin and answers ping / cancel at once; solves run on a solver thread.
@@ -24,10 +26,12 @@ faster: no-op request round trips 64-154 us either way on the 2-core dev box, is
 Imports stay light (no dagster, no pandas): the pool waits for the ready frame.
 """
 
+import functools
 import logging
 import os
 import platform
 import queue
+import re
 import signal
 import sys
 import threading
@@ -103,6 +107,24 @@ def parse_request(line: bytes, test_ops: bool) -> Request:
                                  or not deadline > 0):
         raise FrameError(errors.BAD_REQUEST, f"deadlineMs must be a number > 0, got {deadline!r}", req_id)
     return Request(req_id, op, payload, None if deadline is None else float(deadline), time.monotonic())
+
+
+_REQ_ID = re.compile(rb'"reqId"\s*:\s*(-?[0-9]+|"(?:[^"\\]|\\.)*")')
+
+
+def oversized_error(head: bytes, size: int) -> bytes:
+    """The answer to a request line of `size` bytes (over codec.MAX_REQUEST_BYTES) starting with `head`."""
+    req_id = None
+    match = _REQ_ID.search(head)
+    if match:
+        try:
+            req_id = codec.decode(match.group(1))
+        except ValueError:
+            req_id = None
+    return error_frame(req_id, errors.BAD_REQUEST,
+                       f"request line of {size} bytes is over the limit of {codec.MAX_REQUEST_BYTES} bytes "
+                       f"(MAX_REQUEST_BYTES: a problem document of at most {codec.MAX_PROBLEM_BYTES} bytes, "
+                       f"MAX_PROBLEM_BYTES, plus the frame); not read")
 
 
 def ok_frame(req_id: Any, result_json: bytes) -> bytes:
@@ -283,12 +305,19 @@ def protocol_stream() -> BinaryIO:
 
 
 def serve(read_line: Callable[[], bytes], out: Channel, test_ops: bool) -> None:
+    """`read_line` returns at most codec.MAX_REQUEST_BYTES + 1 bytes of a line (the rest on the next call)."""
     worker = Worker(out, test_ops)
     worker.start()
     out.send(ready_frame())
     try:
-        while (line := read_line()) and worker.handle_line(line):
-            pass
+        while line := read_line():
+            if len(line) > codec.MAX_REQUEST_BYTES and not line.endswith(b"\n"):
+                head, size = line[:512], len(line)
+                while not line.endswith(b"\n") and (line := read_line()):  # skip the rest of the line
+                    size += len(line)
+                out.send(oversized_error(head, size - line.endswith(b"\n")))
+            elif not worker.handle_line(line):
+                break
     finally:
         worker.stop()
 
@@ -300,7 +329,8 @@ def main() -> int:
     # handle (it closes our stdin), not a reason to die mid-frame with a traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     out = Channel(protocol_stream())
-    serve(sys.stdin.buffer.readline, out, test_ops=os.environ.get(TEST_OPS_ENV) == "1")
+    serve(functools.partial(sys.stdin.buffer.readline, codec.MAX_REQUEST_BYTES + 1), out,
+          test_ops=os.environ.get(TEST_OPS_ENV) == "1")
     return 0
 
 
