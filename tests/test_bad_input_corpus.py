@@ -47,23 +47,40 @@ def _set(doc, path, value):
 
 _DELETE = object()
 
+# case: (path in the binding document, bad value, the field the message must name, what it must say)
 BINDING_CASES = {
-    "id uppercase": (("id",), "Heater"), "id with slash escapes home": (("id",), "../../etc"),
-    "id with quote (SQL)": (("id",), "x'; DROP TABLE bindings; --"), "id too long": (("id",), "a" * 64),
-    "id missing": (("id",), _DELETE), "period zero": (("sample_period_s",), 0),
-    "period text": (("sample_period_s",), "ten"), "mvs empty": (("mvs",), []), "mvs not a list": (("mvs",), "q"),
-    "mv lo >= hi": (("mvs", 0, "lo"), 1e9), "mv max_move zero": (("mvs", 0, "max_move"), 0),
-    "mv max_move negative": (("mvs", 0, "max_move"), -1), "mv tag empty": (("mvs", 0, "tag"), ""),
-    "mv tag reserved": (("mvs", 0, "tag"), "timestamp"), "cv target above hi": (("cvs", 0, "target"), 1e6),
-    "cv weight negative": (("cvs", 0, "weight"), -1), "cv lo missing": (("cvs", 0, "lo"), _DELETE),
-    "cv hi is bool": (("cvs", 0, "hi"), True), "cvs missing": (("cvs",), _DELETE),
-    "dv duplicate of cv": (("dvs", 0, "tag"), "t_out"), "dv not a mapping": (("dvs", 0), "t_in"),
-    "unknown template": (("profile", "template"), "nonlinear@2"), "profile horizon zero": (("profile", "horizon"), 0),
-    "profile id bad": (("profile", "id"), "Bad Id"), "profile version zero": (("profile", "version"), 0),
-    "move_weight negative": (("profile", "move_weight"), -0.1), "valid_for_s zero": (("profile", "valid_for_s"), 0),
-    "model horizon zero": (("model", "horizon"), 0), "model delay zero": (("model", "delay"), 0),
-    "model na float": (("model", "na"), 1.5), "profile missing": (("profile",), _DELETE),
-    "model not mapping": (("model",), [1, 2]),
+    "id uppercase": (("id",), "Heater", "id", "'Heater' does not match"),
+    "id with slash escapes home": (("id",), "../../etc", "id", "'../../etc' does not match"),
+    "id with quote (SQL)": (("id",), "x'; DROP TABLE bindings; --", "id", "does not match"),
+    "id too long": (("id",), "a" * 64, "id", "does not match [a-z0-9][a-z0-9_-]{0,62}"),
+    "id missing": (("id",), _DELETE, "id", "required field is missing"),
+    "period zero": (("sample_period_s",), 0, "sample_period_s", "must be > 0, got 0"),
+    "period text": (("sample_period_s",), "ten", "sample_period_s", "expected a number > 0, got 'ten'"),
+    "mvs empty": (("mvs",), [], "mvs", "at least one MV is required"),
+    "mvs not a list": (("mvs",), "q", "mvs", "expected a list, got 'q'"),
+    "mv lo >= hi": (("mvs", 0, "lo"), 1e9, "mvs[0]", "lo (1e+09) must be < hi (220)"),
+    "mv max_move zero": (("mvs", 0, "max_move"), 0, "mvs[0].max_move", "must be > 0, got 0"),
+    "mv max_move negative": (("mvs", 0, "max_move"), -1, "mvs[0].max_move", "must be > 0, got -1"),
+    "mv tag empty": (("mvs", 0, "tag"), "", "mvs[0].tag", "expected a non-empty tag name"),
+    "mv tag reserved": (("mvs", 0, "tag"), "timestamp", "mvs[0].tag", "other than 'run_id' and 'timestamp'"),
+    "cv target above hi": (("cvs", 0, "target"), 1e6, "cvs[0].target", "must be from 20 to 75, got 1000000.0"),
+    "cv weight negative": (("cvs", 0, "weight"), -1, "cvs[0].weight", "must be >= 0, got -1"),
+    "cv lo missing": (("cvs", 0, "lo"), _DELETE, "cvs[0].lo", "required field is missing"),
+    "cv hi is bool": (("cvs", 0, "hi"), True, "cvs[0].hi", "expected a number, got True"),
+    "cvs missing": (("cvs",), _DELETE, "cvs", "required field is missing"),
+    "dv duplicate of cv": (("dvs", 0, "tag"), "t_out", "dvs[0].tag", "'t_out' is already used by cvs[0]"),
+    "dv not a mapping": (("dvs", 0), "t_in", "dvs[0]", "expected a mapping like {tag: ...}, got 't_in'"),
+    "unknown template": (("profile", "template"), "nonlinear@2", "profile.template", "unknown template 'nonlinear@2'"),
+    "profile horizon zero": (("profile", "horizon"), 0, "profile.horizon", "must be >= 1, got 0"),
+    "profile id bad": (("profile", "id"), "Bad Id", "profile.id", "'Bad Id' does not match"),
+    "profile version zero": (("profile", "version"), 0, "profile.version", "must be >= 1, got 0"),
+    "move_weight negative": (("profile", "move_weight"), -0.1, "profile.move_weight", "must be >= 0, got -0.1"),
+    "valid_for_s zero": (("profile", "valid_for_s"), 0, "profile.valid_for_s", "must be > 0, got 0"),
+    "model horizon zero": (("model", "horizon"), 0, "model.horizon", "must be >= 1, got 0"),
+    "model delay zero": (("model", "delay"), 0, "model.delay", "must be >= 1, got 0"),
+    "model na float": (("model", "na"), 1.5, "model.na", "expected an integer >= 1, got 1.5"),
+    "profile missing": (("profile",), _DELETE, "profile", "required field is missing"),
+    "model not mapping": (("model",), [1, 2], "model", "expected a mapping, got [1, 2]"),
 }
 
 
@@ -97,6 +114,27 @@ def _history_cases():
 
 
 HISTORY_CASES = _history_cases()
+# case: the message after "error: <file>: ", naming the column, the run and the row where they apply
+HISTORY_MESSAGES = {
+    "missing tag column": "missing required column(s) 't_out'",
+    "missing run_id": "missing required column(s) 'run_id'",
+    "missing timestamp": "missing required column(s) 'timestamp'",
+    "text in numbers": "column 't_out': non-numeric value 'hot' in run 'heater-run-00' at row 6 (line 7)",
+    "all NaN tag": "column 't_in' has no values (all empty / NaN)",
+    "duplicate timestamp": "run 'heater-run-00': timestamp at row 4 (line 5) is not after the previous sample of the "
+                           "run (timestamps must be strictly increasing inside a run)",
+    "decreasing timestamp": "run 'heater-run-00': timestamp at row 8 (line 9) is not after the previous sample of the "
+                            "run (timestamps must be strictly increasing inside a run)",
+    "unparseable timestamp": "run 'heater-run-00': timestamp 'yesterday' at row 5 (line 6) is not ISO 8601 text or "
+                             "seconds since the epoch",
+    "empty file": "empty file (no header and no data rows)",
+    "header only": "empty file (no data rows; at least one run is needed)",
+    "semicolon delimited": "the header looks like ';'-delimited (1 column(s) when split on ','); use ','",
+    "tab delimited": "the header looks like tab-delimited (1 column(s) when split on ','); use ','",
+    "duplicate columns": "duplicate column(s) 't_out' in the header",
+    "empty run id": "column 'run_id' is empty at row 10 (line 11)",
+    "wrong encoding": "cannot read history file (not UTF-8 text)",
+}
 
 
 def _dump(home) -> dict:
@@ -135,7 +173,7 @@ def _run_bad(capsys, home, *args):
 @pytest.mark.parametrize("case", sorted(BINDING_CASES))
 def test_bad_binding_file_is_one_clear_line_and_changes_nothing(seeded, capsys, case, tmp_path):
     home, folder = seeded
-    path, value = BINDING_CASES[case]
+    path, value, field, reason = BINDING_CASES[case]
     if case == "dv not a mapping" or case == "dv duplicate of cv":
         doc = _set(GOOD, ("dvs",), [{"tag": "x"}])
         doc = _set(doc, path, value)
@@ -143,7 +181,8 @@ def test_bad_binding_file_is_one_clear_line_and_changes_nothing(seeded, capsys, 
         doc = _set(GOOD, path, value)
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(doc))
     line = _run_bad(capsys, home, "ingest", str(tmp_path / "bad.yaml"), str(folder / "good.csv"))
-    assert "bad.yaml" in line
+    assert line.startswith(f"error: {tmp_path / 'bad.yaml'}.{field}: "), line  # the file, then the field
+    assert reason in line
 
 
 @pytest.mark.parametrize("case", sorted(HISTORY_CASES))
@@ -153,7 +192,11 @@ def test_bad_history_file_is_one_clear_line_and_changes_nothing(seeded, capsys, 
     text = HISTORY_CASES[case]
     path.write_bytes(text.encode("latin-1") if case == "wrong encoding" else text.encode())
     line = _run_bad(capsys, home, "ingest", str(folder / "good.yaml"), str(path))
-    assert "bad.csv" in line
+    assert line == f"error: {path}: {HISTORY_MESSAGES[case]}"
+
+
+def test_every_history_case_has_its_expected_message():
+    assert set(HISTORY_MESSAGES) == set(HISTORY_CASES)
 
 
 def test_history_file_over_the_size_limit_is_one_line_naming_file_and_limit(seeded, capsys, tmp_path):
@@ -166,16 +209,17 @@ def test_history_file_over_the_size_limit_is_one_line_naming_file_and_limit(seed
                     f"{MAX_HISTORY_BYTES} bytes (MAX_HISTORY_BYTES, 256 MiB); split it into several files and ingest each")
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (["ingest", "nope.yaml", "nope.csv"], "binding file not found"),
-    (["recommendation", "x'; DROP TABLE bindings; --"], "is not in the ledger"),
-    (["materialize", "../../etc"], "is not in the ledger"),
-    (["ledger", "--binding", "nope"], "is not in the ledger"),
-    (["outcome", "rec-nope", "nope.csv"], "rec-nope"),
+@pytest.mark.parametrize("args, message", [
+    (["ingest", "nope.yaml", "nope.csv"], "error: nope.yaml: binding file not found"),
+    (["recommendation", "x'; DROP TABLE bindings; --"],
+     """error: binding "x'; DROP TABLE bindings; --" is not in the ledger {ledger}"""),
+    (["materialize", "../../etc"], "error: binding '../../etc' is not in the ledger {ledger}"),
+    (["ledger", "--binding", "nope"], "error: binding 'nope' is not in the ledger {ledger}"),
+    (["outcome", "rec-nope", "nope.csv"], "error: recommendation rec-nope is not in the ledger"),
 ])
-def test_bad_command_arguments(seeded, capsys, args, fragment):
+def test_bad_command_arguments_name_the_file_binding_or_recommendation(seeded, capsys, args, message):
     home, _ = seeded
-    assert fragment in _run_bad(capsys, home, *args)
+    assert _run_bad(capsys, home, *args) == message.format(ledger=ledger_path(home))
 
 
 def _problem_doc() -> dict:
@@ -184,22 +228,23 @@ def _problem_doc() -> dict:
     return _problem().to_dict()
 
 
-@pytest.mark.parametrize("mutate, fragment", [
-    (lambda d: d.update(template="nonlinear@2"), "template"),
-    (lambda d: d.update(x0=[float("nan"), 0.0]), "x0"),
-    (lambda d: d.update(x0=[0.0]), "x0"),
-    (lambda d: d["model"].update(A=[[1.0]]), "problem.model"),
-    (lambda d: d.update(u_lo=[1.0], u_hi=[0.0]), "u_lo"),
-    (lambda d: d.update(horizon=0), "horizon"),
-    (lambda d: d.pop("bias"), "bias"),
-    (lambda d: d.update(y_target=["a"]), "y_target"),
+@pytest.mark.parametrize("mutate, start", [
+    (lambda d: d.update(template="nonlinear@2"), "problem.template: malformed ('nonlinear@2'"),
+    (lambda d: d.update(x0=[float("nan"), 0.0]), "problem.x0[0]: expected a finite number, got nan"),
+    (lambda d: d.update(x0=[0.0]), "problem.x0: expected length 2, got 1"),
+    # A shrunk to 1 x 1 makes the state size 1, so the first matrix that disagrees is B
+    (lambda d: d["model"].update(A=[[1.0]]), "problem.model.B: expected 1 rows, got 2"),
+    (lambda d: d.update(u_lo=[1.0], u_hi=[0.0]), "problem: u_lo[0] (1) must be <= u_hi[0] (0)"),
+    (lambda d: d.update(horizon=0), "problem.horizon: must be >= 1, got 0"),
+    (lambda d: d.pop("bias"), "problem.bias: required field is missing"),
+    (lambda d: d.update(y_target=["a"]), "problem.y_target: malformed"),
 ])
-def test_malformed_problem_documents_are_refused_with_the_field(mutate, fragment):
+def test_malformed_problem_documents_are_refused_with_the_field(mutate, start):
     doc = _problem_doc()
     mutate(doc)
     with pytest.raises(ContractError) as err:
         problem_from_dict(doc)
-    assert fragment in str(err.value)
+    assert str(err.value).startswith(start), str(err.value)
 
 
 def _problem_over_the_size_limit() -> ProblemIR:
