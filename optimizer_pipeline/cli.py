@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
 from optimizer_pipeline.contracts import ContractError, EvidenceSource, load_binding_file
-from optimizer_pipeline.settings import dagster_home, ledger_path, resolve_home
+from optimizer_pipeline.settings import dagster_home, ledger_path, load_settings, resolve_home
 
 if TYPE_CHECKING:  # the ledger pulls in pandas and duckdb (~0.5 s): imported by the commands that use it
     from optimizer_pipeline.ledger import Ledger
@@ -72,11 +72,11 @@ def run_partitions(home: Path, binding_ids: Sequence[str], job_name: str = "refr
     from optimizer_pipeline.assets.compat import range_tags
     from optimizer_pipeline.automation import partition_ranges
     from optimizer_pipeline.definitions import build_definitions
-    from optimizer_pipeline.ledger import Ledger
+    from optimizer_pipeline.ledger import open_ledger
     from optimizer_pipeline.solver.shared import kept_alive
 
     job = build_definitions(home).resolve_job_def(job_name)
-    ledger = Ledger(ledger_path(home))
+    ledger = open_ledger(home)
     results = {}
     with DagsterInstance.get() as instance, kept_alive():
         known = set(instance.get_dynamic_partitions("bindings"))
@@ -118,12 +118,14 @@ def _failure(result: Any) -> str:
 def _existing_ledger(home: Path) -> "Ledger":
     """The home's ledger; a command that only reads refuses a home without one (a mistyped --home
     must not leave an empty ledger behind)."""
-    from optimizer_pipeline.ledger import Ledger
+    from optimizer_pipeline.ledger import open_ledger
 
+    if load_settings(home).ledger_url:
+        return open_ledger(home)
     path = ledger_path(home)
     if not path.exists():
         raise UserError(f"no ledger at {path}: run `ingest` or `demo` with this --home first")
-    return Ledger(path)
+    return open_ledger(home)
 
 
 def cmd_ingest(args: argparse.Namespace, home: Path) -> int:
@@ -131,9 +133,9 @@ def cmd_ingest(args: argparse.Namespace, home: Path) -> int:
 
     spec = load_binding_file(args.binding_file)
     frame = read_history(args.history_file, spec, now_s=time.time())  # samples from the future are refused
-    from optimizer_pipeline.ledger import Ledger
+    from optimizer_pipeline.ledger import open_ledger
 
-    upsert, rows = Ledger(ledger_path(home)).ingest(spec, frame, args.source)
+    upsert, rows = open_ledger(home).ingest(spec, frame, args.source)
     print(json.dumps({"binding_id": spec.id, "revision": upsert.revision, "created": upsert.created,
                       "changed": upsert.changed, "expired_recommendations": upsert.expired,
                       "runs": int(frame["run_id"].nunique()), "rows_read": len(frame),
@@ -218,10 +220,10 @@ def cmd_ledger(args: argparse.Namespace, home: Path) -> int:
 
 
 def cmd_demo(args: argparse.Namespace, home: Path) -> int:
-    from optimizer_pipeline.ledger import Ledger
+    from optimizer_pipeline.ledger import open_ledger
     from optimizer_pipeline.plants import demo_plants
 
-    ledger = Ledger(ledger_path(home))
+    ledger = open_ledger(home)
     plants = demo_plants()
     print(f"home {home}: seeding {len(plants)} demo plants (simulated history)")
     for plant in plants:

@@ -57,10 +57,21 @@ class Settings:
     solver_threads: int = 1
     schedule_cron: str = "0 3 * * *"
     schedule_timezone: str = "UTC"
+    live_max_age_s: float | None = None  # unset: max(10 x sample_period_s, 300 s) per binding (recommend.max_live_age_s)
+    ledger_url: str | None = None  # postgresql://... ; unset: the DuckDB file <home>/optimizer.duckdb
 
 
 def _cron(text: Any) -> str:
     if not isinstance(text, str) or len(text.split()) != 5:
+        raise ValueError
+    return text
+
+
+def _postgres_url(text: Any) -> str:
+    from urllib.parse import urlsplit
+
+    if not isinstance(text, str) or urlsplit(text).scheme not in ("postgresql", "postgres") \
+            or not urlsplit(text).hostname:
         raise ValueError
     return text
 
@@ -86,7 +97,12 @@ _SPEC: dict[str, tuple[str, Rule]] = {
     "solver.threads": ("solver_threads", number_rule(int, Interval(1, 16))),
     "schedule.cron": ("schedule_cron", Rule(_cron, "a 5-field cron expression")),
     "schedule.timezone": ("schedule_timezone", Rule(_timezone, "an IANA time zone such as 'Europe/Berlin'")),
+    "live.max_age_s": ("live_max_age_s", number_rule(float, POSITIVE)),
+    "ledger.url": ("ledger_url", Rule(_postgres_url, "a URL such as 'postgresql://user@host:5432/optimizer'")),
 }
+
+
+SECRET_KEYS = frozenset({"ledger.url"})  # may hold a password
 
 
 def env_name(key: str) -> str:
@@ -95,7 +111,27 @@ def env_name(key: str) -> str:
 
 
 def _parse(key: str, raw: Any, source: str) -> Any:
-    return check_rule(raw, _SPEC[key][1], source, key, error=SettingsError)
+    rule = _SPEC[key][1]
+    if key in SECRET_KEYS:  # refused without echoing a password
+        try:
+            return rule.read(raw)
+        except (TypeError, ValueError):
+            raise SettingsError(f"{source}: {key} must be {rule.text}, got {redact_url(str(raw))!r}") from None
+    return check_rule(raw, rule, source, key, error=SettingsError)
+
+
+def redact_url(url: str) -> str:
+    """The URL with its password replaced by `***`: what messages, logs and metadata show."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return "<unparsable URL>"
+    if not password:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{password}@", ":***@", 1)))
 
 
 def _flatten(doc: Mapping[str, Any], source: str) -> dict[str, Any]:

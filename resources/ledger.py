@@ -5,19 +5,19 @@ from pathlib import Path
 
 from dagster import ConfigurableResource
 
-from optimizer_pipeline.ledger import Ledger
-from optimizer_pipeline.settings import Settings, ledger_path, load_settings
+from optimizer_pipeline.ledger import Ledger, open_ledger
+from optimizer_pipeline.settings import Settings, load_settings
 
 
 class LedgerResource(ConfigurableResource):
-    """The home's append-only ledger. Every call opens one short transaction (the DuckDB file's
-    lock is shared by step processes, sensors and the CLI); a step over many bindings holds one
-    session across them (assets.batch.in_ledger_sessions)."""
+    """The home's append-only ledger: the DuckDB file (its lock shared by step processes, sensors
+    and the CLI) or PostgreSQL when `ledger.url` is set. Every call is one short transaction; a
+    step over many bindings holds one session across them (assets.batch.in_ledger_sessions)."""
 
     home: str
 
     def ledger(self) -> Ledger:
-        return Ledger(ledger_path(Path(self.home)))
+        return open_ledger(Path(self.home))
 
 
 class SettingsResource(ConfigurableResource):

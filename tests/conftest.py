@@ -24,3 +24,41 @@ BINDING_DOC = {
 def binding_doc():
     """A fresh, valid binding document (the README's example) that a test may modify."""
     return copy.deepcopy(BINDING_DOC)
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """One throwaway PostgreSQL cluster for the session (tests/servers.py); each test takes its own
+    database from it (`postgres.new_database()`)."""
+    from servers import postgres_server
+
+    with postgres_server() as server:
+        yield server
+
+
+BACKENDS = ("duckdb", "postgres")
+
+
+@pytest.fixture(params=BACKENDS)
+def any_ledger(request, tmp_path):
+    """The same ledger test on both backends: the DuckDB file, and a fresh PostgreSQL database."""
+    from optimizer_pipeline.ledger import Ledger
+
+    if request.param == "duckdb":
+        yield Ledger(tmp_path / "optimizer.duckdb")
+        return
+    from optimizer_pipeline.ledger.postgres_backend import PostgresBackend
+
+    backend = PostgresBackend(request.getfixturevalue("postgres").new_database())
+    try:
+        yield Ledger(backend)
+    finally:
+        backend.close()
+
+
+@pytest.fixture(params=BACKENDS)
+def ledger_location(request, tmp_path) -> str:
+    """Where a ledger shared by several processes lives: a DuckDB file path or a PostgreSQL URL."""
+    if request.param == "duckdb":
+        return str(tmp_path / "shared.duckdb")
+    return request.getfixturevalue("postgres").new_database()

@@ -50,3 +50,14 @@ def solve(ledger, binding_id="tanks-1", revision=1, problem_hash="p" * 64, statu
     ledger.record_solve(run, candidates(), "m" * 64, rec, run_status="succeeded", independent_cost=2.0,
                         diagnostics={"iterations": 12}, evidence_source="simulation")
     return run["id"], rec.id
+
+
+def ledger_at(where: str):
+    """The ledger at `where`: a PostgreSQL URL or a DuckDB file path (for writer processes)."""
+    from optimizer_pipeline.ledger import Ledger
+
+    if where.startswith("postgresql://"):
+        from optimizer_pipeline.ledger.postgres_backend import PostgresBackend
+
+        return Ledger(PostgresBackend(where))
+    return Ledger(where)

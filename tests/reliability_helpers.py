@@ -91,9 +91,10 @@ def wait_until(predicate: Callable[[], bool], what: str, timeout_s: float = 30.0
 
 def ledger_dump(ledger: Ledger) -> dict[str, tuple[int, str]]:
     """Row count and an order-independent hash of every row, per table (equal dumps = same ledger)."""
+    row_hash = "hash(r)" if ledger.backend.dialect == "duckdb" else "hashtext(r::text)::bigint"
     with ledger.transaction() as conn:
-        return {t: tuple(conn.execute(f"SELECT count(*), coalesce(sum(hash(r)), 0)::VARCHAR FROM {t} r").fetchall()[0])
-                for t in ledger.counts()}
+        return {t: tuple(conn.execute(f"SELECT count(*), coalesce(sum({row_hash}), 0)::VARCHAR FROM {t} r")
+                         .fetchall()[0]) for t in ledger.counts()}
 
 
 # ---------------------------------------------------------------------------- a real binding to recommend for
@@ -236,7 +237,7 @@ PAUSED_WRITER = """\
 import os, sys, time
 sys.path.insert(0, sys.argv[4])
 from optimizer_pipeline.ledger import Ledger
-from ledger_helpers import solve
+from ledger_helpers import ledger_at, solve
 path, point, ready = sys.argv[1:4]
 original = Ledger.__dict__[point]
 static = isinstance(original, staticmethod)
@@ -248,7 +249,7 @@ def paused(*args, **kwargs):
     time.sleep(600)
     return out
 setattr(Ledger, point, staticmethod(paused) if static else paused)
-solve(Ledger(path), binding_id="crash")
+solve(ledger_at(path), binding_id="crash")
 """
 
 # A ledger writer that records solves in a loop and prints each run id once committed.
@@ -282,9 +283,15 @@ def kill_paused_writer(path: Path, point: str, workdir: Path, timeout_s: float =
     return held
 
 
-def _lock_held(path: Path) -> bool:
+def _lock_held(path: Path | str) -> bool:
+    """DuckDB: the file lock is taken; PostgreSQL: a connection sits inside an open transaction."""
     from optimizer_pipeline.ledger import LedgerBusyError
 
+    if str(path).startswith("postgresql://"):
+        from ledger_helpers import ledger_at
+
+        return int(ledger_at(str(path)).query("""SELECT count(*) AS n FROM pg_stat_activity
+            WHERE state = 'idle in transaction' AND datname = current_database()""")["n"][0]) > 0
     try:
         Ledger(path, lock_timeout_s=0.2).query("SELECT 1")
     except LedgerBusyError:

@@ -6,14 +6,15 @@ import pytest
 
 from optimizer_pipeline.contracts import Outcome, OutcomeVerdict, RecommendationStatus, binding_from_dict, iso_utc, \
     utc_now
-from optimizer_pipeline.ledger import SCHEMA_VERSION, Ledger, LedgerBusyError, RunStateError, new_id
+from optimizer_pipeline.ledger import SCHEMA_VERSION, Ledger, LedgerBusyError, LedgerError, RunStateError, new_id
 
 from ledger_helpers import candidates, recommendation, run_row, solve
 
 
 @pytest.fixture
-def ledger(tmp_path):
-    return Ledger(tmp_path / "optimizer.duckdb")
+def ledger(any_ledger):
+    """Every test of this module runs on both backends (DuckDB file, PostgreSQL database)."""
+    return any_ledger
 
 
 def test_schema_is_applied_once_and_reopening_is_idempotent(tmp_path):
@@ -63,7 +64,7 @@ def test_failed_transaction_leaves_nothing(ledger):
     run["id"] = new_id("or")
     rec = recommendation(run["id"])
     bad = candidates() + candidates()  # duplicate candidate ids violate the primary key mid-transaction
-    with pytest.raises(duckdb.ConstraintException):
+    with pytest.raises(LedgerError, match="(?i)duplicate key|unique"):
         ledger.record_solve(run, bad, "m" * 64, rec, run_status="succeeded", independent_cost=1.0,
                             diagnostics={}, evidence_source="simulation")
     counts = ledger.counts()

@@ -13,7 +13,7 @@ from optimizer_pipeline.settings import Settings
 from optimizer_pipeline.solver import errors
 from optimizer_pipeline.solver.errors import SolverError
 
-from ledger_helpers import run_row, solve
+from ledger_helpers import ledger_at, run_row, solve
 from reliability_helpers import (
     KILL_POINTS,
     check_ledger_whole,
@@ -34,9 +34,13 @@ def ledger(tmp_path):
 
 
 @pytest.mark.parametrize("point", KILL_POINTS)
-def test_writer_killed_inside_the_recommendation_transaction_leaves_none_of_it(ledger, tmp_path, point):
+def test_writer_killed_inside_the_recommendation_transaction_leaves_none_of_it(ledger_location, tmp_path, point):
+    """On both backends: the writer holds the transaction open (DuckDB: the file lock; PostgreSQL: an
+    open transaction on the server) when it is SIGKILLed; none of its rows remain."""
+    ledger = ledger_at(ledger_location)
+    solve(ledger, binding_id="crash")  # an open recommendation the killed write would have superseded
     before = ledger_dump(ledger)
-    assert kill_paused_writer(ledger.path, point, tmp_path), "the paused writer did not hold the ledger lock"
+    assert kill_paused_writer(ledger_location, point, tmp_path), "the paused writer held no open transaction"
     assert ledger_dump(ledger) == before
     assert [r.status for r in ledger.list_recommendations("crash")] == ["verified"]
 

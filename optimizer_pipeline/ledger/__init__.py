@@ -14,9 +14,9 @@ from optimizer_pipeline.ledger.records import (
     candidate_id,
     new_id,
 )
-from optimizer_pipeline.ledger.repository import Ledger
+from optimizer_pipeline.ledger.repository import Ledger, open_ledger
 from optimizer_pipeline.ledger.schema import SCHEMA_VERSION
 
 __all__ = ["SCHEMA_VERSION", "BindingFailure", "BindingUpsert", "CalibrationRecord", "CandidateRecord",
            "HistorySplitRecord", "Ledger", "LedgerBusyError", "LedgerError", "NotFoundError", "OutcomeRecord",
-           "RecommendationRecord", "RunRecord", "RunStateError", "StoredBinding", "candidate_id", "new_id"]
+           "RecommendationRecord", "RunRecord", "RunStateError", "StoredBinding", "candidate_id", "new_id", "open_ledger"]

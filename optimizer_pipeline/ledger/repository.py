@@ -12,11 +12,12 @@ A run with its candidates and recommendation is written in one transaction, supe
 binding's open recommendation, so a binding has at most one open recommendation.
 """
 
+import functools
 import json
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import orjson
@@ -38,6 +39,7 @@ from optimizer_pipeline.contracts import (
 from optimizer_pipeline.ledger.candidates import BULK_CANDIDATE_ROWS, candidate_table
 from optimizer_pipeline.ledger.duckdb_backend import DuckDBBackend
 from optimizer_pipeline.ledger.errors import LedgerError, NotFoundError, RunStateError
+from optimizer_pipeline.ledger.schema import DUCKDB
 from optimizer_pipeline.ledger.records import (
     BindingFailure,
     BindingUpsert,
@@ -63,12 +65,24 @@ COUNTED_TABLES = ("bindings", "binding_revisions", "plant_samples", "history_spl
                   "optimizer_recommendations", "optimizer_outcomes", "binding_failures")
 
 
-class Ledger:
-    """The pipeline's append-only store. `Ledger(path)` opens the embedded DuckDB file; any object
-    with the backend interface of ledger.duckdb_backend.DuckDBBackend may be given instead."""
+def _retried(method: Callable) -> Callable:
+    """A write re-run from the start when the backend aborted its transaction for a reason a retry
+    can fix (PostgreSQL: serialization failure, deadlock, the open-recommendation backstop, a lost
+    connection); nothing of an aborted attempt was written. DuckDB runs it once."""
 
-    def __init__(self, where: str | Path | DuckDBBackend, **backend_options: Any):
-        self.backend = where if isinstance(where, DuckDBBackend) else DuckDBBackend(where, **backend_options)
+    @functools.wraps(method)
+    def write(self: "Ledger", *args: Any, **kwargs: Any) -> Any:
+        return self.backend.retrying(lambda: method(self, *args, **kwargs), method.__name__)
+
+    return write
+
+
+class Ledger:
+    """The pipeline's append-only store. `Ledger(path)` opens the embedded DuckDB file; a backend
+    (DuckDBBackend, PostgresBackend: the same interface) may be given instead (see `open_ledger`)."""
+
+    def __init__(self, where: Any, **backend_options: Any):
+        self.backend = DuckDBBackend(where, **backend_options) if isinstance(where, (str, Path)) else where
 
     @property
     def path(self) -> str:
@@ -89,8 +103,7 @@ class Ledger:
     def query(self, sql: str, params: Sequence[Any] = ()) -> pd.DataFrame:
         """Read-only SQL for tools and tests, as a DataFrame."""
         with self.backend.connection() as conn:
-            columns, rows = self.backend.fetch(conn, sql, params)
-        return pd.DataFrame.from_records(rows, columns=columns)
+            return self.backend.fetch_frame(conn, sql, params)
 
     def _read(self, kind: type, sql: str, params: Sequence[Any] = ()) -> list:
         with self.backend.connection() as conn:
@@ -105,6 +118,7 @@ class Ledger:
 
     # ------------------------------------------------------------------ bindings
 
+    @_retried
     def upsert_binding(self, spec: BindingSpec) -> BindingUpsert:
         """Identical spec -> same revision, nothing written. Changed spec -> revision + 1, a revision
         row and the binding's open recommendations expired, all in one transaction."""
@@ -158,6 +172,7 @@ class Ledger:
 
     # ------------------------------------------------------------------ plant samples
 
+    @_retried
     def append_samples(self, binding_id: str, frame: pd.DataFrame, tags: Sequence[str], source: str) -> int:
         """Append a wide history frame (run_id, timestamp, tags...); samples already stored are
         skipped. Returns the number of new sample rows."""
@@ -178,6 +193,7 @@ class Ledger:
         self.backend.insert_table(tx, "plant_samples", samples, skip_existing=True)
         return int(self.backend.fetch(tx, count, [binding_id])[1][0][0] - before)
 
+    @_retried
     def ingest(self, spec: BindingSpec, frame: pd.DataFrame, source: str) -> tuple[BindingUpsert, int]:
         """Store the binding and append its history in one transaction (all or nothing)."""
         with self.backend.transaction() as tx:
@@ -199,11 +215,10 @@ class Ledger:
             sql += " AND ingested_at <= ?"
             params.append(naive(through))
         with self.backend.connection() as conn:
-            columns, rows = self.backend.fetch(conn, sql + " ORDER BY run_id, ts", params)
-        long = pd.DataFrame.from_records(rows, columns=columns)
+            long = self.backend.fetch_frame(conn, sql + " ORDER BY run_id, ts", params)
         if long.empty:
             return pd.DataFrame(columns=["run_id", "timestamp", *tags])
-        wide = long.pivot_table(index=["run_id", "ts"], columns="tag", values="value", aggfunc="first")
+        wide = long.pivot(index=["run_id", "ts"], columns="tag", values="value")  # unique: the primary key
         wide = wide.reindex(columns=list(tags)).reset_index().rename(columns={"ts": "timestamp"})
         wide.columns.name = None
         return wide.sort_values(["run_id", "timestamp"], kind="stable").reset_index(drop=True)
@@ -219,6 +234,7 @@ class Ledger:
 
     # ------------------------------------------------------------------ history splits
 
+    @_retried
     def put_split(self, binding_id: str, revision: int, *, samples_through: datetime, seed: int, data_hash: str,
                   runs: Mapping[str, Sequence[str]], live_run: str | None, report: Mapping[str, Any]) -> str:
         split_id = new_id("hs")
@@ -235,6 +251,7 @@ class Ledger:
 
     # ------------------------------------------------------------------ model artifacts and UQ
 
+    @_retried
     def put_artifact(self, artifact: ModelArtifact) -> str:
         """Idempotent by content hash."""
         with self.backend.transaction() as tx:
@@ -258,6 +275,7 @@ class Ledger:
                 WHERE binding_id = ? AND binding_revision = ? ORDER BY created_at DESC LIMIT 1""", [binding_id, revision])
         return ModelArtifact.from_dict(json.loads(rows[0][0])) if rows else None
 
+    @_retried
     def put_block_scores(self, artifact: ModelArtifact, segment: str, run_ids: Sequence[str],
                          block_starts: Sequence[int], scores: Any) -> int:
         """Block scores (n_blocks, n_cv), idempotent per (artifact, segment, run, block, cv)."""
@@ -279,6 +297,7 @@ class Ledger:
         return self.query("""SELECT segment, run_id, block_start, cv_tag, score FROM uq_block_scores
                              WHERE artifact_hash = ? ORDER BY segment, run_id, block_start, cv_tag""", [artifact_hash])
 
+    @_retried
     def put_calibration(self, artifact: ModelArtifact, evidence: Mapping[str, Any], *, has_evidence: bool,
                         method: str | None, coverage: float | None, threshold: float | None,
                         reasons: Sequence[str], calibrated_at: datetime | None = None) -> str:
@@ -306,6 +325,7 @@ class Ledger:
 
     # ------------------------------------------------------------------ binding failures
 
+    @_retried
     def record_failure(self, binding_id: str, revision: int | None, stage: str, error: str, message: str,
                        dagster_run_id: str | None = None) -> BindingFailure:
         """Record that a stage of one binding failed (nothing of that stage was written)."""
@@ -326,6 +346,7 @@ class Ledger:
 
     # ------------------------------------------------------------------ runs, candidates, recommendations
 
+    @_retried
     def insert_run(self, run: Mapping[str, Any], tx: Any = None) -> str:
         """Insert a run in status `running`. `run` holds id (optional), binding_id, binding_revision,
         profile_id, profile_version, problem_ir_hash, context, problem. With `tx`, inside that
@@ -346,6 +367,7 @@ class Ledger:
                     diagnostics_json, status, independent_cost, naive(run.get("started_at")), finished_at])
         return run_id
 
+    @_retried
     def finish_run(self, run_id: str, status: str, *, independent_cost: float | None = None,
                    diagnostics: Mapping[str, Any] | None = None) -> None:
         """`running` -> succeeded | failed | interrupted, exactly once; a second finish raises RunStateError."""
@@ -361,6 +383,7 @@ class Ledger:
             raise NotFoundError(f"run {run_id} is not in the ledger")
         raise RunStateError(f"run {run_id} is already finished ({rows[0][0]}); a run leaves 'running' once")
 
+    @_retried
     def insert_candidates(self, run_id: str, candidates: Sequence[SolveCandidate], model_id: str) -> list[str]:
         """All candidates of a run as one batch (one Arrow table insert). A non-finite number in a
         candidate's controls, predicted or reports is refused with a ContractError before any write;
@@ -379,26 +402,46 @@ class Ledger:
         if table.num_rows:
             self.backend.insert_table(tx, "optimizer_candidates", table)
 
+    @_retried
     def insert_recommendation(self, rec: Recommendation, evidence_source: str) -> str:
+        """A recommendation without its run's other rows (tools and tests); it supersedes nothing, so
+        the database refuses it while the binding has an open one."""
         with self.backend.transaction() as tx:
-            return self._insert_recommendation(tx, rec, evidence_source)
-
-    @staticmethod
-    def _insert_recommendation(tx: Any, rec: Recommendation, evidence_source: str) -> str:
-        tx.execute("INSERT INTO optimizer_recommendations VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
-                   "NULL, NULL)",
-                   [rec.id, rec.run_id, rec.binding_id, rec.binding_revision, rec.candidate_id, rec.template.value,
-                    rec.problem_ir_hash, rec.model_artifact_hash, evidence_source,
-                    canonical_json(rec.evidence.get("uq")), rec.status.value, rec.status_label,
-                    canonical_json(list(rec.reasons)), _payload_text(rec), naive(rec.created_at),
-                    naive(rec.valid_until)])
+            self._insert_recommendation(tx, rec, evidence_source)
+            if self.backend.dialect == DUCKDB and rec.status.value in OPEN_STATUSES:
+                tx.execute("INSERT INTO open_recommendations VALUES (?, ?)", [rec.binding_id, rec.id])
         return rec.id
 
+    @staticmethod
+    def _insert_recommendation(tx: Any, rec: Recommendation, evidence_source: str,
+                               expired_reason: str | None = None) -> str:
+        """Insert the row; with `expired_reason` it is born expired (its payload keeps the status it was
+        decided with)."""
+        status, label = rec.status.value, rec.status_label
+        expired_at = None
+        if expired_reason is not None:
+            status, label, expired_at = (RecommendationStatus.EXPIRED.value, RecommendationStatus.EXPIRED.label,
+                                         naive_now())
+        tx.execute("INSERT INTO optimizer_recommendations VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                   [rec.id, rec.run_id, rec.binding_id, rec.binding_revision, rec.candidate_id, rec.template.value,
+                    rec.problem_ir_hash, rec.model_artifact_hash, evidence_source,
+                    canonical_json(rec.evidence.get("uq")), status, label,
+                    canonical_json(list(rec.reasons)), _payload_text(rec), naive(rec.created_at),
+                    naive(rec.valid_until), expired_at, expired_reason])
+        return rec.id
+
+    @_retried
     def record_solve(self, run: Mapping[str, Any], candidates: Sequence[SolveCandidate], model_id: str,
                      recommendation: Recommendation | None, *, run_status: str, independent_cost: float | None,
                      diagnostics: Mapping[str, Any], evidence_source: str, supersede: bool = True) -> str:
         """Run (with its end status) + candidates + recommendation (superseding the binding's open
-        ones) in ONE transaction: nobody ever sees the run `running` or a run without its candidates."""
+        one) in ONE transaction: nobody ever sees the run `running` or a run without its candidates.
+
+        The binding is locked first (PostgreSQL: its `bindings` row FOR UPDATE; DuckDB: the file
+        lock already serialises writers), then its revision is read again: a recommendation solved
+        for a revision that changed while it was solving is recorded born `expired` (reason: the
+        binding changed while solving) and supersedes nothing. So a binding has at most one open
+        recommendation, and it is always for the binding's current revision."""
         _check_end_status(run_status)
         run = dict(run, id=run.get("id") or new_id("or"))
         table = candidate_table(run["id"], candidates, model_id)  # refuses bad numbers before any write
@@ -406,11 +449,27 @@ class Ledger:
             run_id = self._insert_run_row(tx, run, run_status, independent_cost, canonical_json(diagnostics), naive_now())
             self._insert_candidate_table(tx, table)
             if recommendation is not None:
-                if supersede:
-                    self._expire(tx, "binding_id = ?", [recommendation.binding_id], f"superseded by {recommendation.id}")
-                self._insert_recommendation(tx, recommendation, evidence_source)
+                self._publish(tx, recommendation, evidence_source, supersede)
         return run_id
 
+    def _publish(self, tx: Any, rec: Recommendation, evidence_source: str, supersede: bool) -> None:
+        self.backend.lock_binding(tx, rec.binding_id)
+        _, rows = self.backend.fetch(tx, "SELECT max(revision) FROM binding_revisions WHERE binding_id = ?",
+                                     [rec.binding_id])
+        current = rows[0][0]
+        if current is not None and current != rec.binding_revision:
+            self._insert_recommendation(tx, rec, evidence_source, expired_reason=(
+                f"binding {rec.binding_id} changed to revision {current} while solving revision "
+                f"{rec.binding_revision}"))
+            return
+        if supersede:
+            self._expire(tx, "binding_id = ?", [rec.binding_id], f"superseded by {rec.id}")
+        self._insert_recommendation(tx, rec, evidence_source)
+        if self.backend.dialect == DUCKDB and rec.status.value in OPEN_STATUSES:
+            # the primary key refuses a second open recommendation of the binding (schema v4)
+            tx.execute("INSERT INTO open_recommendations VALUES (?, ?)", [rec.binding_id, rec.id])
+
+    @_retried
     def close_stale_runs(self, older_than_s: float, now: datetime | None = None) -> int:
         """Reconciliation: runs still `running` after `older_than_s` (their writer died) become
         `interrupted`; returns how many. Normal writes never leave a run running (one transaction)."""
@@ -423,6 +482,7 @@ class Ledger:
             diagnostics_json = ? WHERE status = 'running' AND started_at < ?""",
             [naive_now(), canonical_json({"reconciled": f"still running after {older_than_s:g} s"}), cutoff])
 
+    @_retried
     def housekeeping(self, stale_after_s: float, now: datetime | None = None) -> tuple[int, int]:
         """Before a solve, in one transaction: expire open recommendations past `valid_until` and close
         runs left `running` by a dead writer. Returns (expired, reconciled)."""
@@ -461,11 +521,16 @@ class Ledger:
 
     def _expire(self, tx: Any, where: str, params: list[Any], reason: str) -> int:
         placeholders = ", ".join("?" for _ in OPEN_STATUSES)
-        return self.backend.changed(tx, f"""UPDATE optimizer_recommendations SET status = ?, status_label = ?,
+        changed = self.backend.changed(tx, f"""UPDATE optimizer_recommendations SET status = ?, status_label = ?,
             expired_at = ?, expired_reason = ? WHERE ({where}) AND status IN ({placeholders})""",
             [RecommendationStatus.EXPIRED.value, RecommendationStatus.EXPIRED.label, naive_now(), reason, *params,
              *OPEN_STATUSES])
+        if changed and self.backend.dialect == DUCKDB:
+            tx.execute(f"""DELETE FROM open_recommendations WHERE recommendation_id NOT IN
+                (SELECT id FROM optimizer_recommendations WHERE status IN ({placeholders}))""", list(OPEN_STATUSES))
+        return changed
 
+    @_retried
     def expire(self, *, binding_id: str | None = None, run_id: str | None = None,
                problem_ir_hash: str | None = None, reason: str) -> int:
         """Expire the open recommendations matching every given key; returns how many changed (idempotent)."""
@@ -479,6 +544,7 @@ class Ledger:
         with self.backend.transaction() as tx:
             return self._expire(tx, " AND ".join(clauses), params, reason)
 
+    @_retried
     def expire_past_valid_until(self, now: datetime | None = None) -> int:
         """Record expiry of every open recommendation whose valid_until has passed."""
         with self.backend.transaction() as tx:
@@ -486,11 +552,13 @@ class Ledger:
 
     # ------------------------------------------------------------------ outcomes
 
+    @_retried
     def insert_outcome(self, outcome: Outcome) -> str:
         with self.backend.transaction() as tx:
             self._append_outcome(tx, outcome)
         return outcome.id
 
+    @_retried
     def insert_outcome_if_absent(self, outcome: Outcome) -> bool:
         """Append an outcome whose id is deterministic (an evaluation row that a retried or concurrent
         step may repeat): written once, in one transaction; False when that id is already stored."""
@@ -539,3 +607,16 @@ def _payload_text(rec: Recommendation) -> str:
     numbers refused, -0.0 folded), so orjson with sorted keys writes the same values as canonical
     JSON, ~0.2 ms sooner per solve; nothing hashes this text."""
     return orjson.dumps(rec.to_json_dict(), option=orjson.OPT_SORT_KEYS).decode()
+
+
+def open_ledger(home: Path, settings: Any = None) -> Ledger:
+    """The home's ledger: PostgreSQL when the setting `ledger.url` is set (one connection pool per
+    URL and process), else the DuckDB file `<home>/optimizer.duckdb`."""
+    from optimizer_pipeline.settings import ledger_path, load_settings
+
+    settings = load_settings(home) if settings is None else settings
+    if settings.ledger_url:
+        from optimizer_pipeline.ledger.postgres_backend import shared_backend
+
+        return Ledger(shared_backend(settings.ledger_url))
+    return Ledger(ledger_path(home))

@@ -1,17 +1,26 @@
-"""The ledger's versioned DuckDB schema; migrations are applied in order, idempotently, on open.
+"""The ledger's versioned schema, one history for both backends; migrations are applied in order,
+idempotently, on open.
 
 Timestamps are UTC (`TIMESTAMP` without zone); JSON documents are stored as JSON text: canonical
 JSON, except the candidates' report columns (plain valid JSON of the same values, written fast by
 orjson; nothing hashes them). The candidates' plans (`controls` steps x MVs, `predicted` steps x
 CVs, engineering units) are numeric DOUBLE[][] columns since version 2.
+
+Statements are written in DuckDB's SQL; for PostgreSQL the column types are translated
+(`postgres_sql`), and a statement whose syntax differs is given per dialect ({"duckdb": ...,
+"postgres": ...}).
 """
 
-import duckdb
+import re
+from typing import Any, Union
 
 from optimizer_pipeline.contracts import utc_now
 
+DUCKDB, POSTGRES = "duckdb", "postgres"
+Statement = Union[str, dict[str, str]]
+
 # (version, description, statements). Append new versions; never edit an applied one.
-MIGRATIONS: list[tuple[int, str, list[str]]] = [
+MIGRATIONS: list[tuple[int, str, list[Statement]]] = [
     (1, "initial ledger", [
         """CREATE TABLE bindings (
             id VARCHAR PRIMARY KEY,
@@ -137,12 +146,17 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
     # text that DuckDB's checkpoint compressed on every close. DuckDB 2.0 alters the column type of
     # this keyed table in place (column order kept, which the positional Arrow insert relies on);
     # its VARCHAR -> DOUBLE cast reads the stored JSON numbers back exactly (tests compare them).
+    # PostgreSQL reads a JSON array of arrays as an array literal once its brackets are braces.
     (2, "candidate plans as DOUBLE[][] columns controls / predicted", [
-        "ALTER TABLE optimizer_candidates ALTER controls_json SET DATA TYPE DOUBLE[][] "
-        "USING CAST(controls_json AS DOUBLE[][])",
+        {DUCKDB: "ALTER TABLE optimizer_candidates ALTER controls_json SET DATA TYPE DOUBLE[][] "
+                 "USING CAST(controls_json AS DOUBLE[][])",
+         POSTGRES: "ALTER TABLE optimizer_candidates ALTER controls_json SET DATA TYPE double precision[][] "
+                   "USING translate(controls_json, '[]', '{}')::double precision[][]"},
         "ALTER TABLE optimizer_candidates RENAME COLUMN controls_json TO controls",
-        "ALTER TABLE optimizer_candidates ALTER predicted_json SET DATA TYPE DOUBLE[][] "
-        "USING CAST(predicted_json AS DOUBLE[][])",
+        {DUCKDB: "ALTER TABLE optimizer_candidates ALTER predicted_json SET DATA TYPE DOUBLE[][] "
+                 "USING CAST(predicted_json AS DOUBLE[][])",
+         POSTGRES: "ALTER TABLE optimizer_candidates ALTER predicted_json SET DATA TYPE double precision[][] "
+                   "USING translate(predicted_json, '[]', '{}')::double precision[][]"},
         "ALTER TABLE optimizer_candidates RENAME COLUMN predicted_json TO predicted",
     ]),
     # The ledger as the one store of the binding assets: plant_history records how it split the
@@ -174,14 +188,44 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             created_at TIMESTAMP NOT NULL
         )""",
     ]),
+    # "At most one open recommendation per binding", held by the database itself, not only by the
+    # code path: PostgreSQL with a partial unique index on the recommendations; DuckDB has no
+    # partial index, so a table of the open recommendation of each binding, keyed by binding,
+    # written in the same transaction as the recommendations (it is current state, not history:
+    # its row of a binding is replaced or removed when the recommendation it names stops being open).
+    (4, "at most one open recommendation per binding, in the database", [
+        {DUCKDB: """CREATE TABLE open_recommendations (
+            binding_id VARCHAR PRIMARY KEY,
+            recommendation_id VARCHAR NOT NULL
+        )""",
+         POSTGRES: "CREATE UNIQUE INDEX one_open_recommendation_per_binding ON optimizer_recommendations "
+                   "(binding_id) WHERE status IN ('verified', 'unverified', 'rejected')"},
+        {DUCKDB: """INSERT INTO open_recommendations SELECT binding_id, max(id) FROM optimizer_recommendations
+                    WHERE status IN ('verified', 'unverified', 'rejected') GROUP BY binding_id""",
+         POSTGRES: "SELECT 1"},
+    ]),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
 
-def apply_schema(conn: duckdb.DuckDBPyConnection, up_to: int = SCHEMA_VERSION) -> list[int]:
+_POSTGRES_TYPES = [(r"\bDOUBLE\[\]\[\]", "double precision[][]"), (r"\bDOUBLE\b", "double precision")]
+
+
+def statement_for(statement: Statement, dialect: str) -> str:
+    """The SQL of one migration statement in `dialect` (duckdb | postgres)."""
+    if isinstance(statement, dict):
+        return statement[dialect]
+    if dialect == POSTGRES:
+        for pattern, replacement in _POSTGRES_TYPES:
+            statement = re.sub(pattern, replacement, statement)
+    return statement
+
+
+def apply_schema(conn: Any, up_to: int = SCHEMA_VERSION, dialect: str = DUCKDB) -> list[int]:
     """Apply the missing migrations up to version `up_to` (an older one builds a ledger as an earlier
-    release left it, for migration tests) inside the caller's transaction; returns the versions applied."""
+    release left it, for migration tests) inside the caller's transaction; returns the versions
+    applied. `conn` is a DuckDB connection or the PostgreSQL backend's transaction (both take `?`)."""
     conn.execute("""CREATE TABLE IF NOT EXISTS schema_migrations (
         version INTEGER PRIMARY KEY, description VARCHAR NOT NULL, applied_at TIMESTAMP NOT NULL)""")
     done = {row[0] for row in conn.execute("SELECT version FROM schema_migrations").fetchall()}
@@ -190,7 +234,7 @@ def apply_schema(conn: duckdb.DuckDBPyConnection, up_to: int = SCHEMA_VERSION) -
         if version in done or version > up_to:
             continue
         for statement in statements:
-            conn.execute(statement)
+            conn.execute(statement_for(statement, dialect))
         conn.execute("INSERT INTO schema_migrations VALUES (?, ?, ?)",
                      [version, description, utc_now().replace(tzinfo=None)])
         applied.append(version)

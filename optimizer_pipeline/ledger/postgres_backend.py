@@ -1,0 +1,275 @@
+"""The several-hosts ledger backend: PostgreSQL through psycopg 3, with a connection pool.
+
+Chosen by the setting `ledger.url` (`postgresql://user:password@host:port/db`). Transactions run
+at READ COMMITTED; `record_solve` locks the binding's row first (`lock_binding`: SELECT ... FOR
+UPDATE), and a partial unique index on the open recommendations of a binding is the backstop
+(schema v4). A transaction that PostgreSQL aborts for a serialization failure (40001), a deadlock
+(40P01) or the backstop (23505) is retried from the start, a bounded number of times with
+jittered back-off; a connection lost mid-transaction (a server restart) likewise. Nothing of a
+failed transaction is written.
+
+The URL's password never appears in a message, a log line or the `location` shown to users.
+"""
+
+import logging
+import os
+import random
+import threading
+import time
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Sequence
+from urllib.parse import urlsplit
+
+import pandas as pd
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from optimizer_pipeline.ledger.errors import LedgerBusyError, LedgerError
+from optimizer_pipeline.ledger.schema import POSTGRES, apply_schema
+from optimizer_pipeline.settings import redact_url
+
+log = logging.getLogger(__name__)
+
+RETRY_SQLSTATES = {"40001": "serialization failure", "40P01": "deadlock"}
+# 23505 is retried only for the open-recommendation backstop: a concurrent writer published first
+# (any other unique violation is a bug a retry would only repeat)
+BACKSTOP_INDEX = "one_open_recommendation_per_binding"
+MAX_ATTEMPTS = 5
+POOL_MAX = 4  # connections per process: a step, a sensor thread and the figure-free rest
+# a retried transaction waits this long times 2**attempt (jittered) before the next attempt
+BACKOFF_S = 0.02
+SCHEMA_LOCK_KEY = 7_301_2026  # pg_advisory_xact_lock key of the schema migrations
+
+
+def _pg(sql: str) -> str:
+    """The repository's `?` placeholders as psycopg's `%s` (no statement of ours holds a literal `?`
+    or `%`)."""
+    return sql.replace("%", "%%").replace("?", "%s")
+
+
+class _Cursor:
+    """What `execute` returns to the repository: `fetchall()` and `rowcount`, as with DuckDB."""
+
+    def __init__(self, cursor: psycopg.Cursor):
+        self._cursor = cursor
+        self.description = cursor.description
+        self.rowcount = cursor.rowcount
+
+    def fetchall(self) -> list[tuple]:
+        return self._cursor.fetchall() if self._cursor.description is not None else []
+
+
+class _Transaction:
+    """A psycopg connection inside a transaction, taking the repository's `?` SQL."""
+
+    def __init__(self, conn: psycopg.Connection):
+        self.conn = conn
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> _Cursor:
+        return _Cursor(self.conn.execute(_pg(sql), list(params)))
+
+
+class _Session:
+    __slots__ = ("conn", "in_transaction")
+
+    def __init__(self, conn: psycopg.Connection):
+        self.conn = conn
+        self.in_transaction = False
+
+
+class PostgresBackend:
+    """Connections, transactions and bulk inserts of a PostgreSQL ledger."""
+
+    dialect = POSTGRES
+
+    def __init__(self, url: str, *, pool_max: int = POOL_MAX, connect_timeout_s: float = 10.0):
+        self.url = url
+        self.location = redact_url(url)
+        self._sessions = threading.local()
+        try:
+            # one direct connection first: an unreachable server or a bad login fails here at once,
+            # with the driver's reason, instead of in the pool's background threads
+            psycopg.connect(url, connect_timeout=int(connect_timeout_s)).close()
+            self._pool = ConnectionPool(url, min_size=1, max_size=pool_max, open=True, timeout=connect_timeout_s,
+                                        kwargs={"autocommit": False, "connect_timeout": int(connect_timeout_s)})
+            self._pool.wait(timeout=connect_timeout_s)
+        except (PoolTimeout, psycopg.Error) as exc:
+            raise LedgerError(f"ledger {self.location} cannot be reached: {_reason(exc, url)}") from None
+        with self.transaction() as tx:
+            tx.execute("SELECT pg_advisory_xact_lock(?)", [SCHEMA_LOCK_KEY])  # one migrating process at a time
+            applied = apply_schema(tx, dialect=POSTGRES)
+        if applied:
+            log.info("ledger %s: applied schema versions %s", self.location, applied)
+
+    def close(self) -> None:
+        self._pool.close()
+
+    # ------------------------------------------------------------------ connections
+
+    def _session(self) -> _Session | None:
+        return getattr(self._sessions, "current", None)
+
+    @contextmanager
+    def session(self) -> Iterator[None]:
+        """One pooled connection for a batch of transactions of this thread (nested: joins)."""
+        if self._session() is not None:
+            yield
+            return
+        with self._pooled() as conn:
+            self._sessions.current = _Session(conn)
+            try:
+                yield
+            finally:
+                self._sessions.current = None
+
+    @contextmanager
+    def _pooled(self) -> Iterator[psycopg.Connection]:
+        try:
+            with self._pool.connection() as conn:
+                yield conn
+        except PoolTimeout:
+            raise LedgerBusyError(f"ledger {self.location}: no connection free within the timeout") from None
+
+    @contextmanager
+    def connection(self) -> Iterator[_Transaction]:
+        """The session's connection, else a pooled one; reads run in their own short transaction."""
+        session = self._session()
+        if session is not None:
+            yield _Transaction(session.conn)
+            if not session.in_transaction:
+                session.conn.commit()
+            return
+        with self._pooled() as conn:
+            yield _Transaction(conn)
+            conn.commit()
+
+    @contextmanager
+    def transaction(self) -> Iterator[_Transaction]:
+        """One transaction at READ COMMITTED: committed on success, rolled back on error (translated:
+        RetryableError when a retry can fix it, see `retrying`)."""
+        session = self._session()
+        if session is not None and session.in_transaction:
+            raise LedgerError(f"ledger {self.location}: a transaction is already open in this session; "
+                              f"run the work inside it instead of opening another")
+        conn_context = self._reuse(session) if session is not None else self._pooled()
+        with conn_context as conn:
+            if session is not None:
+                session.in_transaction = True
+            try:
+                with conn.transaction():
+                    yield _Transaction(conn)
+            except psycopg.Error as exc:
+                raise _translated(exc, self.location) from None
+            finally:
+                if session is not None:
+                    session.in_transaction = False
+
+    def retrying(self, call: Callable[[], Any], what: str) -> Any:
+        """`call()` (one write, its own transaction), re-run from the start when PostgreSQL aborted
+        it for a reason a retry can fix, at most MAX_ATTEMPTS times with jittered back-off. Inside a
+        session a lost connection is not retried (the session's connection is gone)."""
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            try:
+                return call()
+            except RetryableError as exc:
+                if attempt == MAX_ATTEMPTS or (self._session() is not None and exc.connection_lost):
+                    raise LedgerBusyError(f"{exc}; {what} gave up after {attempt} attempt(s), nothing of it "
+                                          f"was written") from None
+                log.warning("%s; %s retried (attempt %d of %d)", exc, what, attempt + 1, MAX_ATTEMPTS)
+                time.sleep(BACKOFF_S * 2 ** attempt * (0.5 + random.random()))
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    @contextmanager
+    def _reuse(session: _Session) -> Iterator[psycopg.Connection]:
+        yield session.conn
+
+    # ------------------------------------------------------------------ statements
+
+    @staticmethod
+    def fetch(conn: _Transaction, sql: str, params: Sequence[Any] = ()) -> tuple[list[str], list[tuple]]:
+        cursor = conn.execute(sql, params)
+        return [d.name for d in cursor.description or ()], cursor.fetchall()
+
+    @classmethod
+    def fetch_frame(cls, conn: _Transaction, sql: str, params: Sequence[Any] = ()) -> pd.DataFrame:
+        columns, rows = cls.fetch(conn, sql, params)
+        return pd.DataFrame.from_records(rows, columns=columns)
+
+    @staticmethod
+    def changed(conn: _Transaction, sql: str, params: Sequence[Any] = ()) -> int:
+        return int(conn.execute(sql, params).rowcount)
+
+    @staticmethod
+    def lock_binding(conn: _Transaction, binding_id: str) -> None:
+        """Serialise the writers of one binding (others go on): its row, locked until commit."""
+        conn.execute("SELECT 1 FROM bindings WHERE id = ? FOR UPDATE", [binding_id])
+
+    @staticmethod
+    def insert_table(conn: _Transaction, table: str, rows: Any, *, skip_existing: bool = False) -> None:
+        """Insert an Arrow table or pandas frame whose columns are the table's, in order (one
+        pipelined executemany)."""
+        columns = rows.column_names if hasattr(rows, "column_names") else list(rows.columns)
+        records = rows.to_pylist() if hasattr(rows, "to_pylist") else rows.to_dict("records")
+        if not records:
+            return
+        placeholders = ", ".join(["%s"] * len(columns))
+        conflict = " ON CONFLICT DO NOTHING" if skip_existing else ""
+        with conn.conn.cursor() as cursor:
+            cursor.executemany(f"INSERT INTO {table} VALUES ({placeholders}){conflict}",
+                               [[_plain(r[c]) for c in columns] for r in records])
+
+    @contextmanager
+    def bulk(self, conn: Any) -> Iterator[None]:
+        """Nothing special: PostgreSQL's WAL handles a large batch as well as a small one."""
+        yield
+
+
+_SHARED: dict[tuple[int, str], "PostgresBackend"] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_backend(url: str) -> "PostgresBackend":
+    """One backend (one connection pool) per URL in this process; a forked child makes its own."""
+    key = (os.getpid(), url)
+    with _SHARED_LOCK:
+        if key not in _SHARED:
+            _SHARED[key] = PostgresBackend(url)
+        return _SHARED[key]
+
+
+class RetryableError(LedgerError):
+    """A transaction PostgreSQL aborted for a reason a retry can fix; nothing of it was written."""
+
+    def __init__(self, message: str, connection_lost: bool = False):
+        super().__init__(message)
+        self.connection_lost = connection_lost
+
+
+def _plain(value: Any) -> Any:
+    """pandas / numpy scalars as plain Python values for psycopg."""
+    if hasattr(value, "item") and not isinstance(value, (list, tuple)):
+        return value.item()
+    if isinstance(value, pd.Timestamp):
+        return value.to_pydatetime()
+    return value
+
+
+def _translated(exc: psycopg.Error, location: str) -> LedgerError:
+    state = getattr(exc, "sqlstate", None)
+    if state in RETRY_SQLSTATES:
+        return RetryableError(f"ledger {location}: transaction aborted ({RETRY_SQLSTATES[state]})")
+    if state == "23505" and getattr(exc.diag, "constraint_name", None) == BACKSTOP_INDEX:
+        return RetryableError(f"ledger {location}: transaction aborted (another open recommendation of the "
+                              f"binding was published concurrently)")
+    if isinstance(exc, (psycopg.OperationalError, pg_errors.AdminShutdown)):
+        return RetryableError(f"ledger {location}: connection lost ({_reason(exc, '')})", connection_lost=True)
+    return LedgerError(f"ledger {location}: {_reason(exc, '')}")
+
+
+def _reason(exc: BaseException, url: str) -> str:
+    """The first line of a driver error, with any password of `url` removed."""
+    text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    password = urlsplit(url).password if url else None
+    return text.replace(password, "***") if password else text
