@@ -96,23 +96,35 @@ def binding_changes_sensor():
 
 def uq_freshness_sensor():
     """Fires when a binding's newest calibration is older than `uq.fresh_days`; requests
-    `recalibrate` for that partition, once per stale calibration (run key = calibration id)."""
+    `recalibrate` for that partition, once per stale calibration: the cursor (binding -> stale
+    calibration id already requested) keeps the next ticks quiet, and the run key
+    `<binding>@<calibration id>` lets Dagster drop a repeat if the cursor is lost."""
 
     @sensor(name="uq_freshness", job=recalibrate_job, minimum_interval_seconds=300,
             default_status=DefaultSensorStatus.RUNNING)
     def uq_freshness(context: SensorEvaluationContext, ledger: LedgerResource, settings: SettingsResource):
         fresh_for = timedelta(days=settings.get().uq_fresh_days)
         now = utc_now()
+        requested = json.loads(context.cursor) if context.cursor else {}
         known = set(context.instance.get_dynamic_partitions(BINDINGS.name))
-        requests = []
+        requests, pending = [], {}
         for calibration in ledger.ledger().latest_calibrations():
             binding_id = calibration.binding_id
             age = now - parse_iso_utc(calibration.calibrated_at)
-            if binding_id in known and age > fresh_for:
-                requests.append(RunRequest(partition_key=binding_id, run_key=f"{binding_id}@{calibration.id}",
-                                           tags={"optimizer/reason": f"calibration {calibration.id} is "
-                                                 f"{age.total_seconds() / 86400:.1f} days old"}))
-        return requests or SkipReason("every calibration is fresh")
+            if binding_id not in known or age <= fresh_for:
+                continue
+            pending[binding_id] = calibration.id
+            if requested.get(binding_id) == calibration.id:
+                continue  # requested by an earlier tick
+            requests.append(RunRequest(partition_key=binding_id, run_key=f"{binding_id}@{calibration.id}",
+                                       tags={"optimizer/reason": f"calibration {calibration.id} is "
+                                             f"{age.total_seconds() / 86400:.1f} days old"}))
+        cursor = json.dumps(pending, sort_keys=True)
+        if not requests:
+            reason = (f"stale calibration(s) of {', '.join(sorted(pending))} already requested" if pending
+                      else "every calibration is fresh")
+            return SensorResult(skip_reason=SkipReason(reason), cursor=cursor)
+        return SensorResult(run_requests=requests, cursor=cursor)
 
     return uq_freshness
 

@@ -4,7 +4,8 @@ import json
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from dagster import AssetKey, RunRequest, SkipReason, build_schedule_context, build_sensor_context, instance_for_test
+from dagster import (AssetKey, RunRequest, SensorResult, SkipReason, build_schedule_context, build_sensor_context,
+                     instance_for_test)
 
 from optimizer_pipeline.assets.compat import range_tags
 from optimizer_pipeline.automation import partition_ranges
@@ -73,20 +74,44 @@ def test_changed_revision_expires_the_old_recommendation_and_requests_one_refres
     assert new.payload["predicted"][-1][0] == pytest.approx(48.0, abs=0.5)
 
 
-def test_stale_calibration_requests_recalibrate_once(heater_home):
-    heater_home.instance.add_dynamic_partitions("bindings", ["heater-1"])
+def _outcome(result) -> tuple[list, str | None, str | None]:
+    """(run requests, skip message, cursor) of a sensor's answer (SensorResult, a list or a SkipReason)."""
+    if isinstance(result, SensorResult):
+        skip = result.skip_reason.skip_message if result.skip_reason else None
+        return list(result.run_requests or []), skip, result.cursor
+    if isinstance(result, SkipReason):
+        return [], result.skip_message, None
+    return list(result), None, None
+
+
+def _calibrate(heater_home, days_old: float) -> str:
     plant = heater_home.plants["heater-1"]
     artifact = identify(prepare_history(plant.history(SEED).frame, plant.spec), plant.spec, 1)
-    assert _tick(heater_home, "uq_freshness") == [] or isinstance(_tick(heater_home, "uq_freshness"), SkipReason)
-    cal_id = heater_home.ledger.put_calibration(artifact, {}, has_evidence=False, method=None, coverage=None,
-                                                threshold=None, reasons=["test"],
-                                                calibrated_at=utc_now() - timedelta(days=8))
-    requests = _tick(heater_home, "uq_freshness")
-    assert [(r.partition_key, r.run_key) for r in requests] == [("heater-1", f"heater-1@{cal_id}")]
-    assert all(isinstance(r, RunRequest) for r in requests)
-    heater_home.ledger.put_calibration(artifact, {}, has_evidence=False, method=None, coverage=None, threshold=None,
-                                       reasons=["test"], calibrated_at=utc_now())
-    assert isinstance(_tick(heater_home, "uq_freshness"), SkipReason)
+    return heater_home.ledger.put_calibration(artifact, {}, has_evidence=False, method=None, coverage=None,
+                                              threshold=None, reasons=["test"],
+                                              calibrated_at=utc_now() - timedelta(days=days_old))
+
+
+def test_fresh_calibration_requests_nothing_and_says_so(heater_home):
+    heater_home.instance.add_dynamic_partitions("bindings", ["heater-1"])
+    _calibrate(heater_home, days_old=6.9)  # uq.fresh_days = 7
+    requests, skip, _ = _outcome(_tick(heater_home, "uq_freshness"))
+    assert (requests, skip) == ([], "every calibration is fresh")
+
+
+def test_stale_calibration_requests_recalibrate_once(heater_home):
+    heater_home.instance.add_dynamic_partitions("bindings", ["heater-1"])
+    cal_id = _calibrate(heater_home, days_old=8)
+    first, _, cursor = _outcome(_tick(heater_home, "uq_freshness"))
+    assert [(r.partition_key, r.run_key) for r in first] == [("heater-1", f"heater-1@{cal_id}")]
+    assert all(isinstance(r, RunRequest) for r in first)
+    second, skip, cursor = _outcome(_tick(heater_home, "uq_freshness", cursor))  # the same stale calibration
+    assert second == [] and skip == "stale calibration(s) of heater-1 already requested"
+    third, _, cursor = _outcome(_tick(heater_home, "uq_freshness", cursor))
+    assert third == []
+    _calibrate(heater_home, days_old=0)  # what the requested run does
+    requests, skip, _ = _outcome(_tick(heater_home, "uq_freshness", cursor))
+    assert (requests, skip) == ([], "every calibration is fresh")
 
 
 def test_expiry_sensor_records_expiry_past_valid_until(heater_home):
@@ -112,6 +137,14 @@ def test_daily_schedule_recalibrates_every_partition_in_one_run(heater_home):
     (request,) = schedule.evaluate_tick(context).run_requests
     assert request.job_name in (None, "recalibrate") and request.partition_key is None
     assert range_tags("heater-1", "heater-2").items() <= request.tags.items()
+    # one run per scheduled time: the same tick again has the same key, the next day's tick another
+    assert request.run_key == "all@2026-11-30T03:00:00+00:00"
+    (same,) = schedule.evaluate_tick(build_schedule_context(instance=heater_home.instance, scheduled_execution_time=when,
+                                                            repository_def=defs.get_repository_def())).run_requests
+    (next_day,) = schedule.evaluate_tick(build_schedule_context(
+        instance=heater_home.instance, scheduled_execution_time=when + timedelta(days=1),
+        repository_def=defs.get_repository_def())).run_requests
+    assert (same.run_key, next_day.run_key) == (request.run_key, "all@2026-12-01T03:00:00+00:00")
 
     result = defs.resolve_job_def("recalibrate").execute_in_process(instance=heater_home.instance,
                                                                     tags=range_tags("heater-1", "heater-2"))

@@ -149,12 +149,79 @@ def test_artifact_records_splits_hash_and_round_trips():
     assert again.artifact_hash == artifact.artifact_hash
 
 
-def test_refinement_is_kept_only_when_validation_improves():
+def _val_rollout_nrmse(artifact: ModelArtifact, runs, horizon: int) -> float:
+    """Mean over CVs of the `horizon`-step open-loop rollout NRMSE on `runs` of an na = nb = delay = 1
+    artifact: a plain recursion on its stored coefficients, every window (independent of model.arx)."""
+    coef = artifact.coefficients
+    a, b, d, c = (np.asarray(coef[k], float) for k in ("A", "B", "D", "c"))
+    norm = artifact.normalisation
+    (mu, su), (my, sy), (md, sd) = (norm.of(t) for t in (artifact.mv_tags, artifact.cv_tags, artifact.dv_tags))
+    errors, measured = [], []
+    for run in runs:
+        u, y, dv = (run.u - mu) / su, (run.y - my) / sy, (run.d - md) / sd
+        for t in range(len(y) - horizon):
+            x = y[t]
+            for k in range(horizon):
+                x = a[0] @ x + b[0] @ u[t + k] + d[0] @ dv[t + k] + c
+                errors.append(y[t + k + 1] - x)
+        measured.append(y)
+    rmse = np.sqrt(np.mean(np.square(errors), axis=0))
+    return float(np.mean(rmse / np.concatenate(measured).std(axis=0)))
+
+
+def _identify_without_refinement(monkeypatch, split, spec, replacement=None):
+    """identify() with refine_multistep replaced: not tried (replacement None) or returning `replacement(model)`."""
+    import optimizer_pipeline.model.artifact as artifact_module
+
+    def fake(model, *args, **kwargs):
+        if replacement is None:
+            return model, {"tried": False, "reason": "disabled by the test"}
+        return replacement(model), {"tried": True}
+
+    with monkeypatch.context() as patch:
+        patch.setattr(artifact_module, "refine_multistep", fake)
+        return identify(split, spec, 1)
+
+
+def _radius(artifact: ModelArtifact) -> float:
+    return float(np.max(np.abs(np.linalg.eigvals(np.asarray(artifact.state_space.A)))))
+
+
+def test_refinement_that_improves_validation_is_the_model_the_artifact_holds(monkeypatch):
     runs = plant_runs(seed=9, runs=10, n=400, noise=0.05)
     spec = binding(n_dv=1, na=1, nb=1, delay=1)  # deliberately too simple: refinement has work to do
-    refinement = identify(split_of(spec, runs, 6, 2, 2), spec, 1).selection["refinement"]
-    assert refinement["tried"]
-    assert refinement["kept"] == (refinement["val_score_after"] < refinement["val_score_before"])
+    split = split_of(spec, runs, 6, 2, 2)
+    refined = identify(split, spec, 1)
+    plain = _identify_without_refinement(monkeypatch, split, spec)  # the chosen model, unrefined
+    report = refined.selection["refinement"]
+    assert report["tried"] and report["kept"]
+    # the artifact holds the refined model, not the chosen one ...
+    assert refined.coefficients != plain.coefficients
+    assert refined.selection["chosen"] == plain.selection["final"] == plain.selection["chosen"]
+    # ... which is better on val by an independent rollout of the stored coefficients, not by the report's numbers
+    horizon = spec.model.horizon
+    assert _val_rollout_nrmse(refined, split.val, horizon) < 0.95 * _val_rollout_nrmse(plain, split.val, horizon)
+    # the report describes the models the artifacts hold
+    assert refined.selection["final"]["spectral_radius"] == pytest.approx(_radius(refined), rel=1e-9)
+    assert report["spectral_radius_after"] == pytest.approx(_radius(refined), rel=1e-9)
+    assert report["val_score_before"] == plain.selection["final"]["val_rollout_nrmse"]
+    assert report["val_score_after"] == refined.selection["final"]["val_rollout_nrmse"] < report["val_score_before"]
+
+
+def test_refinement_that_worsens_validation_is_dropped_and_the_chosen_model_kept(monkeypatch):
+    runs = plant_runs(seed=9, runs=10, n=400, noise=0.05)
+    spec = binding(n_dv=1, na=1, nb=1, delay=1)
+    split = split_of(spec, runs, 6, 2, 2)
+    plain = _identify_without_refinement(monkeypatch, split, spec)
+
+    def worse(model: ArxModel) -> ArxModel:  # a stable but wrong "refinement": the inputs' gains halved
+        return ArxModel(model.orders, model.A, 0.5 * model.B, 0.5 * model.D, model.c)
+
+    spoiled = _identify_without_refinement(monkeypatch, split, spec, worse)
+    report = spoiled.selection["refinement"]
+    assert report["tried"] and not report["kept"] and report["val_score_after"] > report["val_score_before"]
+    assert spoiled.coefficients == plain.coefficients  # the chosen model, not the worse one
+    assert spoiled.selection["final"] == plain.selection["final"]
 
 
 def test_identify_rejects_train_runs_too_short_for_any_model():
