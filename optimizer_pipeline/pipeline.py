@@ -10,7 +10,7 @@ that names what to run first.
 
 import logging
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Callable
 
 import numpy as np
@@ -35,7 +35,7 @@ from optimizer_pipeline.data import prepare_history, validate_history_frame
 from optimizer_pipeline.ledger import Ledger, LedgerError, new_id
 from optimizer_pipeline.model import current_state, identify
 from optimizer_pipeline.problem import compile_problem
-from optimizer_pipeline.recommend import EvidenceSnapshot, decide
+from optimizer_pipeline.recommend import EvidenceSnapshot, decide, max_live_age_s
 from optimizer_pipeline.settings import Settings
 from optimizer_pipeline.solver.errors import WORKER_INTERRUPTED, SolverError
 
@@ -175,13 +175,19 @@ def load_calibration(ledger: Ledger, artifact: ModelArtifact) -> Calibration:
 
 
 def evidence_snapshot(calibration: Calibration, artifact: ModelArtifact, u_now: np.ndarray, y_now: np.ndarray,
-                      source: str, settings: Settings, now: datetime) -> EvidenceSnapshot:
+                      source: str, settings: Settings, now: datetime, live_t: float | None = None) -> EvidenceSnapshot:
+    """What the decision is judged on: the calibration's evidence and the live state (current values
+    u_now / y_now, engineering units; live_t its time in seconds since the epoch, None = unknown)."""
     evidence = calibration.evidence
+    known = live_t is not None and np.isfinite(live_t)
     return EvidenceSnapshot(
         source=source, has_evidence=evidence.has_evidence, uq=evidence.to_dict(),
         uq_checks=tuple(uq.gate_checks(evidence, settings.uq_gate)), calibrated_at=evidence.calibrated_at,
         calibration_fresh=uq.is_fresh(evidence.calibrated_at, now, settings.uq_fresh_days),
-        fresh_days=settings.uq_fresh_days, input_distance=uq.input_distance(artifact, u_now, y_now))
+        fresh_days=settings.uq_fresh_days, input_distance=uq.input_distance(artifact, u_now, y_now),
+        live_sample_at=iso_utc(datetime.fromtimestamp(live_t, timezone.utc)) if known else None,
+        live_age_s=now.timestamp() - float(live_t) if known else None,
+        live_max_age_s=max_live_age_s(settings.live_max_age_s, artifact.sample_period_s))
 
 
 def recommend(stored: StoredBinding, artifact: ModelArtifact, split: HistorySplit, calibration: Calibration,
@@ -207,7 +213,7 @@ def recommend(stored: StoredBinding, artifact: ModelArtifact, split: HistorySpli
         log.warning("binding %s: solve failed: %s", binding.id, exc)
         result = SolveResult(problem.hash, ok=False, candidates=(), diagnostics={}, error_code=exc.code,
                              error_message=exc.message)
-    snapshot = evidence_snapshot(calibration, artifact, live.u[-1], live.y[-1], source, settings, now)
+    snapshot = evidence_snapshot(calibration, artifact, live.u[-1], live.y[-1], source, settings, now, float(live.t[-1]))
     consistency = [
         Condition("model from the binding's revision", f"r{artifact.binding_revision}", f"r{stored.revision}",
                   artifact.binding_revision == stored.revision,

@@ -1,6 +1,6 @@
 """Choosing the candidate to publish and deciding how far it can be trusted (docs/ARCHITECTURE.md, "Recommendation
-status"): evidence, coverage, freshness, input distance, feasibility, cost
-agreement, model gates and, with `uq.gate = strict`, the Clopper-Pearson / exchangeability tests.
+status"): evidence, coverage, freshness, input distance, age of the live state, feasibility,
+cost agreement, model gates and, with `uq.gate = strict`, the Clopper-Pearson / exchangeability tests.
 
 Every condition is one `Condition`: the recommendation's `reasons` are the failing ones' texts and
 the UI's conditions table shows them all, so there is one rule, not two.
@@ -26,6 +26,24 @@ from optimizer_pipeline.contracts import (
     parse_iso_utc,
 )
 from optimizer_pipeline.ledger import candidate_id, new_id
+
+
+# live.max_age_s when unset: this many sample periods, and at least LIVE_AGE_FLOOR_S (a fast-sampled
+# plant still gets a few minutes between its newest sample and the solve).
+LIVE_AGE_PERIODS = 10
+LIVE_AGE_FLOOR_S = 300.0
+
+
+def max_live_age_s(setting: float | None, sample_period_s: float) -> float:
+    """The oldest the live run's last sample may be for `verified`: live.max_age_s when set, else
+    max(LIVE_AGE_PERIODS x sample_period_s, LIVE_AGE_FLOOR_S)."""
+    return float(setting) if setting is not None else max(LIVE_AGE_PERIODS * sample_period_s, LIVE_AGE_FLOOR_S)
+
+
+def _duration(seconds: float) -> str:
+    if abs(seconds) < 7200:
+        return f"{seconds:g} s"
+    return f"{seconds / 3600:.3g} h" if abs(seconds) < 172800 else f"{seconds / 86400:.3g} days"
 
 
 @dataclass(frozen=True)
@@ -71,6 +89,12 @@ def conditions(artifact: ModelArtifact, evidence: EvidenceSnapshot, candidate: S
         distance is not None and distance <= max_input_distance,
         "input distance unknown (missing or non-finite current values)" if distance is None
         else f"input distance {distance:.3g} exceeds {max_input_distance:g}"))
+    age, limit = evidence.live_age_s, evidence.live_max_age_s
+    found.append(Condition(
+        "live state age", "unknown" if age is None else f"{_duration(age)} (last sample {evidence.live_sample_at})",
+        f"<= {_fmt(limit)} s (live.max_age_s)", age is not None and limit is not None and age <= limit,
+        "live state age unknown" if age is None else
+        f"live state is {_duration(age)} old (last sample {evidence.live_sample_at}); live.max_age_s allows {_fmt(limit)} s"))
     found += [Condition(f"model gate {g.name}", _fmt(g.value), g.description, g.passed,
                         f"model gate {g.name} failed: {g.description} = {_fmt(g.value)} (threshold {_fmt(g.threshold)})")
               for g in artifact.gates]
@@ -113,6 +137,8 @@ def decide(binding: BindingSpec, binding_revision: int, artifact: ModelArtifact,
         problem_ir_hash=problem.hash, model_artifact_hash=artifact.artifact_hash,
         evidence={"source": evidence.source if evidence.has_evidence else EvidenceSource.UNASSESSED.value, "uq": evidence.uq,
                   "input_distance": evidence.input_distance, "calibration_fresh": evidence.calibration_fresh,
-                  "coverage_threshold": None if evidence.uq is None else evidence.uq.get("coverage_threshold")},
+                  "coverage_threshold": None if evidence.uq is None else evidence.uq.get("coverage_threshold"),
+                  "live_state": {"last_sample_at": evidence.live_sample_at, "age_s": evidence.live_age_s,
+                                 "max_age_s": evidence.live_max_age_s}},
     )
     return Decision(rec, candidate, tuple(checked))

@@ -151,3 +151,35 @@ def test_solve_job_plans_from_the_newest_live_sample(demo):
     assert run_after.context["live_t"] == pytest.approx(later["timestamp"].iloc[-1])
     assert run_after.context["live_t"] > run_before.context["live_t"]
     assert after.model_artifact_hash == before.model_artifact_hash  # the model is reused, not refit
+
+
+def test_a_live_run_that_ended_eleven_months_ago_is_unverified_with_its_age(tmp_path):
+    from datetime import timedelta
+
+    from optimizer_pipeline import pipeline
+    from optimizer_pipeline.contracts import iso_utc, utc_now
+    from optimizer_pipeline.ledger import Ledger
+    from optimizer_pipeline.plants import get_plant
+    from optimizer_pipeline.settings import Settings
+    from optimizer_pipeline.solver.solve import SolverCache, solve_problem
+
+    plant = get_plant("heater")
+    now = utc_now().replace(microsecond=0)
+    ended = now - timedelta(days=335)
+    ledger = Ledger(tmp_path / "ledger.duckdb")
+    ledger.ingest(plant.spec, plant.history(SEED, end_at=ended.timestamp()).frame, "simulation")
+    stored = ledger.get_binding(plant.spec.id)
+    split = pipeline.prepare_split(ledger, stored)
+    artifact = pipeline.identify_model(ledger, stored, split)
+    calibration = pipeline.calibrate(ledger, artifact, pipeline.score_and_store(ledger, stored.spec, artifact, split),
+                                     Settings(), now)
+    cache = SolverCache()
+    record = pipeline.recommend(stored, artifact, split, calibration, lambda p: solve_problem(p, cache), ledger,
+                                Settings(), "simulation", now)
+    rec = record.recommendation
+    assert rec.status.value == "unverified"
+    assert rec.reasons == (f"live state is 335 days old (last sample {iso_utc(ended)}); live.max_age_s allows 300 s",)
+    assert rec.evidence["live_state"] == {"last_sample_at": iso_utc(ended), "age_s": 335 * 86400.0, "max_age_s": 300.0}
+    (age,) = [c for c in record.conditions if c.name == "live state age"]
+    assert (age.value, age.limit, age.holds) == (f"335 days (last sample {iso_utc(ended)})", "<= 300 s (live.max_age_s)",
+                                                 False)

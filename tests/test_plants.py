@@ -1,5 +1,7 @@
 """Demo plants: bindings, nonlinear simulation, dead time, history format, live state, perturbed copies."""
 
+import time
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -240,7 +242,8 @@ def test_history_mv_excitation_respects_bounds_and_max_move(name, histories):
 
 def test_history_is_deterministic_for_a_seed(histories):
     plant = get_plant("heater")
-    pd.testing.assert_frame_equal(plant.generate_history(SEED), histories["heater"].frame)
+    end = histories["heater"].live.t
+    pd.testing.assert_frame_equal(plant.generate_history(SEED, end_at=end), histories["heater"].frame)
     assert not plant.generate_history(SEED + 1)["t_out"].equals(histories["heater"].frame["t_out"])
 
 
@@ -385,3 +388,15 @@ def test_perturbed_tau_stretches_time_and_keeps_the_steady_state(name):
 def test_perturbed_rejects_a_non_positive_factor():
     with pytest.raises(PlantInputError, match=r"perturbed\(tau=...\) must be a finite number > 0"):
         get_plant("blend").perturbed(tau=0.0)
+
+
+def test_history_ends_when_it_is_seeded_unless_an_end_is_given():
+    plant = get_plant("blend")  # sample period 30 s
+    before = time.time()
+    now = plant.history(SEED)
+    assert before - 30 < now.live.t <= time.time() and now.live.t % 30 == 0
+    assert now.frame["timestamp"].max() == now.live.t
+    then = plant.history(SEED, end_at=1_700_000_000.0)
+    assert then.live.t == then.frame["timestamp"].max() == 1_700_000_000.0
+    np.testing.assert_allclose(now.frame["timestamp"] - then.frame["timestamp"], now.live.t - 1_700_000_000.0)
+    pd.testing.assert_frame_equal(now.frame.drop(columns="timestamp"), then.frame.drop(columns="timestamp"))

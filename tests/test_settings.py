@@ -62,3 +62,17 @@ def test_every_setting_key_maps_to_a_field():
     from optimizer_pipeline.settings import _SPEC
 
     assert {f.name for f in fields(Settings)} == {spec[0] for spec in _SPEC.values()}
+
+
+def test_live_max_age_from_file_and_environment_and_its_default_per_binding(tmp_path):
+    from optimizer_pipeline.recommend import max_live_age_s
+
+    assert load_settings(tmp_path, {}).live_max_age_s is None
+    # unset: ten sample periods, never less than five minutes
+    assert [max_live_age_s(None, period) for period in (1, 10, 30, 31, 60)] == [300.0, 300.0, 300.0, 310.0, 600.0]
+    (tmp_path / "settings.yaml").write_text("live: {max_age_s: 900}\n")
+    assert load_settings(tmp_path, {}).live_max_age_s == 900.0
+    settings = load_settings(tmp_path, {"OPTIMIZER_LIVE_MAX_AGE_S": "45.5"})
+    assert settings.live_max_age_s == 45.5 and max_live_age_s(settings.live_max_age_s, 60) == 45.5
+    with pytest.raises(SettingsError, match=r"OPTIMIZER_LIVE_MAX_AGE_S: live\.max_age_s must be a number > 0"):
+        load_settings(tmp_path, {"OPTIMIZER_LIVE_MAX_AGE_S": "0"})

@@ -84,7 +84,7 @@ class Recommendation:
 
 @dataclass(frozen=True)
 class EvidenceSnapshot:
-    """What the calibration says at decision time."""
+    """What the calibration and the live state say at decision time."""
 
     source: str  # simulation | real (where the calibration data came from)
     has_evidence: bool
@@ -94,3 +94,6 @@ class EvidenceSnapshot:
     calibration_fresh: bool
     fresh_days: float
     input_distance: float | None
+    live_sample_at: str | None = None  # ISO 8601 UTC of the live run's last sample; None = unknown
+    live_age_s: float | None = None  # seconds from that sample to the decision; None = unknown (fails)
+    live_max_age_s: float | None = None  # the limit applied (live.max_age_s or its default)

@@ -17,6 +17,8 @@ entry, so an input change reaches the measurement exactly D samples later than w
 import copy
 import dataclasses
 import logging
+import math
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from functools import cached_property
@@ -31,7 +33,6 @@ from optimizer_pipeline.contracts import BindingSpec, ContractError, binding_fro
 
 log = logging.getLogger(__name__)
 
-HISTORY_EPOCH_S = 1_700_000_000.0  # first run starts here (2023-11-14T22:13:20Z); seconds since epoch
 
 
 class PlantInputError(ContractError):
@@ -249,12 +250,16 @@ class Plant(ABC):
 
     # ------------------------------------------------------------------ history
 
-    def history(self, seed: int, n_runs: int = 12, run_length: int = 300) -> DemoHistory:
+    def history(self, seed: int, n_runs: int = 12, run_length: int = 300, end_at: float | None = None) -> DemoHistory:
         """Excitation runs around the operating point, with measurement noise, deterministic in `seed`.
 
         Returns the wide frame (`run_id`, `timestamp` seconds since epoch, one column per MV, CV and
         DV tag, in binding order), runs separated in time; the last run is the live run and its
         final rows are a steady-ish state at `excitation.mv_live`. Also returns that live state.
+        The live run's last sample is at `end_at` (seconds since the epoch); None = now, the time
+        the history is made (seeded), rounded down to a whole sample period, so a history seeded
+        for a solve is current (docs/ARCHITECTURE.md, "Recommendation status": live state age).
+        Only the timestamps depend on `end_at`.
         """
         if isinstance(n_runs, bool) or not isinstance(n_runs, (int, np.integer)) or n_runs < 1:
             raise PlantInputError(f"plant {self.name}: n_runs must be an integer >= 1, got {n_runs!r}")
@@ -286,9 +291,10 @@ class Plant(ABC):
         y = self._measure(states) + self._noise(rng, (n_runs, n, self.ny), self.cv_noise)
         d_measured = d + self._noise(rng, d.shape, self.dv_noise)
 
-        starts = HISTORY_EPOCH_S + np.concatenate(
-            [[0.0], np.cumsum((n + rng.integers(60, 360, size=n_runs - 1)) * self.sample_period_s)])
+        starts = np.concatenate([[0.0], np.cumsum((n + rng.integers(60, 360, size=n_runs - 1)) * self.sample_period_s)])
         t = starts[:, None] + self.sample_period_s * np.arange(n)[None, :]
+        period = self.sample_period_s
+        t += (math.floor(time.time() / period) * period if end_at is None else float(end_at)) - t[-1, -1]
         columns: dict[str, Any] = {
             "run_id": np.repeat([f"{self.name}-run-{r:02d}" for r in range(n_runs)], n),
             "timestamp": t.ravel(),
@@ -304,13 +310,14 @@ class Plant(ABC):
         log.debug("plant %s: %d runs x %d samples from seed %d", self.name, n_runs, n, seed)
         return DemoHistory(frame=pd.DataFrame(columns), live=live)
 
-    def generate_history(self, seed: int, n_runs: int = 12, run_length: int = 300) -> pd.DataFrame:
-        """The history frame of `history(seed, n_runs, run_length)`."""
-        return self.history(seed, n_runs, run_length).frame
+    def generate_history(self, seed: int, n_runs: int = 12, run_length: int = 300,
+                         end_at: float | None = None) -> pd.DataFrame:
+        """The history frame of `history(seed, n_runs, run_length, end_at)`."""
+        return self.history(seed, n_runs, run_length, end_at).frame
 
-    def live_state(self, seed: int, n_runs: int = 12, run_length: int = 300) -> LiveState:
-        """The live state at the end of `history(seed, n_runs, run_length)`."""
-        return self.history(seed, n_runs, run_length).live
+    def live_state(self, seed: int, n_runs: int = 12, run_length: int = 300, end_at: float | None = None) -> LiveState:
+        """The live state at the end of `history(seed, n_runs, run_length, end_at)`."""
+        return self.history(seed, n_runs, run_length, end_at).live
 
     # ------------------------------------------------------------------ argument checks
 
