@@ -1,0 +1,345 @@
+"""The decision matrix of a recommendation (docs/ARCHITECTURE.md, "Recommendation status"; issue 18).
+
+`pipeline.recommend` decides every solve: `rejected` without a feasible candidate, `verified` when
+every condition holds, `unverified` otherwise with the failing conditions' texts as `reasons`.
+
+One world is built here in which every condition holds (a one-MV / one-CV binding, a model artifact
+of its revision with passing gates, split-conformal evidence calibrated a day ago, a live state one
+z away from the train mean, a solver that returns verified candidates). Each row of MATRIX changes
+that world in one place and names the single condition it makes fail, with the exact reasons list
+expected, or puts one condition exactly on its limit, where the recommendation must stay verified.
+A new condition is one more row: `test_every_condition_of_verified_has_a_row` fails until it has one.
+"""
+
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta, timezone
+from typing import Any, Mapping
+
+import numpy as np
+import pytest
+from model_helpers import binding
+
+from optimizer_pipeline import pipeline
+from optimizer_pipeline.contracts import (
+    Calibration,
+    CandidateKind,
+    Gate,
+    HistorySplit,
+    Normalisation,
+    RunSeries,
+    SolveCandidate,
+    SolveResult,
+    UQEvidence,
+    iso_utc,
+)
+from optimizer_pipeline.ledger import Ledger, StoredBinding, candidate_id
+from optimizer_pipeline.model import ArxModel, Orders, artifact_from_model
+from optimizer_pipeline.recommend import decide
+from optimizer_pipeline.settings import Settings
+from optimizer_pipeline.solver import errors
+from optimizer_pipeline.solver.errors import SolverError
+
+NOW = datetime(2027, 1, 15, 9, 0, tzinfo=timezone.utc)
+SPEC = binding(n_mv=1, n_cv=1, na=1, nb=1, delay=1)  # tags u0 (MV), y0 (CV); sample period 1 s
+# train statistics: u0 mean 0, std 1; y0 mean 10, std 2, so a live y0 of 10 + 2 z is z away
+NORMALISATION = Normalisation(("u0", "y0"), (0.0, 10.0), (1.0, 2.0))
+MODEL = ArxModel(Orders(1, 1, 1), np.full((1, 1, 1), 0.5), np.full((1, 1, 1), 0.5), np.zeros((1, 1, 0)), np.zeros(1))
+SEQ = {CandidateKind.HOLD: 0, CandidateKind.NOMINAL: 1, CandidateKind.ROBUST: 2}
+
+VERIFIED, UNVERIFIED, REJECTED = "verified", "unverified", "rejected"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One candidate the fake solver returns, as the verifier left it."""
+
+    kind: CandidateKind
+    feasible: bool = True
+    verified: bool = True
+    verify_reasons: tuple[str, ...] = ()
+    has_controls: bool = True
+
+
+HONEST = (Plan(CandidateKind.HOLD), Plan(CandidateKind.NOMINAL), Plan(CandidateKind.ROBUST))
+
+
+@dataclass(frozen=True)
+class World:
+    """Everything `pipeline.recommend` decides on; the defaults make every condition hold."""
+
+    binding_revision: int = 1  # the revision the binding is at
+    artifact_revision: int = 1  # the revision the model artifact was identified for
+    gates: tuple[Gate, ...] = (Gate("G1", "one-step fit R2", 0.9, 0.5, True),
+                               Gate("G2", "free-run fit R2", 0.7, 0.3, True))
+    y_now: float = 12.0  # the live CV's last sample: z = (12 - 10) / 2 = 1
+    calibrated_before: timedelta = timedelta(days=1)
+    evidence: Mapping[str, Any] = field(default_factory=dict)  # UQEvidence fields that differ from EVIDENCE
+    calibration_of_other_artifact: bool = False
+    plans: tuple[Plan, ...] = HONEST
+    solver_error: SolverError | None = None
+    uq_gate: str = "seed"
+    fresh_days: float = 7.0
+    max_input_distance: float = 4.0
+    live_age_s: float = 0.0  # how long before NOW the live run's last sample was taken
+    live_max_age_s: float | None = None  # live.max_age_s; unset: max(10 x 1 s, 300 s) = 300 s
+
+
+EVIDENCE = dict(method="split_conformal", alpha=0.1, block_length=10, cv_tags=("y0",), qhat=(0.5,), rank_k=9,
+                safety_factor=None, n_val_blocks=9, n_val_runs=2, n_test_blocks=20, n_test_runs=2,
+                n_unique_test_steps=200, coverage=0.9, coverage_per_cv=(0.9,), coverage_threshold=0.8,
+                coverage_lower_95=0.85, exchangeability_p=0.5, exchangeability_test="beta-binomial", reasons=())
+NO_EVIDENCE = dict(method=None, qhat=None, rank_k=None, coverage=None, coverage_per_cv=None, coverage_threshold=None,
+                   coverage_lower_95=None, exchangeability_p=None, reasons=("1 val block(s); at least 2 are needed",))
+
+
+def candidate(plan: Plan, horizon: int) -> SolveCandidate:
+    controls = ((1.0,),) * horizon if plan.has_controls else ()
+    predicted = ((12.0,),) * horizon if plan.has_controls else ()
+    return SolveCandidate(seq=SEQ[plan.kind], kind=plan.kind, solver_status="solved", controls=controls,
+                          predicted=predicted, cost=1.0, constraints={}, feasible=plan.feasible,
+                          verified=plan.verified, independent_cost=1.0,
+                          verify_report={"reasons": list(plan.verify_reasons)})
+
+
+def inputs(world: World):
+    """(stored binding, artifact, split, calibration, solve, settings) of the world."""
+    stored = StoredBinding(SPEC, world.binding_revision, SPEC.spec_hash, None)
+    artifact = artifact_from_model(MODEL, SPEC, world.artifact_revision, NORMALISATION, gates=world.gates)
+    n = 20  # the live run ends live_age_s before now, one sample per period
+    t = NOW.timestamp() - world.live_age_s - SPEC.sample_period_s * np.arange(n)[::-1]
+    y = np.full((n, 1), 12.0)
+    y[-1, 0] = world.y_now
+    live = RunSeries("live", t, np.full((n, 1), 1.0), y, np.zeros((n, 0)))
+    split = HistorySplit((), (), (), live, NORMALISATION, {}, "data-hash")
+    evidence = UQEvidence(**{**EVIDENCE, **world.evidence, "calibrated_at": iso_utc(NOW - world.calibrated_before)})
+    calibration = Calibration("cal-test", "f" * 64 if world.calibration_of_other_artifact else artifact.artifact_hash,
+                              evidence)
+
+    def solve(problem):
+        if world.solver_error is not None:
+            raise world.solver_error
+        return SolveResult(problem.hash, True, tuple(candidate(p, problem.horizon) for p in world.plans), {})
+
+    settings = Settings(uq_fresh_days=world.fresh_days, uq_max_input_distance=world.max_input_distance,
+                        uq_gate=world.uq_gate, live_max_age_s=world.live_max_age_s)
+    return stored, artifact, split, calibration, solve, settings
+
+
+@pytest.fixture(scope="module")
+def ledger(tmp_path_factory):
+    return Ledger(tmp_path_factory.mktemp("matrix") / "ledger.duckdb")
+
+
+def recommend(ledger: Ledger, world: World) -> pipeline.SolveRecord:
+    stored, artifact, split, calibration, solve, settings = inputs(world)
+    return pipeline.recommend(stored, artifact, split, calibration, solve, ledger, settings, "simulation", NOW)
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    condition: str  # the name of the one condition this row is about
+    world: World
+    status: str
+    reasons: tuple[str, ...] = ()
+
+
+BASE = World()
+STRICT = World(uq_gate="strict")
+
+MATRIX = [
+    # ---- no feasible candidate: rejected, whatever else holds
+    Row("every candidate infeasible", "feasible candidate",
+        replace(BASE, plans=tuple(replace(p, feasible=False, verified=False) for p in HONEST)),
+        REJECTED, ("no feasible candidate",)),
+    Row("only the hold baseline feasible", "feasible candidate",
+        replace(BASE, plans=(Plan(CandidateKind.HOLD), Plan(CandidateKind.NOMINAL, feasible=False),
+                             Plan(CandidateKind.ROBUST, feasible=False))),
+        REJECTED, ("no feasible candidate",)),
+    Row("feasible candidates without a plan", "feasible candidate",
+        replace(BASE, plans=(Plan(CandidateKind.HOLD), Plan(CandidateKind.NOMINAL, has_controls=False),
+                             Plan(CandidateKind.ROBUST, has_controls=False))),
+        REJECTED, ("no feasible candidate",)),
+    Row("the solver failed", "solver",
+        replace(BASE, solver_error=SolverError(errors.SOLVE_TIMEOUT, "no answer within 10000 ms")),
+        REJECTED, ("solver error SOLVE_TIMEOUT: no answer within 10000 ms", "no feasible candidate")),
+    # ---- UQ evidence and the seed gate
+    Row("no UQ evidence", "UQ evidence", replace(BASE, evidence=NO_EVIDENCE),
+        UNVERIFIED, ("no UQ evidence: 1 val block(s); at least 2 are needed",)),
+    Row("coverage below the threshold", "test coverage (worst CV)", replace(BASE, evidence={"coverage": 0.79}),
+        UNVERIFIED, ("UQ gate: test coverage 0.790 < threshold 0.800",)),
+    Row("coverage exactly at the threshold", "test coverage (worst CV)", replace(BASE, evidence={"coverage": 0.8}),
+        VERIFIED),
+    Row("empirical_max coverage exactly at its threshold 1", "test coverage (worst CV)",
+        replace(BASE, evidence={"method": "empirical_max", "coverage": 1.0, "coverage_threshold": 1.0}), VERIFIED),
+    # ---- the strict gate's extra conditions
+    Row("strict: coverage lower bound below 0.8", "coverage 95% lower bound",
+        replace(STRICT, evidence={"coverage_lower_95": 0.79}),
+        UNVERIFIED, ("UQ gate: coverage 95% lower bound 0.790 < 0.8",)),
+    Row("strict: coverage lower bound exactly 0.8", "coverage 95% lower bound",
+        replace(STRICT, evidence={"coverage_lower_95": 0.8}), VERIFIED),
+    Row("strict: exchangeability p below 0.01", "val/test exchangeability p",
+        replace(STRICT, evidence={"exchangeability_p": 0.0099}),
+        UNVERIFIED, ("UQ gate: val/test exchangeability p = 0.0099 < 0.01",)),
+    Row("strict: exchangeability p exactly 0.01", "val/test exchangeability p",
+        replace(STRICT, evidence={"exchangeability_p": 0.01}), VERIFIED),
+    # ---- freshness of the calibration
+    Row("calibrated a second more than fresh_days ago", "calibration fresh",
+        replace(BASE, calibrated_before=timedelta(days=7, seconds=1)), UNVERIFIED, ("calibration is not fresh",)),
+    Row("calibrated exactly fresh_days ago", "calibration fresh",
+        replace(BASE, calibrated_before=timedelta(days=7)), VERIFIED),
+    # ---- input distance of the live state (z of y0 = (y - 10) / 2; u0 sits at z = 1)
+    Row("input distance beyond the maximum", "input distance (max |z| of current MVs, CVs)",
+        replace(BASE, y_now=19.0), UNVERIFIED, ("input distance 4.5 exceeds 4",)),
+    Row("input distance exactly the maximum", "input distance (max |z| of current MVs, CVs)",
+        replace(BASE, y_now=18.0), VERIFIED),
+    Row("input distance exactly the maximum, below the mean", "input distance (max |z| of current MVs, CVs)",
+        replace(BASE, y_now=2.0), VERIFIED),
+    # ---- age of the live state (sample period 1 s, so live.max_age_s defaults to 300 s)
+    Row("live state older than the default maximum age", "live state age", replace(BASE, live_age_s=300.5),
+        UNVERIFIED, ("live state is 300.5 s old (last sample 2027-01-15T08:54:59.500000+00:00); "
+                     "live.max_age_s allows 300 s",)),
+    Row("live state exactly the default maximum age", "live state age", replace(BASE, live_age_s=300.0), VERIFIED),
+    Row("live run ended 11 months ago", "live state age", replace(BASE, live_age_s=335 * 86400.0),
+        UNVERIFIED, ("live state is 335 days old (last sample 2026-02-14T09:00:00+00:00); live.max_age_s allows 300 s",)),
+    Row("live.max_age_s set: a second over it", "live state age", replace(BASE, live_age_s=61.0, live_max_age_s=60.0),
+        UNVERIFIED, ("live state is 61 s old (last sample 2027-01-15T08:58:59+00:00); live.max_age_s allows 60 s",)),
+    Row("live.max_age_s set: exactly it", "live state age", replace(BASE, live_age_s=60.0, live_max_age_s=60.0),
+        VERIFIED),
+    # ---- model gates
+    Row("a model gate failed", "model gate G2",
+        replace(BASE, gates=(BASE.gates[0], Gate("G2", "free-run fit R2", 0.21, 0.3, False))),
+        UNVERIFIED, ("model gate G2 failed: free-run fit R2 = 0.21 (threshold 0.3)",)),
+    Row("a model gate not measurable", "model gate G1",
+        replace(BASE, gates=(Gate("G1", "one-step fit R2", None, 0.5, False), BASE.gates[1])),
+        UNVERIFIED, ("model gate G1 failed: one-step fit R2 = n/a (threshold 0.5)",)),
+    # ---- the independent verifier
+    Row("the chosen candidate not verified", "candidate verified independently",
+        replace(BASE, plans=(Plan(CandidateKind.HOLD), Plan(CandidateKind.NOMINAL),
+                             Plan(CandidateKind.ROBUST, verified=False,
+                                  verify_reasons=("solver reported no cost", "cost off")))),
+        UNVERIFIED, ("candidate not verified: solver reported no cost; cost off",)),
+    Row("the chosen candidate not verified, no reason given", "candidate verified independently",
+        replace(BASE, plans=(Plan(CandidateKind.HOLD), Plan(CandidateKind.NOMINAL),
+                             Plan(CandidateKind.ROBUST, verified=False))),
+        UNVERIFIED, ("candidate not verified: independent check disagrees",)),
+    # ---- consistency of the inputs (built by pipeline.recommend)
+    Row("model from an older binding revision", "model from the binding's revision",
+        replace(BASE, binding_revision=2, artifact_revision=1),
+        UNVERIFIED, ("model artifact is from binding revision 1, the binding is at revision 2",)),
+    Row("calibration of another model artifact", "calibration of this model",
+        replace(BASE, calibration_of_other_artifact=True),
+        UNVERIFIED, ("calibration belongs to another model artifact",)),
+]
+
+
+def test_every_condition_holds_in_the_base_world(ledger):
+    for world in (BASE, STRICT):
+        record = recommend(ledger, world)
+        assert [c.name for c in record.conditions if not c.holds] == []
+        assert (record.recommendation.status.value, record.recommendation.reasons) == (VERIFIED, ())
+
+
+def test_every_condition_of_verified_has_a_row(ledger):
+    names = {c.name for c in recommend(ledger, STRICT).conditions}
+    assert names <= {row.condition for row in MATRIX}, "a condition of `verified` without a row in MATRIX"
+
+
+@pytest.mark.parametrize("row", MATRIX, ids=[row.name for row in MATRIX])
+def test_one_condition_decides_the_status_and_the_reasons(ledger, row):
+    record = recommend(ledger, row.world)
+    rec = record.recommendation
+    assert (rec.status.value, rec.reasons) == (row.status, row.reasons)
+    failing = [] if row.status == VERIFIED else [row.condition]
+    if row.status == REJECTED and row.condition != "feasible candidate":
+        failing.append("feasible candidate")  # a failed solve has no candidate either
+    assert [c.name for c in record.conditions if not c.holds] == failing
+    stored = ledger.get_recommendation(rec.id)  # the ledger holds the same decision
+    assert (stored.status, tuple(stored.reasons)) == (row.status, row.reasons)
+
+
+def test_every_failing_condition_is_listed_in_reading_order(ledger):
+    world = replace(BASE, calibrated_before=timedelta(days=8), y_now=20.0,
+                    gates=(Gate("G1", "one-step fit R2", 0.1, 0.5, False), BASE.gates[1]),
+                    calibration_of_other_artifact=True)
+    rec = recommend(ledger, world).recommendation
+    assert rec.status.value == UNVERIFIED
+    assert rec.reasons == ("calibration is not fresh", "input distance 5 exceeds 4",
+                           "model gate G1 failed: one-step fit R2 = 0.1 (threshold 0.5)",
+                           "calibration belongs to another model artifact")
+
+
+# ---------------------------------------------------------------------------- the evidence source
+
+
+def test_recommendation_with_evidence_names_the_source_of_its_calibration_data(ledger):
+    rec = recommend(ledger, BASE).recommendation
+    assert rec.evidence["source"] == "simulation"
+    assert ledger.get_recommendation(rec.id).evidence_source == "simulation"
+
+
+def test_recommendation_without_evidence_is_unassessed(ledger):
+    rec = recommend(ledger, replace(BASE, evidence=NO_EVIDENCE)).recommendation
+    assert rec.evidence["source"] == "unassessed"
+    assert ledger.get_recommendation(rec.id).evidence_source == "unassessed"
+    assert rec.band == (None,) and rec.evidence["coverage_threshold"] is None
+
+
+def test_stale_calibration_is_not_a_condition_without_evidence(ledger):
+    record = recommend(ledger, replace(BASE, evidence=NO_EVIDENCE, calibrated_before=timedelta(days=30)))
+    assert "calibration fresh" not in {c.name for c in record.conditions}
+    assert record.recommendation.reasons == ("no UQ evidence: 1 val block(s); at least 2 are needed",)
+
+
+# ---------------------------------------------------------------------------- which candidate is published
+
+
+def test_the_robust_candidate_is_published_when_it_is_feasible(ledger):
+    record = recommend(ledger, BASE)
+    assert record.chosen.kind is CandidateKind.ROBUST
+    assert record.recommendation.candidate_id == candidate_id(record.run_id, 2)
+
+
+def test_the_nominal_candidate_is_published_when_the_robust_one_is_infeasible(ledger):
+    world = replace(BASE, plans=(Plan(CandidateKind.HOLD), Plan(CandidateKind.NOMINAL),
+                                 Plan(CandidateKind.ROBUST, feasible=False)))
+    record = recommend(ledger, world)
+    assert record.chosen.kind is CandidateKind.NOMINAL
+    assert (record.recommendation.status.value, record.recommendation.candidate_id) == (
+        VERIFIED, candidate_id(record.run_id, 1))
+
+
+def test_a_feasible_robust_candidate_is_published_even_when_only_the_nominal_one_is_verified(ledger):
+    world = replace(BASE, plans=(Plan(CandidateKind.HOLD), Plan(CandidateKind.NOMINAL),
+                                 Plan(CandidateKind.ROBUST, verified=False, verify_reasons=("cost off",))))
+    record = recommend(ledger, world)
+    assert record.chosen.kind is CandidateKind.ROBUST
+    assert record.recommendation.reasons == ("candidate not verified: cost off",)
+
+
+def test_a_rejected_recommendation_has_no_plan(ledger):
+    rec = recommend(ledger, MATRIX[0].world).recommendation
+    assert (rec.candidate_id, rec.controls, rec.predicted, rec.cost) == (None, (), (), None)
+
+
+def test_a_verified_recommendation_is_valid_for_the_profiles_period(ledger):
+    rec = recommend(ledger, BASE).recommendation
+    assert rec.created_at == iso_utc(NOW)
+    assert rec.valid_until == iso_utc(NOW + timedelta(seconds=SPEC.profile.valid_for_s))
+
+
+# ---------------------------------------------------------------------------- decide, below pipeline.recommend
+
+
+def test_unknown_input_distance_is_its_own_reason(ledger):
+    # recommend cannot get here (compile_problem refuses a non-finite live value first), so the
+    # snapshot is built with a missing current CV and decide is called directly
+    record = recommend(ledger, BASE)
+    stored, artifact, split, calibration, _, settings = inputs(BASE)
+    snapshot = pipeline.evidence_snapshot(calibration, artifact, [1.0], [float("nan")], "simulation", settings, NOW,
+                                          split.live.t[-1])
+    assert snapshot.input_distance is None
+    result = SolveResult(record.problem.hash, True, tuple(candidate(p, record.problem.horizon) for p in HONEST), {})
+    decision = decide(SPEC, 1, artifact, record.problem, result, snapshot, (1.0,), 4.0, "or-test", NOW)
+    assert decision.recommendation.status.value == UNVERIFIED
+    assert decision.recommendation.reasons == ("input distance unknown (missing or non-finite current values)",)
