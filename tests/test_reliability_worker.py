@@ -133,8 +133,16 @@ def test_worker_that_keeps_dying_at_restart_degrades_the_pool_then_reset_recover
             pool.ping()
         assert caught.value.code == errors.SOLVER_UNAVAILABLE and "exited with code 5" in caught.value.message
         wait_until(lambda: pool.stats()["consecutive_failures"] == 1 + len(FAST_BACKOFF), "the last restart")
-        time.sleep(0.3)  # past the schedule: no automatic restart
-        assert len(_pids(tmp_path, "flaky")) == 1 + len(FAST_BACKOFF) and pool.stats()["ready"] == 0
+        # past the schedule: the failure that ended the last restart scheduled none (a restart is
+        # scheduled under the lock that counts the failure, so it would show here already) ...
+        last = pool.stats()
+        assert (last["restarting"], last["ready"]) == (0, 0), last
+        # ... and none starts by the time one would have: twice the longest back-off after that
+        # failure, on the pool's own clock
+        wait_until(lambda: time.monotonic() > last["last_failure_at"] + 2 * max(FAST_BACKOFF), "the back-off to pass")
+        assert len(_pids(tmp_path, "flaky")) == 1 + len(FAST_BACKOFF)
+        assert {k: pool.stats()[k] for k in ("restarting", "ready", "consecutive_failures")} == {
+            "restarting": 0, "ready": 0, "consecutive_failures": 1 + len(FAST_BACKOFF)}
         flag.unlink()
         assert pool.reset()["ready"] == 1
         assert pool.ping()["pid"] == _pids(tmp_path, "flaky")[-1]

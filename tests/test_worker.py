@@ -2,6 +2,7 @@
 
 import json
 import os
+import select
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ from optimizer_pipeline.solver import codec, errors
 from test_pool import _problem
 
 WORKER = [sys.executable, "-m", "optimizer_pipeline.solver.worker"]
+FRAME_TIMEOUT_S = 30.0  # generous: a frame that takes this long is a hung worker, not a slow machine
 
 
 class WorkerProcess:
@@ -27,23 +29,44 @@ class WorkerProcess:
         if test_ops:
             env["OPTIMIZER_WORKER_TEST_OPS"] = "1"
         self.proc = subprocess.Popen(WORKER, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
-        self.heartbeats = 0
+        self.heartbeats: list = []  # reqId of every heartbeat read so far
+        self._unread = b""
         self.ready = self.next_frame()
 
     def write(self, line: str | bytes) -> None:
         self.proc.stdin.write(line if isinstance(line, bytes) else line.encode() + b"\n")
         self.proc.stdin.flush()
 
-    def next_frame(self) -> dict:
+    def _next_line(self, deadline: float, timeout_s: float) -> bytes:
+        """One stdout line; fails at `deadline` (time.monotonic(), `timeout_s` after the wait began)
+        without one. The pipe's fd is read directly, so select sees everything not yet read."""
+        while b"\n" not in self._unread:
+            remaining = deadline - time.monotonic()
+            assert remaining > 0, f"no frame from the worker within {timeout_s:g} s"
+            if select.select([self.proc.stdout.fileno()], [], [], remaining)[0]:
+                chunk = os.read(self.proc.stdout.fileno(), 1 << 16)
+                assert chunk, "worker closed stdout"
+                self._unread += chunk
+        line, _, self._unread = self._unread.partition(b"\n")
+        return line
+
+    def next_frame(self, timeout_s: float = FRAME_TIMEOUT_S) -> dict:
         """The next non-heartbeat frame (every stdout line must be JSON)."""
+        deadline = time.monotonic() + timeout_s
         while True:
-            line = self.proc.stdout.readline()
-            assert line, "worker closed stdout"
-            frame = json.loads(line)
+            frame = json.loads(self._next_line(deadline, timeout_s))
             if frame.get("type") == "heartbeat":
-                self.heartbeats += 1
+                self.heartbeats.append(frame.get("reqId"))
                 continue
             return frame
+
+    def wait_for_heartbeats(self, req_id, n: int, timeout_s: float = FRAME_TIMEOUT_S) -> None:
+        """Read frames until `n` heartbeats of `req_id` arrived; any other frame meanwhile fails."""
+        deadline = time.monotonic() + timeout_s
+        while self.heartbeats.count(req_id) < n:
+            frame = json.loads(self._next_line(deadline, timeout_s))
+            assert frame.get("type") == "heartbeat", f"expected heartbeats of {req_id!r}, got {frame}"
+            self.heartbeats.append(frame.get("reqId"))
 
     def call(self, op: str, payload: dict | None = None, req_id: int = 1, **extra) -> dict:
         self.write(json.dumps({"protocolVersion": 1, "reqId": req_id, "op": op, "payload": payload or {}, **extra}))
@@ -116,8 +139,7 @@ def test_request_line_over_the_size_limit_is_refused_unread_naming_the_limit(wor
 
 def test_cancel_stops_the_in_flight_request_with_heartbeats_meanwhile(worker):
     worker.write(json.dumps({"protocolVersion": 1, "reqId": "slow", "op": "sleep", "payload": {"seconds": 30}}))
-    before = worker.heartbeats
-    time.sleep(1.6)  # > 3 heartbeat periods
+    worker.wait_for_heartbeats("slow", 3)  # the request is running and says so; nothing else is sent meanwhile
     worker.write(json.dumps({"protocolVersion": 1, "reqId": "c", "op": "cancel", "payload": {"reqId": "slow"}}))
     frames = {}
     for _ in range(2):
@@ -125,15 +147,22 @@ def test_cancel_stops_the_in_flight_request_with_heartbeats_meanwhile(worker):
         frames[frame["reqId"]] = frame
     assert frames["c"] == {"reqId": "c", "ok": True, "result": {"cancelled": True}}
     assert frames["slow"]["error"]["code"] == errors.CANCELLED
-    assert worker.heartbeats - before >= 2
     _assert_still_serving(worker)
 
 
 def test_second_request_while_busy_is_refused_not_queued(worker):
-    worker.write(json.dumps({"protocolVersion": 1, "reqId": "a", "op": "sleep", "payload": {"seconds": 0.5}}))
+    # "a" runs until cancelled, so "b" arrives while it is in flight however slow the machine is
+    worker.write(json.dumps({"protocolVersion": 1, "reqId": "a", "op": "sleep", "payload": {"seconds": 60}}))
     busy = worker.call("sleep", {"seconds": 0}, req_id="b")
     assert (busy["reqId"], busy["error"]["code"]) == ("b", errors.WORKER_BUSY)
-    assert worker.next_frame() == {"reqId": "a", "ok": True, "result": {"slept": 0.5, "pid": worker.proc.pid}}
+    assert "'a' is still in flight" in busy["error"]["message"]
+    worker.write(json.dumps({"protocolVersion": 1, "reqId": "c", "op": "cancel", "payload": {"reqId": "a"}}))
+    frames = {frame["reqId"]: frame for frame in (worker.next_frame(), worker.next_frame())}
+    assert frames["c"]["result"] == {"cancelled": True} and frames["a"]["error"]["code"] == errors.CANCELLED
+    # "b" was refused, not queued: the next answer is to the next request, and the worker is idle
+    _assert_still_serving(worker)
+    assert worker.call("sleep", {"seconds": 0}, req_id="d") == {"reqId": "d", "ok": True,
+                                                                "result": {"slept": 0, "pid": worker.proc.pid}}
 
 
 def test_test_op_is_refused_without_the_environment_flag():

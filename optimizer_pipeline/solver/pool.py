@@ -95,6 +95,7 @@ class SolverPool:
         self._failures = 0
         self._degraded = False
         self._last_failure = ""
+        self._last_failure_at: float | None = None  # time.monotonic() of the last counted failure
         self._restarts: list[threading.Thread] = []
         self._req_ids = itertools.count(1)
 
@@ -282,6 +283,7 @@ class SolverPool:
         """Count a failure, retire the slot's worker, schedule its restart. Caller holds the lock."""
         self._failures += 1
         self._last_failure = reason
+        self._last_failure_at = time.monotonic()
         if slot.worker is worker:
             slot.worker = None
         log.warning("solver pool failure %d in a row: %s", self._failures, reason)
@@ -356,12 +358,15 @@ class SolverPool:
     # ------------------------------------------------------------------ diagnostics
 
     def stats(self) -> dict[str, Any]:
-        """size, ready (live workers), busy (requests in flight), degraded, pids, consecutive_failures, ready_ms."""
+        """size, ready (live workers), busy (requests in flight), degraded, pids, consecutive_failures, ready_ms,
+        restarting (slots whose restart is waiting out its back-off or starting a worker), last_failure_at
+        (time.monotonic() of the last counted failure, None before the first)."""
         with self._lock:
             live = [slot.worker for slot in self._slots if slot.worker is not None and not slot.worker.exited.is_set()]
             return {"size": self.size, "ready": len(live), "busy": sum(slot.busy for slot in self._slots),
                     "degraded": self._degraded, "pids": [w.pid for w in live],
                     "consecutive_failures": self._failures, "state": self._state,
+                    "restarting": sum(slot.starting for slot in self._slots), "last_failure_at": self._last_failure_at,
                     "ready_ms": [round(w.ready_ms, 1) for w in live if w.ready_ms is not None]}
 
 
