@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test ui browser clean
+.PHONY: demo test ui browser servers clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,12 +15,16 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/optimizer-pipeline demo
 
-test: $(STAMP) browser
+test: $(STAMP) browser servers
 	$(BIN)/python -m pytest -q
 
 # headless Chromium + chromedriver for the UI test (Debian packages; installed when missing)
 browser:
 	bash .ci/ensure-chromium
+
+# redis-server and PostgreSQL binaries for the tests that start throwaway servers (installed when missing)
+servers:
+	bash .ci/ensure-servers
 
 ui: $(STAMP)
 	$(BIN)/optimizer-pipeline ui

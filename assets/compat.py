@@ -21,6 +21,9 @@ def check_target(record) -> AssetCheckEvaluationTargetMaterializationData:
                                                          timestamp=record.timestamp)
 
 
+__all__ = ["ASSET_PARTITION_RANGE_END_TAG", "ASSET_PARTITION_RANGE_START_TAG", "check_target", "range_tags"]
+
+
 def range_tags(first: str, last: str) -> dict[str, str]:
     """Run tags that make one run cover the binding partitions first..last."""
     return {ASSET_PARTITION_RANGE_START_TAG: first, ASSET_PARTITION_RANGE_END_TAG: last}

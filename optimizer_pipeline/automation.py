@@ -1,7 +1,12 @@
 """Jobs, the recalibration schedule and the sensors of the pipeline (Dagster layer)."""
 
 import json
+import subprocess
+import sys
+import time
+import uuid
 from datetime import timedelta
+from pathlib import Path
 from typing import Sequence
 
 from dagster import (
@@ -65,7 +70,8 @@ def binding_changes_sensor():
 
     A new binding adds its partition; a new or changed revision without a recommendation yet
     requests `refresh` for that partition with run key `<binding>@r<revision>`, so one change
-    gives exactly one run. No change, no request.
+    gives exactly one run. No change, no request. A binding that a queued or running `refresh`
+    already covers (e.g. one `materialize` submitted) is left to it, and looked at again next tick.
     """
 
     @sensor(name="binding_changes", job=refresh_job, minimum_interval_seconds=15,
@@ -76,22 +82,47 @@ def binding_changes_sensor():
         stored = store.list_bindings()
         known = set(context.instance.get_dynamic_partitions(BINDINGS.name))
         new_keys = [b.spec.id for b in stored if b.spec.id not in known]
-        requests = []
+        requests, busy = [], in_flight(context.instance, refresh_job.name)
         for b in stored:
             if seen.get(b.spec.id) == b.revision:
                 continue
+            if b.spec.id in busy:
+                continue  # a refresh of it is queued or running; not marked seen: looked at again
+            seen[b.spec.id] = b.revision
             latest = store.latest_recommendation(b.spec.id)
             if latest is not None and latest.binding_revision == b.revision:
                 continue  # already solved for this revision (e.g. by the CLI)
             requests.append(RunRequest(partition_key=b.spec.id, run_key=f"{b.spec.id}@r{b.revision}",
                                        tags={"optimizer/reason": f"binding {b.spec.id} at revision {b.revision}"}))
-        cursor = json.dumps({b.spec.id: b.revision for b in stored}, sort_keys=True)
+        cursor = json.dumps(seen, sort_keys=True)
         if not requests and not new_keys:
             return SensorResult(skip_reason=SkipReason("no binding changed"), cursor=cursor)
         return SensorResult(run_requests=requests, cursor=cursor,
                             dynamic_partitions_requests=[BINDINGS.build_add_request(new_keys)] if new_keys else [])
 
     return binding_changes
+
+
+def in_flight(instance, job_name: str) -> set[str]:
+    """The binding partitions covered by queued or running runs of `job_name` (one partition or a range)."""
+    from dagster import DagsterRunStatus, RunsFilter
+
+    from optimizer_pipeline.assets.compat import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
+
+    active = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
+              DagsterRunStatus.STARTED]
+    runs = instance.get_runs(filters=RunsFilter(job_name=job_name, statuses=active))
+    if not runs:
+        return set()
+    ordered = instance.get_dynamic_partitions(BINDINGS.name)
+    covered = set()
+    for run in runs:
+        first, last = run.tags.get(ASSET_PARTITION_RANGE_START_TAG), run.tags.get(ASSET_PARTITION_RANGE_END_TAG)
+        if first in ordered and last in ordered:
+            covered.update(ordered[ordered.index(first):ordered.index(last) + 1])
+        elif run.tags.get("dagster/partition"):
+            covered.add(run.tags["dagster/partition"])
+    return covered
 
 
 def uq_freshness_sensor():
@@ -179,3 +210,64 @@ def recalibration_schedule(settings: Settings):
         return RunRequest(run_key=f"all@{stamp}", tags=range_tags(keys[0], keys[-1]))
 
     return daily_recalibration
+
+
+# ---------------------------------------------------------------------------- runs launched through the instance
+
+TERMINAL = ("SUCCESS", "FAILURE", "CANCELED")
+RUN_WAIT_S = 3600.0  # how long `materialize` waits for submitted runs
+
+
+def chunks(ordered_keys: Sequence[str], wanted: Sequence[str], per_run: int) -> list[list[str]]:
+    """The wanted partitions in runs of at most `per_run`, each a stretch of the instance's order."""
+    out = []
+    for first, last in partition_ranges(ordered_keys, wanted):
+        stretch = list(ordered_keys[ordered_keys.index(first):ordered_keys.index(last) + 1])
+        out += [stretch[i:i + per_run] for i in range(0, len(stretch), per_run)]
+    return out
+
+
+def submit_and_wait(home, ledger, binding_ids: Sequence[str], job_name: str, per_run: int,
+                    wait: bool = True) -> list[tuple[str, bool, str, str]]:
+    """Submit `job_name` over the bindings in runs of at most `per_run` partitions to the home's
+    instance (queued; the daemon launches them onto Celery workers) with `dagster job launch`, the
+    public way to create a run with its code origin; then, with `wait`, poll until every run ended.
+    Returns (binding, ok, run id, detail) per binding, the detail from the ledger's failures."""
+    from dagster import DagsterInstance, DagsterRunStatus
+
+    with DagsterInstance.get() as instance:
+        known = set(instance.get_dynamic_partitions(BINDINGS.name))
+        missing = [b for b in binding_ids if b not in known]
+        if missing:
+            instance.add_dynamic_partitions(BINDINGS.name, missing)
+        ordered = instance.get_dynamic_partitions(BINDINGS.name)
+        runs = {str(uuid.uuid4()): keys for keys in chunks(ordered, binding_ids, per_run)}
+        launches = [subprocess.Popen(
+            [str(Path(sys.executable).with_name("dagster")), "job", "launch", "-m",
+             "optimizer_pipeline.definitions", "-j", job_name, "--run-id", run_id, "--tags",
+             json.dumps({"optimizer/launched_by": "cli", **range_tags(keys[0], keys[-1])})],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for run_id, keys in runs.items()]
+        for proc in launches:
+            _, err = proc.communicate()
+            if proc.returncode != 0:
+                raise RuntimeError(f"dagster job launch failed: {(err.strip().splitlines() or ['?'])[-1]}")
+        if not wait:
+            return [(b, True, run_id, "") for run_id, keys in runs.items() for b in keys if b in binding_ids]
+        deadline, pending = time.monotonic() + RUN_WAIT_S, set(runs)
+        while pending and time.monotonic() < deadline:
+            for run_id in list(pending):
+                run = instance.get_run_by_id(run_id)
+                if run is not None and run.status.value in TERMINAL:
+                    pending.discard(run_id)
+            time.sleep(0.5)
+        results = {}
+        for run_id, keys in runs.items():
+            run = instance.get_run_by_id(run_id)
+            status = run.status if run is not None else None
+            failed = {f.binding_id: f"{f.stage}: {f.message}" for f in ledger.list_failures(dagster_run_id=run_id)}
+            run_error = "" if status == DagsterRunStatus.SUCCESS or failed else \
+                f"run {run_id} ended {status.value if status else 'unknown'}"
+            for b in keys:
+                detail = failed.get(b, run_error)
+                results[b] = (b, not detail, run_id, detail)
+    return [results[b] for b in binding_ids]

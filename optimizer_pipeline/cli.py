@@ -32,22 +32,20 @@ class UserError(Exception):
 
 # ------------------------------------------------------------------ home / Dagster instance
 
-# telemetry off; nux off (the UI's first-visit "join the community" dialog covers the page)
-DAGSTER_YAML = """\
-telemetry:
-  enabled: false
-nux:
-  enabled: false
-"""
+WRITTEN_BY = "# written by optimizer-pipeline from the home's settings; edit settings.yaml, not this file\n"
 
 
 def prepare_dagster_home(home: Path) -> Path:
-    """`<home>/dagster` (or $DAGSTER_HOME) with telemetry off; exported for Dagster."""
+    """`<home>/dagster` (or $DAGSTER_HOME) with its dagster.yaml written from the settings
+    (optimizer_pipeline/deployment.py: telemetry off; PostgreSQL storage, Celery runs when set);
+    a dagster.yaml the user wrote (without our first line) is left alone. Exported for Dagster."""
+    from optimizer_pipeline.deployment import dagster_yaml
+
     path = dagster_home(home)
     path.mkdir(parents=True, exist_ok=True)
     config = path / "dagster.yaml"
-    if not config.exists():
-        config.write_text(DAGSTER_YAML, encoding="utf-8")
+    if not config.exists() or config.read_text(encoding="utf-8").startswith(WRITTEN_BY):
+        config.write_text(WRITTEN_BY + dagster_yaml(load_settings(home)), encoding="utf-8")
     os.environ["DAGSTER_HOME"] = str(path)
     os.environ["OPTIMIZER_HOME"] = str(home)
     return path
@@ -62,19 +60,26 @@ class BindingRun(NamedTuple):
     detail: str  # "" when ok, else "<stage>: <reason>"
 
 
-def run_partitions(home: Path, binding_ids: Sequence[str], job_name: str = "refresh") -> list[BindingRun]:
-    """Run a job in process on the home's Dagster instance over the given binding partitions: one run
-    per stretch of them in the instance's partition order (all of them: one run). A binding that
-    failed is named with its stage and reason from the ledger; the others completed."""
+def run_partitions(home: Path, binding_ids: Sequence[str], job_name: str = "refresh",
+                   wait: bool = True) -> list[BindingRun]:
+    """Run a job over the given binding partitions. Embedded default: in process on the home's
+    instance, one run per stretch of them in the instance's partition order (all of them: one run).
+    With `dagster.run_launcher: celery`: runs of at most `dagster.max_partitions_per_run` bindings
+    submitted to the instance (the daemon launches them onto Celery workers), waited for unless
+    `wait` is False. A binding that failed is named with its stage and reason from the ledger."""
     prepare_dagster_home(home)
     from dagster import DagsterInstance
 
     from optimizer_pipeline.assets.compat import range_tags
-    from optimizer_pipeline.automation import partition_ranges
+    from optimizer_pipeline.automation import partition_ranges, submit_and_wait
     from optimizer_pipeline.definitions import build_definitions
     from optimizer_pipeline.ledger import open_ledger
     from optimizer_pipeline.solver.shared import kept_alive
 
+    settings = load_settings(home)
+    if settings.dagster_run_launcher == "celery":
+        return [BindingRun(*outcome) for outcome in submit_and_wait(
+            home, open_ledger(home, settings), binding_ids, job_name, settings.dagster_max_partitions_per_run, wait)]
     job = build_definitions(home).resolve_job_def(job_name)
     ledger = open_ledger(home)
     results = {}
@@ -150,7 +155,11 @@ def cmd_materialize(args: argparse.Namespace, home: Path) -> int:
     binding_ids = [b.spec.id for b in ledger.list_bindings()] if args.all else list(dict.fromkeys(args.binding_ids))
     for binding_id in binding_ids:
         ledger.get_binding(binding_id)  # NotFoundError -> one line, before any run
-    results = run_partitions(home, binding_ids, args.job)
+    results = run_partitions(home, binding_ids, args.job, wait=not args.no_wait)
+    if args.no_wait:
+        print(json.dumps([{"binding_id": r.binding_id, "job": args.job, "dagster_run_id": r.dagster_run_id,
+                           "submitted": True} for r in results], indent=2))
+        return 0
     docs = []
     for run in results:
         rec = ledger.latest_recommendation(run.binding_id) if run.ok else None
@@ -247,17 +256,42 @@ def cmd_demo(args: argparse.Namespace, home: Path) -> int:
 
 
 def cmd_ui(args: argparse.Namespace, home: Path) -> int:
-    import subprocess
+    from optimizer_pipeline.supervise import run_supervised
 
     prepare_dagster_home(home)
     url = f"http://{args.host}:{args.port}"
     print(f"Dagster UI for home {home} at {url}  (Ctrl-C stops it)", flush=True)
-    cmd = [sys.executable, "-m", "dagster", "dev", "-m", "optimizer_pipeline.definitions",
-           "-h", args.host, "-p", str(args.port)]
-    try:
-        return subprocess.call(cmd, env=dict(os.environ))
-    except KeyboardInterrupt:
-        return 0
+    return run_supervised([sys.executable, "-m", "dagster", "dev", "-m", "optimizer_pipeline.definitions",
+                           "-h", args.host, "-p", str(args.port)], os.environ)
+
+
+def cmd_daemon(args: argparse.Namespace, home: Path) -> int:
+    from optimizer_pipeline.supervise import run_supervised
+
+    prepare_dagster_home(home)
+    print(f"dagster-daemon for home {home} (queued runs, schedules, sensors, run monitoring)", flush=True)
+    return run_supervised([str(Path(sys.executable).with_name("dagster-daemon")), "run", "-m",
+                           "optimizer_pipeline.definitions"],
+                          os.environ)
+
+
+def cmd_worker(args: argparse.Namespace, home: Path) -> int:
+    from optimizer_pipeline.deployment import WORKER_ENV, write_celery_config
+    from optimizer_pipeline.supervise import run_supervised
+
+    settings = load_settings(home)
+    if settings.dagster_run_launcher != "celery":
+        raise UserError(f"worker: home {home} has dagster.run_launcher {settings.dagster_run_launcher!r}; set "
+                        f"dagster.run_launcher: celery, dagster.broker and dagster.postgres_url first")
+    prepare_dagster_home(home)
+    config_dir = write_celery_config(dagster_home(home), settings)
+    name = args.name or f"optimizer-{os.getpid()}"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(config_dir), os.environ.get("PYTHONPATH")])),
+               **{WORKER_ENV: name})
+    print(f"Celery worker {name} for home {home}, queue {args.queue}", flush=True)
+    # -P solo: prefork children are daemonic and may not start the solver pool or the figure processes
+    return run_supervised([sys.executable, "-m", "celery", "-A", "dagster_celery.app", "worker", "-P", "solo",
+                           "-Q", args.queue, "-n", f"{name}@%h", "--loglevel", "INFO"], env)
 
 
 # ------------------------------------------------------------------ formatting
@@ -331,6 +365,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("binding_ids", nargs="*", metavar="binding_id")
     p.add_argument("--all", action="store_true", help="every binding in the ledger")
     p.add_argument("--job", choices=JOBS, default="refresh")
+    p.add_argument("--no-wait", action="store_true",
+                   help="with dagster.run_launcher celery: return once the runs are submitted")
     p.set_defaults(func=cmd_materialize)
 
     p = sub.add_parser("recommendation", help="the latest recommendation of a binding")
@@ -352,6 +388,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--binding")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_ledger)
+
+    p = sub.add_parser("daemon", help="several hosts: dagster-daemon for this home (runs stay queued without it)")
+    p.set_defaults(func=cmd_daemon)
+
+    p = sub.add_parser("worker", help="several hosts: a Celery worker (-P solo) running this home's runs")
+    p.add_argument("--name", help="the worker's node name (default optimizer-<pid>)")
+    p.add_argument("--queue", default="dagster", help="the Celery queue of run tasks (default dagster)")
+    p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("ui", help="start the Dagster UI (dagster dev) for this home")
     p.add_argument("--host", default="127.0.0.1")

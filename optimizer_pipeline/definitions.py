@@ -3,7 +3,7 @@
 import os
 from pathlib import Path
 
-from dagster import Definitions
+from dagster import BackfillPolicy, Definitions
 
 from optimizer_pipeline.assets.bindings import binding_stages
 from optimizer_pipeline.assets.outcomes import outcome_deltas
@@ -27,8 +27,12 @@ def build_definitions(home: Path, solver: SolverResource | None = None) -> Defin
     """The code location of `home`. `solver` replaces the worker pool (tests pass the in-process fake
     when the worker process is not their subject)."""
     settings = load_settings(home)
+    # several hosts: a refresh (UI backfill, `materialize`) spreads over the workers in runs of at
+    # most dagster.max_partitions_per_run bindings; embedded: one run for the whole range
+    policy = BackfillPolicy.multi_run(settings.dagster_max_partitions_per_run) \
+        if settings.dagster_run_launcher == "celery" else BackfillPolicy.single_run()
     return Definitions(
-        assets=[binding_stages, outcome_deltas],
+        assets=[binding_stages.with_attributes(backfill_policy=policy), outcome_deltas],
         resources={
             "ledger": LedgerResource(home=str(home)),
             "settings": SettingsResource(home=str(home)),

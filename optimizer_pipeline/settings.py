@@ -59,6 +59,10 @@ class Settings:
     schedule_timezone: str = "UTC"
     live_max_age_s: float | None = None  # unset: max(10 x sample_period_s, 300 s) per binding (recommend.max_live_age_s)
     ledger_url: str | None = None  # postgresql://... ; unset: the DuckDB file <home>/optimizer.duckdb
+    dagster_postgres_url: str | None = None  # the Dagster instance's storage; unset: SQLite under <home>/dagster
+    dagster_run_launcher: str = "in_process"  # in_process | celery
+    dagster_broker: str | None = None  # redis://... for the celery run launcher
+    dagster_max_partitions_per_run: int = 25  # bindings per run of a refresh launched through the instance
 
 
 def _cron(text: Any) -> str:
@@ -72,6 +76,14 @@ def _postgres_url(text: Any) -> str:
 
     if not isinstance(text, str) or urlsplit(text).scheme not in ("postgresql", "postgres") \
             or not urlsplit(text).hostname:
+        raise ValueError
+    return text
+
+
+def _redis_url(text: Any) -> str:
+    from urllib.parse import urlsplit
+
+    if not isinstance(text, str) or urlsplit(text).scheme not in ("redis", "rediss") or not urlsplit(text).hostname:
         raise ValueError
     return text
 
@@ -99,10 +111,15 @@ _SPEC: dict[str, tuple[str, Rule]] = {
     "schedule.timezone": ("schedule_timezone", Rule(_timezone, "an IANA time zone such as 'Europe/Berlin'")),
     "live.max_age_s": ("live_max_age_s", number_rule(float, POSITIVE)),
     "ledger.url": ("ledger_url", Rule(_postgres_url, "a URL such as 'postgresql://user@host:5432/optimizer'")),
+    "dagster.postgres_url": ("dagster_postgres_url",
+                             Rule(_postgres_url, "a URL such as 'postgresql://user@host:5432/dagster'")),
+    "dagster.run_launcher": ("dagster_run_launcher", choice_rule(("in_process", "celery"))),
+    "dagster.broker": ("dagster_broker", Rule(_redis_url, "a URL such as 'redis://host:6379/0'")),
+    "dagster.max_partitions_per_run": ("dagster_max_partitions_per_run", number_rule(int, Interval(1, 1000))),
 }
 
 
-SECRET_KEYS = frozenset({"ledger.url"})  # may hold a password
+SECRET_KEYS = frozenset({"ledger.url", "dagster.postgres_url", "dagster.broker"})  # may hold a password
 
 
 def env_name(key: str) -> str:
@@ -165,4 +182,8 @@ def load_settings(home: Path, environ: Mapping[str, str] | None = None) -> Setti
         name = env_name(key)
         if name in environ:
             values[_SPEC[key][0]] = _parse(key, environ[name], f"environment variable {name}")
-    return replace(Settings(), **values)
+    settings = replace(Settings(), **values)
+    if settings.dagster_run_launcher == "celery" and not (settings.dagster_broker and settings.dagster_postgres_url):
+        raise SettingsError(f"{path}: dagster.run_launcher 'celery' needs dagster.broker (a redis:// URL) and "
+                            f"dagster.postgres_url (the Dagster instance the workers share)")
+    return settings

@@ -1,0 +1,68 @@
+"""The home's Dagster instance configuration (`<home>/dagster/dagster.yaml`) for each deployment shape.
+
+Embedded default: SQLite storage under the home, runs in process. Several hosts
+(`dagster.postgres_url`, `dagster.run_launcher: celery`): the instance's storage on PostgreSQL
+(scheme `postgresql+psycopg2`: SQLAlchemy 2.1 maps a plain `postgresql://` URL to psycopg 3, with
+which dagster-postgres' NOTIFY fails), runs queued for `dagster-daemon` and launched onto Celery
+workers (dagster-celery's CeleryRunLauncher, Redis broker and result backend; fair dispatch:
+prefetch 1, late acks), run monitoring on (a run whose worker died ends failed), no compute-log
+files (hosts share nothing but the servers). Telemetry and the first-visit dialog are always off.
+"""
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from optimizer_pipeline.settings import Settings
+
+WORKER_ENV = "OPTIMIZER_WORKER_NAME"  # set by `optimizer-pipeline worker`: where a run ran (ledger runs' context)
+RUN_QUEUE = "dagster"  # the Celery queue of run tasks (a worker's default --queue)
+# run monitoring: how often the daemon asks a run's worker for its health, and how long a run may
+# take to start on a worker before it is failed
+MONITOR_POLL_S = 5
+MONITOR_START_TIMEOUT_S = 300
+
+
+def dagster_yaml(settings: Settings) -> str:
+    """The dagster.yaml text for `settings` (written by the CLI before it starts Dagster)."""
+    doc: dict[str, Any] = {"telemetry": {"enabled": False}, "nux": {"enabled": False}}
+    if settings.dagster_postgres_url:
+        doc["storage"] = {"postgres": {"postgres_url": psycopg2_url(settings.dagster_postgres_url)}}
+        doc["compute_logs"] = {"module": "dagster._core.storage.noop_compute_log_manager",
+                               "class": "NoOpComputeLogManager"}
+    if settings.dagster_run_launcher == "celery":
+        doc["run_launcher"] = {"module": "dagster_celery.launcher", "class": "CeleryRunLauncher", "config": {
+            "broker": settings.dagster_broker, "backend": settings.dagster_broker, "default_queue": RUN_QUEUE,
+            "config_source": celery_config(settings)}}
+        doc["run_monitoring"] = {"enabled": True, "poll_interval_seconds": MONITOR_POLL_S,
+                                 "start_timeout_seconds": MONITOR_START_TIMEOUT_S, "max_resume_run_attempts": 0}
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+def psycopg2_url(url: str) -> str:
+    """`postgresql://…` as `postgresql+psycopg2://…` (dagster-postgres' NOTIFY needs psycopg2)."""
+    scheme, rest = url.split("://", 1)
+    return f"postgresql+psycopg2://{rest}" if scheme in ("postgresql", "postgres") else url
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    """Celery settings shared by the launcher (daemon) and the workers: fair dispatch, so an idle
+    worker takes the next run; results in Redis so run monitoring can ask a task's state."""
+    return {"broker_url": settings.dagster_broker, "result_backend": settings.dagster_broker,
+            "worker_prefetch_multiplier": 1, "task_acks_late": True, "task_track_started": True,
+            "result_extended": True, "broker_connection_retry_on_startup": True}
+
+
+CELERY_CONFIG_MODULE = "dagster_celery_config"  # the module dagster_celery.app imports when it exists
+
+
+def write_celery_config(dagster_dir: Path, settings: Settings) -> Path:
+    """Write `<dagster_dir>/celery/dagster_celery_config.py` (what a worker's Celery app reads) and
+    return its folder, for the worker's PYTHONPATH."""
+    folder = Path(dagster_dir) / "celery"
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = [f"{key} = {value!r}" for key, value in celery_config(settings).items()]
+    (folder / f"{CELERY_CONFIG_MODULE}.py").write_text(
+        "# written by optimizer-pipeline from the home's settings\n" + "\n".join(lines) + "\n", encoding="utf-8")
+    return folder

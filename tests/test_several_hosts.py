@@ -1,0 +1,133 @@
+"""Past one machine (issue 14): the ledger and the Dagster instance on PostgreSQL, runs on Celery
+workers, with real servers started by the tests. Two workers, each with its own home directory
+(they share nothing but the two servers), a daemon, a 6-binding refresh split into runs of 2."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from dagster import DagsterInstance
+
+from optimizer_pipeline.contracts import binding_from_dict
+from optimizer_pipeline.plants import get_plant
+
+from ledger_helpers import ledger_at
+from servers import redis_server
+
+BINDINGS = [f"heater-{i}" for i in range(6)]
+OPEN = {"verified", "unverified", "rejected"}
+
+
+@pytest.fixture(scope="module")
+def redis():
+    with redis_server() as url:
+        yield url
+
+
+def _home(root: Path, name: str, settings: dict) -> Path:
+    home = root / name
+    home.mkdir(parents=True)
+    (home / "settings.yaml").write_text(yaml.safe_dump(settings))
+    return home
+
+
+def _env() -> dict:
+    return {k: v for k, v in os.environ.items() if k not in ("OPTIMIZER_HOME", "DAGSTER_HOME")}
+
+
+def _start(home: Path, *args: str, log: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "optimizer_pipeline.cli", "--home", str(home), *args],
+                            env=_env(), stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM, as a service manager would; the command must end and leave no process of its group."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise AssertionError("the command did not stop within 60 s of SIGTERM")
+
+
+def _group_gone(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def _wait_for(text: str, log: Path, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if text in log.read_text(errors="replace"):
+            return
+        time.sleep(0.25)
+    raise AssertionError(f"{text!r} not in {log.name} after {timeout_s:g} s:\n{log.read_text()[-3000:]}")
+
+
+def _wait_for_runs(instance, run_ids: set[str], timeout_s: float) -> dict[str, str]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        runs = {run_id: instance.get_run_by_id(run_id) for run_id in run_ids}
+        statuses = {run_id: run.status.value if run else "MISSING" for run_id, run in runs.items()}
+        if all(status in ("SUCCESS", "FAILURE", "CANCELED") for status in statuses.values()):
+            return statuses
+        time.sleep(1)
+    raise AssertionError(f"runs not finished after {timeout_s:g} s: {statuses}")
+
+
+@pytest.mark.timeout(1200)
+def test_a_refresh_split_into_runs_of_two_runs_on_two_workers_with_their_own_homes(postgres, redis, tmp_path):
+    ledger_url, dagster_url = postgres.new_database(), postgres.new_database()
+    settings = {"ledger": {"url": ledger_url},
+                "dagster": {"postgres_url": dagster_url, "run_launcher": "celery", "broker": redis,
+                            "max_partitions_per_run": 2}}
+    homes = {name: _home(tmp_path, name, settings) for name in ("submitter", "daemon", "worker-a", "worker-b")}
+    ledger = ledger_at(ledger_url)
+    plant = get_plant("heater")
+    for binding_id in BINDINGS:
+        ledger.ingest(binding_from_dict({**plant.binding_doc(), "id": binding_id}), plant.history(1).frame,
+                      "simulation")
+
+    logs = {name: tmp_path / f"{name}.log" for name in ("daemon", "worker-a", "worker-b")}
+    procs = {"worker-a": _start(homes["worker-a"], "worker", "--name", "a", log=logs["worker-a"]),
+             "worker-b": _start(homes["worker-b"], "worker", "--name", "b", log=logs["worker-b"])}
+    try:
+        for name in ("worker-a", "worker-b"):
+            _wait_for("ready.", logs[name])
+        # submitted first, so that the daemon's binding_changes sensor finds the bindings covered
+        proc = subprocess.run([sys.executable, "-m", "optimizer_pipeline.cli", "--home", str(homes["submitter"]),
+                               "materialize", "--all", "--no-wait"], env=_env(), capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        printed = json.loads(proc.stdout)
+        procs["daemon"] = _start(homes["daemon"], "daemon", log=logs["daemon"])
+        with DagsterInstance.from_config(str(homes["submitter"] / "dagster")) as instance:
+            statuses = _wait_for_runs(instance, {d["dagster_run_id"] for d in printed}, timeout_s=900)
+    finally:
+        for proc_ in procs.values():
+            _stop(proc_)
+    for proc_ in procs.values():
+        assert _group_gone(proc_.pid), "a process of the daemon / worker tree was left running"
+    assert set(statuses.values()) == {"SUCCESS"}, (statuses, "".join(p.read_text()[-3000:] for p in logs.values()))
+
+    assert [d["binding_id"] for d in printed] == BINDINGS and all(d["submitted"] for d in printed)
+    assert len({d["dagster_run_id"] for d in printed}) == 3  # runs of at most 2 bindings
+    runs = ledger.list_runs()
+    assert sorted(r.binding_id for r in runs) == BINDINGS  # one solve each: the sensor left them to these runs
+    assert {r.context["worker"] for r in runs} == {"a", "b"}  # both workers ran bindings
+    for binding_id in BINDINGS:
+        recs = ledger.list_recommendations(binding_id)
+        assert [r.status for r in recs if r.status in OPEN] == ["verified"], binding_id
+    assert not list(tmp_path.rglob("*.duckdb")), "a DuckDB file was written: the ledger must be on PostgreSQL"
+    assert not list(tmp_path.rglob("*.db")), "a SQLite file was written: the Dagster instance must be on PostgreSQL"
