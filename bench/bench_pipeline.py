@@ -53,8 +53,8 @@ def main() -> None:
     t_all = time.perf_counter()
     results = run_partitions(home, ids)
     total = time.perf_counter() - t_all
-    assert all(ok for _, ok, _ in results), [r for r in results if not r[1]]
-    runs = len({run_id for _, _, run_id in results})
+    assert all(r.ok for r in results), [r for r in results if not r.ok]
+    runs = len({r.dagster_run_id for r in results})
     statuses = [ledger.latest_recommendation(b).status for b in ids]
 
     per_run = []
