@@ -4,7 +4,9 @@ the recommendation page with its status and, behind "[Show Markdown]", the plan 
 Chromium is driven through chromedriver's W3C WebDriver HTTP API with urllib (no extra package).
 Every process the tests start runs in its own process group, and the tests stop exactly those
 groups and check that nothing of them is left. Without Debian's `chromium` and `chromium-driver`
-(installed by .ci/ensure-chromium) the browser tests skip with a loud reason.
+(installed by .ci/ensure-chromium) the browser tests skip with a loud reason, except with the
+environment variable CI set (.ci/run sets it): then they fail with that reason, so CI cannot pass
+with the UI untested.
 """
 
 import base64
@@ -171,14 +173,40 @@ def _wait_until_up(url: str, proc: subprocess.Popen, log: Path, timeout_s: float
     raise AssertionError(f"{url} did not answer within {timeout_s} s:\n{log.read_text()[-3000:]}")
 
 
+def _in_ci(environ) -> bool:
+    """CI is set to anything but empty / 0 / false / no (GitHub and GitLab set CI=true, .ci/run CI=1)."""
+    return environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def require_chromium(environ=os.environ, which=shutil.which) -> None:
+    """Skip (loudly) without chromium / chromedriver; in CI fail instead: the UI must not go untested there."""
+    missing = [name for name in ("chromium", "chromedriver") if which(name) is None]
+    if not missing:
+        return
+    why = (f"{' and '.join(missing)} not found; install Debian packages chromium and chromium-driver "
+           f"(bash .ci/ensure-chromium does it as root)")
+    if _in_ci(environ):
+        pytest.fail(f"UI BROWSER TEST CANNOT RUN IN CI (CI={environ['CI']!r}): {why}", pytrace=False)
+    reason = f"!!! UI BROWSER TEST SKIPPED: {why}"
+    warnings.warn(reason)
+    pytest.skip(reason)
+
+
 @pytest.fixture(scope="module")
 def chromium():
-    missing = [name for name in ("chromium", "chromedriver") if shutil.which(name) is None]
-    if missing:
-        reason = (f"!!! UI BROWSER TEST SKIPPED: {' and '.join(missing)} not found; install Debian packages "
-                  f"chromium and chromium-driver (bash .ci/ensure-chromium does it as root)")
-        warnings.warn(reason)
-        pytest.skip(reason)
+    require_chromium()
+
+
+@pytest.mark.filterwarnings("ignore:!!! UI BROWSER TEST SKIPPED")
+@pytest.mark.parametrize("environ, outcome", [
+    ({"CI": "1"}, pytest.fail.Exception), ({"CI": "true"}, pytest.fail.Exception),
+    ({}, pytest.skip.Exception), ({"CI": ""}, pytest.skip.Exception), ({"CI": "false"}, pytest.skip.Exception),
+])
+def test_missing_chromedriver_fails_in_ci_and_skips_elsewhere_naming_it(environ, outcome):
+    with pytest.raises(outcome) as raised:
+        require_chromium(environ, which=lambda name: None if name == "chromedriver" else f"/usr/bin/{name}")
+    assert "chromedriver not found; install Debian packages chromium and chromium-driver" in str(raised.value)
+    assert "chromium and chromedriver" not in str(raised.value)
 
 
 @pytest.fixture(scope="module")
