@@ -415,8 +415,44 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
     except OSError as exc:  # the home cannot be created or written (a file, no permission, full disk)
+        if disk_full(exc, home):
+            print(f"error: the filesystem under {home} is full (no space left on device); free space and run "
+                  f"the command again", file=sys.stderr)
+            return EXIT_USER_ERROR
         print(f"error: home {home}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_USER_ERROR
+    except Exception as exc:  # noqa: BLE001 - a full filesystem surfaces as the library's own error
+        if not disk_full(exc, home):
+            raise
+        print(f"error: the filesystem under {home} is full (no space left on device); free space and run "
+              f"the command again (the ledger keeps only whole transactions)", file=sys.stderr)
+        return EXIT_USER_ERROR
+
+
+FULL_DISK_TEXTS = ("no space left on device", "database or disk is full", "disk full")
+IO_ERROR_TEXTS = ("disk i/o error", "i/o error")
+NEARLY_FULL_BYTES = 1 << 20  # an I/O error with less than this free under the home is a full disk
+
+
+def disk_full(exc: BaseException | None, home: Path) -> bool:
+    """Whether `exc` (or what caused it) is a full filesystem: ENOSPC, DuckDB's WAL write failing with
+    'No space left on device', SQLite's 'database or disk is full' (Dagster's instance), or an I/O
+    error (SQLite's journal on a full disk) while the home's filesystem has (almost) no space left."""
+    import errno
+    import shutil
+
+    seen, io_error = set(), False
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        text = str(exc).lower()
+        if getattr(exc, "errno", None) == errno.ENOSPC or any(t in text for t in FULL_DISK_TEXTS):
+            return True
+        io_error = io_error or any(t in text for t in IO_ERROR_TEXTS)
+        exc = exc.__cause__ or exc.__context__
+    if not io_error:
+        return False
+    existing = next((p for p in (home, *home.parents) if p.exists()), Path("/"))
+    return shutil.disk_usage(existing).free < NEARLY_FULL_BYTES
 
 
 if __name__ == "__main__":
