@@ -9,7 +9,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, Sequence
 
 from optimizer_pipeline.contracts import ContractError, EvidenceSource, load_binding_file
 from optimizer_pipeline.settings import dagster_home, ledger_path, load_settings, resolve_home
@@ -345,8 +345,18 @@ def _demo_table(docs: list[dict[str, Any]], plants: list[Any]) -> str:
 # ------------------------------------------------------------------ entry point
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the CLI's rule for a usage mistake: one `error: ...` line on stderr, exit code 2
+    (argparse's own form is the usage text plus the message, three lines or more). Subcommand parsers
+    are of this class too (add_subparsers makes them of the parent's class)."""
+
+    def error(self, message: str) -> NoReturn:
+        text = " ".join(message.split())
+        self.exit(EXIT_USER_ERROR, f"error: {self.prog}: {text}; see '{self.prog} --help'\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="optimizer-pipeline", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="optimizer-pipeline", description=__doc__.splitlines()[0])
     parser.add_argument("--home", help="home directory (default: $OPTIMIZER_HOME or ./.optimizer)")
     sub = parser.add_subparsers(dest="command", required=True)
 

@@ -93,6 +93,20 @@ def test_bad_binding_file_writes_nothing(tmp_path, files):
     assert not ledger_path(home).exists() or Ledger(ledger_path(home)).counts()["bindings"] == 0
 
 
+@pytest.mark.parametrize("args, line", [
+    (["frobnicate"], "error: optimizer-pipeline: argument command: invalid choice: 'frobnicate' (choose from "),
+    (["ingest", "heater.yaml"], "error: optimizer-pipeline ingest: the following arguments are required: "
+                                "history_file; see 'optimizer-pipeline ingest --help'"),
+    (["ledger", "--frob"], "error: optimizer-pipeline: unrecognized arguments: --frob; see 'optimizer-pipeline --help'"),
+])
+def test_usage_error_is_one_error_line_exit_2_and_creates_no_home(tmp_path, args, line):
+    home = tmp_path / "home"
+    done = cli(home, *args, timeout=60)
+    assert_one_line_error(done, line)
+    assert done.stderr.startswith(line) and "usage:" not in done.stderr and done.stdout == ""
+    assert not home.exists()
+
+
 def test_bad_history_file_stores_neither_binding_nor_samples(tmp_path, files):
     home = tmp_path / "home"
     binding, history = files
