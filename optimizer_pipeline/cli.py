@@ -78,6 +78,7 @@ def run_partitions(home: Path, binding_ids: Sequence[str], job_name: str = "refr
 
     settings = load_settings(home)
     if settings.dagster_run_launcher == "celery":
+        _require_broker(settings)
         return [BindingRun(*outcome) for outcome in submit_and_wait(
             home, open_ledger(home, settings), binding_ids, job_name, settings.dagster_max_partitions_per_run, wait)]
     job = build_definitions(home).resolve_job_def(job_name)
@@ -275,6 +276,16 @@ def cmd_daemon(args: argparse.Namespace, home: Path) -> int:
                           os.environ)
 
 
+def _require_broker(settings: Any) -> None:
+    from optimizer_pipeline.deployment import broker_problem
+    from optimizer_pipeline.settings import redact_url
+
+    problem = broker_problem(settings.dagster_broker)
+    if problem is not None:
+        raise UserError(f"broker {redact_url(settings.dagster_broker)} cannot be reached ({problem}); start Redis "
+                        f"or correct dagster.broker")
+
+
 def cmd_worker(args: argparse.Namespace, home: Path) -> int:
     from optimizer_pipeline.deployment import WORKER_ENV, write_celery_config
     from optimizer_pipeline.supervise import run_supervised
@@ -283,6 +294,7 @@ def cmd_worker(args: argparse.Namespace, home: Path) -> int:
     if settings.dagster_run_launcher != "celery":
         raise UserError(f"worker: home {home} has dagster.run_launcher {settings.dagster_run_launcher!r}; set "
                         f"dagster.run_launcher: celery, dagster.broker and dagster.postgres_url first")
+    _require_broker(settings)
     prepare_dagster_home(home)
     config_dir = write_celery_config(dagster_home(home), settings)
     name = args.name or f"optimizer-{os.getpid()}"

@@ -66,3 +66,16 @@ def write_celery_config(dagster_dir: Path, settings: Settings) -> Path:
     (folder / f"{CELERY_CONFIG_MODULE}.py").write_text(
         "# written by optimizer-pipeline from the home's settings\n" + "\n".join(lines) + "\n", encoding="utf-8")
     return folder
+
+
+def broker_problem(url: str, timeout_s: float = 3.0) -> str | None:
+    """Why the Redis broker at `url` cannot be reached (None when a TCP connection succeeds)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    try:
+        with socket.create_connection((parts.hostname, parts.port or 6379), timeout=timeout_s):
+            return None
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__

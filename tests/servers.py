@@ -68,7 +68,7 @@ class Postgres:
         self.pg_ctl("-m", "fast", "-w", "stop")
 
     def restart(self) -> None:
-        proc = self.pg_ctl("-m", "fast", "-w", "restart", "-o",
+        proc = self.pg_ctl("-l", str(self.root / "log"), "-m", "fast", "-w", "restart", "-o",
                            f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1", timeout=120)
         if proc.returncode != 0:
             raise RuntimeError(f"pg_ctl restart failed: {proc.stderr or proc.stdout}")

@@ -81,3 +81,21 @@ def test_a_malformed_ledger_url_is_refused_naming_the_setting_without_the_passwo
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "OPTIMIZER_LEDGER_URL" in lines[0] and "ledger.url must be" in lines[0]
     assert SECRET not in proc.stderr and "mysql://root:***@db/x" in lines[0]
+
+
+def test_an_unreachable_broker_is_one_error_line_and_nothing_is_submitted(postgres, tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    port = free_port()
+    (home / "settings.yaml").write_text(yaml.safe_dump({
+        "ledger": {"url": postgres.new_database()},
+        "dagster": {"postgres_url": postgres.new_database(), "run_launcher": "celery",
+                    "broker": f"redis://:{SECRET}@127.0.0.1:{port}/0"}}))
+    for args in (("worker", "--name", "w"), ("materialize", "--all")):
+        proc = cli(home, *args, timeout=120)
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"error: broker redis://:***@127.0.0.1:{port}/0 cannot be "
+                                                      f"reached"), proc.stderr
+        assert SECRET not in proc.stderr
+    assert not (home / "dagster").exists() or not list((home / "dagster").rglob("*.db"))
