@@ -76,12 +76,23 @@ def _artifact_metadata(artifact: ModelArtifact, plot: Callable[[], str]) -> dict
         "binding_revision": artifact.binding_revision,
         "orders": f"na={artifact.na} nb={artifact.nb} delay={artifact.delay} P={artifact.horizon}",
         "orders_chosen_from_data": MetadataValue.json(dict(artifact.selection)) if artifact.selection else "given",
+        # the steady-state MV gain (normalised units): condition number and its uncertainty (jackknife)
+        "steady_gain_condition": _condition(artifact),
+        "steady_gain": MetadataValue.json(dict(artifact.steady_gain)),
         **{f"{g.name}_value": float(g.value) for g in artifact.gates if g.value is not None},
         "gates": _table([{"gate": g.name, "description": g.description, "value": _float_or_none(g.value),
                           "threshold": float(g.threshold), "passed": g.passed} for g in artifact.gates],
                         [("gate", "string"), ("description", "string"), ("value", "float"), ("threshold", "float"),
                          ("passed", "bool")]),
     }
+
+
+def _condition(artifact: ModelArtifact) -> float | str:
+    """The steady-state gain's condition number; None in the record means a singular gain."""
+    if not artifact.steady_gain:
+        return "not recorded"
+    condition = artifact.steady_gain.get("condition")
+    return "singular" if condition is None else float(condition)
 
 
 def _gate_checks(artifact: ModelArtifact) -> list[Check]:
@@ -130,6 +141,7 @@ def uq_calibration(env: StageEnv, inputs: BindingInputs) -> StageResult:
                                   ("coverage", "float"), ("threshold", "float"), ("meets_threshold", "bool")]),
         "calibration_id": calibration.calibration_id, "artifact_hash": calibration.artifact_hash,
         "method": ev.method or "none (fail closed)",
+        "score": ev.score or uq.MAX_RESIDUAL, "block_length": ev.block_length,
         "coverage": ev.coverage, "coverage_threshold": ev.coverage_threshold,
         "coverage_lower_95": ev.coverage_lower_95, "exchangeability_p": ev.exchangeability_p,
         "qhat": MetadataValue.json(dict(zip(ev.cv_tags, ev.qhat))) if ev.qhat else "none",

@@ -73,6 +73,7 @@ def recommendation(env: StageEnv, inputs: BindingInputs) -> StageResult:
         "problem_ir_hash": rec.problem_ir_hash, "model_artifact_hash": rec.model_artifact_hash,
         "calibration_id": calibration.calibration_id, "training_data_hash": artifact.training_data_hash,
         "evidence": MetadataValue.json(dict(rec.evidence)),
+        "band_steps": rec.band_steps if rec.band_steps is not None else "no band",
         "plan": _plan_table(rec),
         "candidates": _candidates_table(record.result.candidates),
         "expired_past_valid_until": record.expired_before,

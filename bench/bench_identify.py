@@ -15,7 +15,8 @@ import numpy as np
 from optimizer_pipeline.contracts import HistorySplit, Normalisation, RunSeries, binding_from_dict
 from optimizer_pipeline.data import prepare_history, validate_history_frame
 from optimizer_pipeline.model import arx_of, identify
-from optimizer_pipeline.model.arx import Orders, RidgeProblem, rollout_nrmse, stack_runs
+from optimizer_pipeline.model.arx import Orders, rollout_nrmse, stack_runs
+from optimizer_pipeline.model.fit import RidgeProblem
 from optimizer_pipeline.plants import demo_plants
 
 BUDGET_S = 0.5
@@ -72,7 +73,7 @@ def baseline_nrmse(split, spec, orders: Orders) -> float:
     """Plain one-step least squares (no ridge to speak of, no refinement), test rollout NRMSE at P."""
     tags = (spec.mv_tags, spec.cv_tags, spec.dv_tags)
     train, test = (stack_runs(runs, split.normalisation, *tags) for runs in (split.train, split.test))
-    model = RidgeProblem(train, [orders]).fit(orders, 0.0)
+    model = RidgeProblem.for_orders(train, [orders]).fit(orders, 0.0)
     return float(np.max(rollout_nrmse(model, test, spec.model.horizon)))
 
 

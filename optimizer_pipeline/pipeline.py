@@ -9,6 +9,7 @@ that names what to run first.
 """
 
 import logging
+import os
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Callable
@@ -32,8 +33,10 @@ from optimizer_pipeline.contracts import (
     iso_utc,
 )
 from optimizer_pipeline.data import prepare_history, validate_history_frame
+from optimizer_pipeline.deployment import WORKER_ENV
 from optimizer_pipeline.ledger import Ledger, LedgerError, new_id
 from optimizer_pipeline.model import current_state, identify
+from optimizer_pipeline.model.statespace import MAX_SETTLING_STEPS, settling_steps
 from optimizer_pipeline.problem import compile_problem
 from optimizer_pipeline.recommend import EvidenceSnapshot, decide, max_live_age_s
 from optimizer_pipeline.settings import Settings
@@ -113,15 +116,20 @@ def load_artifact(ledger: Ledger, stored: StoredBinding) -> ModelArtifact:
     return artifact
 
 
-def block_length(binding: BindingSpec, artifact: ModelArtifact) -> int:
-    """Block length h of the UQ scores (docs/ARCHITECTURE.md, UQ evidence rules): the artifact's
-    training horizon P; the steady-state template uses h = 1."""
-    return 1 if binding.profile.template is Template.STEADY_RESPONSE else artifact.horizon
+def block_rule(binding: BindingSpec, artifact: ModelArtifact) -> tuple[int, str]:
+    """Block length h and score of the UQ evidence (docs/ARCHITECTURE.md, UQ evidence rules), what
+    the recommendation predicts: a move plan, the largest residual of P-step blocks; a steady target,
+    the settled response, scored at the end of blocks as long as the model's settling horizon (a
+    model that does not settle within MAX_SETTLING_STEPS gets blocks no run holds: no evidence)."""
+    if binding.profile.template is Template.STEADY_RESPONSE:
+        settling = settling_steps(artifact.state_space)
+        return (MAX_SETTLING_STEPS + 1 if settling is None else settling), uq.SETTLED_RESIDUAL
+    return artifact.horizon, uq.MAX_RESIDUAL
 
 
 def score_blocks(binding: BindingSpec, artifact: ModelArtifact, split: HistorySplit) -> Scores:
-    h = block_length(binding, artifact)
-    return Scores(uq.block_scores(artifact, split.val, h=h), uq.block_scores(artifact, split.test, h=h))
+    h, score = block_rule(binding, artifact)
+    return Scores(uq.block_scores(artifact, split.val, h, score), uq.block_scores(artifact, split.test, h, score))
 
 
 def score_and_store(ledger: Ledger, binding: BindingSpec, artifact: ModelArtifact, split: HistorySplit) -> Scores:
@@ -139,7 +147,7 @@ def load_scores(ledger: Ledger, binding: BindingSpec, artifact: ModelArtifact) -
     if frame.empty:
         raise MissingInputError(f"binding {binding.id}: no block scores of model artifact "
                                 f"{artifact.artifact_hash[:12]} in the ledger; materialize uq_block_scores first")
-    h, tags = block_length(binding, artifact), list(artifact.cv_tags)
+    (h, score), tags = block_rule(binding, artifact), list(artifact.cv_tags)
 
     def segment(name: str) -> uq.BlockScores:
         wide = frame[frame["segment"] == name].pivot_table(index=["run_id", "block_start"], columns="cv_tag",
@@ -149,7 +157,7 @@ def load_scores(ledger: Ledger, binding: BindingSpec, artifact: ModelArtifact) -
         return uq.BlockScores(cv_tags=tuple(tags), h=h, run_ids=run_ids,
                               starts=np.asarray(wide.index.get_level_values(1), dtype=np.int64),
                               scores=wide.to_numpy(float).reshape(len(wide), len(tags)),
-                              n_unique_steps=len(wide) * h, n_runs=len(set(run_ids)))
+                              n_unique_steps=len(wide) * h, n_runs=len(set(run_ids)), score=score)
 
     return Scores(segment("val"), segment("test"))
 
@@ -229,7 +237,8 @@ def recommend(stored: StoredBinding, artifact: ModelArtifact, split: HistorySpli
            "profile_id": binding.profile.id, "profile_version": binding.profile.version,
            "problem_ir_hash": problem.hash, "problem": problem.to_dict(), "started_at": now,
            "context": {"live_run": live.run_id, "live_t": float(live.t[-1]), "calibration_id": calibration.calibration_id,
-                       "model_artifact_hash": artifact.artifact_hash, "evidence_source": source}}
+                       "model_artifact_hash": artifact.artifact_hash, "evidence_source": source,
+                       "worker": os.environ.get(WORKER_ENV, "local")}}
     ledger.record_solve(run, result.candidates, artifact.artifact_hash, rec,
                         run_status=run_status(result),
                         independent_cost=None if chosen is None else chosen.independent_cost,

@@ -169,6 +169,7 @@ def _band(band: Sequence[float | None] | None, n: int) -> np.ndarray:
 class PlanSeries:
     """What the recommendation plot shows. t_hist (n,) s <= 0; y_hist (n, n_cv); u_hist (n, n_mv);
     controls (N, n_mv) and predicted (N, n_cv) (N = 0 without a plan); band (n_cv,) NaN = none;
+    band_steps: the plan steps the band is calibrated for (Recommendation.band_steps; 0 = none);
     limits / targets per tag (engineering units). steady: the plan is a steady-state target
     (predicted = the settled CVs, reached after an unknown time), not a trajectory."""
 
@@ -183,6 +184,7 @@ class PlanSeries:
     controls: np.ndarray
     predicted: np.ndarray
     band: np.ndarray
+    band_steps: int
     cv_lo: np.ndarray
     cv_hi: np.ndarray
     cv_target: np.ndarray
@@ -202,6 +204,7 @@ def plan_series(spec: BindingSpec, live: RunSeries, rec: Recommendation, history
         y_hist=np.asarray(live.y[-n:], float), u_hist=np.asarray(live.u[-n:], float),
         controls=np.asarray(rec.controls, float).reshape(-1, nu),
         predicted=np.asarray(rec.predicted, float).reshape(-1, ny), band=_band(rec.band, ny),
+        band_steps=int(rec.band_steps or 0),
         cv_lo=np.array([c.lo for c in spec.cvs]), cv_hi=np.array([c.hi for c in spec.cvs]),
         cv_target=np.array([c.target for c in spec.cvs]),
         mv_lo=np.array([m.lo for m in spec.mvs]), mv_hi=np.array([m.hi for m in spec.mvs]))
@@ -213,7 +216,8 @@ def draw_plan(s: PlanSeries) -> Figure:
 
     A steady-state plan is drawn over a display span of a third of the history (its settling time
     is not predicted): the MVs step to their targets at t = 0 and the settled CVs, with their band,
-    fill the second half of that span.
+    fill the second half of that span. A move plan's band is shaded over the steps it is calibrated
+    for (band_steps, the first P) and only outlined (dash-dotted, "not calibrated") beyond them.
     """
     n_plan = s.controls.shape[0]
     history_s = -float(s.t_hist[0])
@@ -235,9 +239,15 @@ def draw_plan(s: PlanSeries) -> Figure:
         if n_plan:
             ax.plot(np.concatenate([[0.0], t_pred]), np.concatenate([[s.y_hist[-1, j]], predicted[:, j]]),
                     color=PREDICTED, lw=1.5, label=label)
-            if np.isfinite(s.band[j]):
-                ax.fill_between(t_pred, predicted[:, j] - s.band[j], predicted[:, j] + s.band[j],
-                                color=PREDICTED, alpha=0.35, lw=0, label=f"UQ band ±{s.band[j]:.3g}")
+            if np.isfinite(s.band[j]) and s.band_steps:
+                shaded = len(t_pred) if s.steady else min(s.band_steps, n_plan)
+                lo, hi = predicted[:, j] - s.band[j], predicted[:, j] + s.band[j]
+                ax.fill_between(t_pred[:shaded], lo[:shaded], hi[:shaded], color=PREDICTED, alpha=0.35, lw=0,
+                                label=f"UQ band ±{s.band[j]:.3g}" + ("" if s.steady else f", steps 1-{shaded}"))
+                if shaded < n_plan:
+                    for edge, text in ((lo, "band not calibrated beyond P"), (hi, None)):
+                        ax.plot(t_pred[shaded - 1:], edge[shaded - 1:], color=PREDICTED, lw=0.8, ls="-.",
+                                alpha=0.6, label=text)
         _limits(ax, s.cv_lo[j], s.cv_hi[j], "limits")
         ax.axhline(s.cv_target[j], color=TARGET, ls=":", lw=1.2, label="target")
         shown = [s.y_hist[:, j], predicted[:, j] - np.nan_to_num(s.band[j]), predicted[:, j] + np.nan_to_num(s.band[j]),

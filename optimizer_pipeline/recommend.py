@@ -1,6 +1,8 @@
 """Choosing the candidate to publish and deciding how far it can be trusted (docs/ARCHITECTURE.md, "Recommendation
 status"): evidence, coverage, freshness, input distance, age of the live state, feasibility,
-cost agreement, model gates and, with `uq.gate = strict`, the Clopper-Pearson / exchangeability tests.
+cost agreement, model gates, the steady-gain uncertainty along the planned move against the band and,
+with `uq.gate = strict`, the Clopper-Pearson / exchangeability tests; and how far the band is a
+calibrated claim (`band_steps`).
 
 Every condition is one `Condition`: the recommendation's `reasons` are the failing ones' texts and
 the UI's conditions table shows them all, so there is one rule, not two.
@@ -9,6 +11,8 @@ the UI's conditions table shows them all, so there is one rule, not two.
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Sequence
+
+import numpy as np
 
 from optimizer_pipeline.contracts import (
     BindingSpec,
@@ -22,6 +26,7 @@ from optimizer_pipeline.contracts import (
     RecommendationStatus,
     SolveCandidate,
     SolveResult,
+    Template,
     iso_utc,
     parse_iso_utc,
 )
@@ -32,6 +37,9 @@ from optimizer_pipeline.ledger import candidate_id, new_id
 # plant still gets a few minutes between its newest sample and the solve).
 LIVE_AGE_PERIODS = 10
 LIVE_AGE_FLOOR_S = 300.0
+# Standard errors of the steady-state gain that the planned move may carry into the settled CVs before
+# it must fit in the band (about a two-sided 95 % bound for a normal estimate).
+GAIN_SIGMAS = 2.0
 
 
 def max_live_age_s(setting: float | None, sample_period_s: float) -> float:
@@ -106,6 +114,42 @@ def conditions(artifact: ModelArtifact, evidence: EvidenceSnapshot, candidate: S
     return found
 
 
+def gain_conditions(artifact: ModelArtifact, problem: ProblemIR, evidence: EvidenceSnapshot,
+                    candidate: SolveCandidate | None) -> list[Condition]:
+    """The planned move against the steady-gain uncertainty: per CV, GAIN_SIGMAS standard errors of
+    the gain along the move from the current MVs to the plan's last MVs, sqrt(du' cov_i du), must fit
+    inside the band (qhat_i), or the settled value may be off by more than the evidence says. No
+    condition without a candidate or without evidence (no band to compare with; that fails anyway)."""
+    if candidate is None or not evidence.has_evidence:
+        return []
+    name, limit = "steady-gain uncertainty along the planned move", f"<= band ({GAIN_SIGMAS:g} standard errors)"
+    uncertainty = artifact.steady_gain.get("uncertainty")
+    if not uncertainty:
+        return [Condition(name, "unknown", limit, False,
+                          "steady-gain uncertainty unknown (the model records none: fewer than 2 train runs)")]
+    u_mean, u_std = artifact.normalisation.of(artifact.mv_tags)
+    move = (np.asarray(candidate.controls[-1], float) - u_mean) / u_std - np.asarray(problem.u_prev, float)
+    spread = GAIN_SIGMAS * np.sqrt(np.einsum("a,iab,b->i", move, np.asarray(uncertainty["cov"], float), move))
+    qhat = np.asarray(evidence.uq["qhat"], float)
+    worst = int(np.argmax(spread / np.maximum(qhat, 1e-300)))
+    _, y_std = artifact.normalisation.of(artifact.cv_tags)
+    tag, error, band = artifact.cv_tags[worst], spread[worst] * y_std[worst], qhat[worst] * y_std[worst]
+    return [Condition(name, f"{tag}: {error:.4g} against band {band:.4g}", limit, bool(np.all(spread <= qhat)),
+                      f"steady-gain uncertainty: along the planned move a settled {tag} error of up to {error:.3g} "
+                      f"({GAIN_SIGMAS:g} standard errors of the gain) exceeds the band {band:.3g}")]
+
+
+def band_steps(binding: BindingSpec, evidence: EvidenceSnapshot, candidate: SolveCandidate | None) -> int | None:
+    """The plan steps (from step 0) for which the band is a calibrated claim: a move plan's first
+    min(P, N) steps (the block length the scores covered), a steady target's one settled row; None
+    without evidence or without a plan."""
+    if candidate is None or not evidence.has_evidence:
+        return None
+    if binding.profile.template is Template.STEADY_RESPONSE:
+        return 1
+    return min(int(evidence.uq["block_length"]), len(candidate.controls))
+
+
 def decide(binding: BindingSpec, binding_revision: int, artifact: ModelArtifact, problem: ProblemIR,
            result: SolveResult, evidence: EvidenceSnapshot, band_engineering: Sequence[float | None],
            max_input_distance: float, run_id: str, now: datetime,
@@ -113,7 +157,8 @@ def decide(binding: BindingSpec, binding_revision: int, artifact: ModelArtifact,
     """Build the recommendation of one solve: `rejected` without a feasible candidate, `verified`
     when every condition holds, `unverified` otherwise (with every failed condition listed)."""
     candidate = choose_candidate(result) if result.ok else None
-    checked = conditions(artifact, evidence, candidate, max_input_distance, now) + list(extra_conditions)
+    checked = (conditions(artifact, evidence, candidate, max_input_distance, now)
+               + gain_conditions(artifact, problem, evidence, candidate) + list(extra_conditions))
     if not result.ok:
         checked.insert(0, Condition("solver", str(result.error_code), "a result", False,
                                     f"solver error {result.error_code}: {result.error_message}"))
@@ -132,7 +177,8 @@ def decide(binding: BindingSpec, binding_revision: int, artifact: ModelArtifact,
         mv_tags=binding.mv_tags, cv_tags=binding.cv_tags,
         controls=() if candidate is None else candidate.controls,
         predicted=() if candidate is None else candidate.predicted,
-        band=tuple(band_engineering), cost=None if candidate is None else candidate.cost,
+        band=tuple(band_engineering), band_steps=band_steps(binding, evidence, candidate),
+        cost=None if candidate is None else candidate.cost,
         independent_cost=None if candidate is None else candidate.independent_cost,
         problem_ir_hash=problem.hash, model_artifact_hash=artifact.artifact_hash,
         evidence={"source": evidence.source if evidence.has_evidence else EvidenceSource.UNASSESSED.value, "uq": evidence.uq,

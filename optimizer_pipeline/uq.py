@@ -1,4 +1,5 @@
-"""UQ evidence rules (docs/ARCHITECTURE.md, "UQ evidence rules"): block scores of val / test runs, block-conformal
+"""UQ evidence rules (docs/ARCHITECTURE.md, "UQ evidence rules"): block scores of val / test runs (the largest
+residual of a P-step block, or the settled response at the end of a settling-horizon block), block-conformal
 qhat and test coverage, the verified-coverage threshold, the Clopper-Pearson bound and the
 exchangeability p-value (beyond the spec), the seed / strict gates, input distance and freshness.
 
@@ -27,7 +28,7 @@ from optimizer_pipeline.contracts import (
     parse_iso_utc,
 )
 from optimizer_pipeline.model.artifact import stack_for
-from optimizer_pipeline.model.arx import Orders, rollout_windows, window_rows
+from optimizer_pipeline.model.arx import Orders, Stacked, rollout_windows, window_rows
 from optimizer_pipeline.validation import (
     AT_LEAST_ONE,
     OPEN_UNIT,
@@ -62,6 +63,18 @@ EXCHANGEABILITY_TEST = (
     "min over CVs = min(1, n_cv * min_j p_j)")
 
 
+MAX_RESIDUAL = "max_residual"
+SETTLED_RESIDUAL = "settled_residual"
+SCORE_RULES = {
+    MAX_RESIDUAL: "per CV: the largest |measured - predicted| over the h steps of an open-loop rollout from the "
+                  "block's measured state, driven by the measured MVs / DVs",
+    SETTLED_RESIDUAL: "per CV: |measured - predicted - bias| at the last of the h steps of an open-loop rollout "
+                      "from the block's measured state, driven by the measured MVs / DVs, with h the model's "
+                      "settling horizon (model.statespace.settling_steps) and bias the mean one-step residual "
+                      "over the P rows before the block (the output bias a steady target is predicted with)",
+}
+
+
 class UQInputError(ContractError):
     """Bad input to the UQ rules (alpha, gate name, method, timestamps)."""
 
@@ -83,31 +96,53 @@ def _max_over_steps(values: np.ndarray) -> np.ndarray:
     return values[:, 0].copy()
 
 
-def block_scores(artifact: ModelArtifact, runs: Sequence[RunSeries], h: int | None = None) -> BlockScores:
-    """Block scores of `runs` (docs/ARCHITECTURE.md, "UQ evidence rules": score). h defaults to the artifact's P
-    (the steady-state template passes h=1).
+def block_scores(artifact: ModelArtifact, runs: Sequence[RunSeries], h: int | None = None,
+                 score: str = MAX_RESIDUAL) -> BlockScores:
+    """Block scores of `runs` (docs/ARCHITECTURE.md, "UQ evidence rules": score) by the rule `score` of
+    SCORE_RULES. h defaults to the artifact's P (the steady-state template passes its settling horizon
+    with SETTLED_RESIDUAL).
 
-    Blocks start at the first row with a measured state and tile each run without overlap; every
-    block is rolled out open-loop from its measured state with the measured MVs / DVs, all blocks
-    of all runs at once (the only loop is over the h steps inside statespace.rollout).
+    Blocks start at the first row with a measured state (for SETTLED_RESIDUAL also P rows of one-step
+    residuals before it, for the bias) and tile each run without overlap; every block is rolled out
+    open-loop from its measured state with the measured MVs / DVs, all blocks of all runs at once
+    (the only loop is over the h steps inside statespace.rollout).
     """
     h = check_integer(artifact.horizon if h is None else int(h), "block scores", AT_LEAST_ONE, name="block length h",
                       error=UQInputError)
+    check_choice(score, tuple(SCORE_RULES), "block scores", what="score", error=UQInputError)
     stacked = stack_for(artifact, runs)
     orders = Orders(artifact.na, artifact.nb, artifact.delay)
-    rows, which = window_rows(stacked, orders.first_state_row, h, h)
+    settled = score == SETTLED_RESIDUAL
+    first = orders.first_state_row + (artifact.horizon if settled else 0)
+    rows, which = window_rows(stacked, first, h, h)
     ny = len(artifact.cv_tags)
     if rows.size:
         predicted, measured = rollout_windows(artifact.state_space, stacked, orders, rows, h)
         with np.errstate(invalid="ignore", over="ignore"):
             residual = np.subtract(measured, predicted, out=predicted)  # in place: ~1e6 samples are timed
-            scores = _max_over_steps(np.abs(residual, out=residual))
+            if settled:
+                scores = np.abs(residual[:, -1] - _bias_before(artifact, stacked, orders, rows))
+            else:
+                scores = _max_over_steps(np.abs(residual, out=residual))
     else:
         scores = np.empty((0, ny))
     run_ids = np.asarray(stacked.run_ids, dtype=object)[which] if rows.size else np.empty(0, dtype=object)
     return BlockScores(cv_tags=tuple(artifact.cv_tags), h=h, run_ids=run_ids,
                        starts=rows - stacked.offsets[which], scores=scores,
-                       n_unique_steps=int(rows.size * h), n_runs=int(np.unique(which).size))
+                       n_unique_steps=int(rows.size * h), n_runs=int(np.unique(which).size), score=score)
+
+
+def _bias_before(artifact: ModelArtifact, stacked: Stacked, orders: Orders, rows: np.ndarray) -> np.ndarray:
+    """(m, ny): for each start row k, the mean one-step residual y[r + 1] - predicted over the P rows
+    r = k - P .. k - 1 (all of one run, with a measured state) - the output bias the model's
+    `current_state` would give at row k."""
+    window = artifact.horizon
+    starts, _ = window_rows(stacked, orders.first_state_row, 1, 1)
+    predicted, measured = rollout_windows(artifact.state_space, stacked, orders, starts, 1)
+    residual = np.zeros((stacked.y.shape[0] + 1, stacked.y.shape[1]))
+    residual[starts + 1] = measured[:, 0] - predicted[:, 0]  # row r's residual at index r + 1
+    total = np.cumsum(residual, axis=0)  # total[i] = sum of the residuals of rows < i
+    return (total[rows] - total[rows - window]) / window
 
 
 # --------------------------------------------------------------------------- evidence
@@ -165,6 +200,9 @@ def compute_block_uq(val: BlockScores, test: BlockScores, alpha: Any = 0.1,
     """
     if val.cv_tags != test.cv_tags:
         raise UQInputError(f"block scores: val CVs {val.cv_tags} differ from test CVs {test.cv_tags}")
+    if (val.score, val.h) != (test.score, test.h):
+        raise UQInputError(f"block scores: val ({val.score}, h = {val.h}) and test ({test.score}, h = {test.h}) "
+                           f"are not scored alike")
     exact_alpha = _alpha(alpha)
     n, m = val.n_blocks, test.n_blocks
     reasons: list[str] = []
@@ -180,7 +218,7 @@ def compute_block_uq(val: BlockScores, test: BlockScores, alpha: Any = 0.1,
         method = EMPIRICAL_MAX
     else:
         method = None
-        reasons.append(f"{n} val block(s); at least {MIN_EMPIRICAL_VAL_BLOCKS} are needed "
+        reasons.append(f"{n} val block(s) of {val.h} steps; at least {MIN_EMPIRICAL_VAL_BLOCKS} are needed "
                        f"({MIN_SPLIT_VAL_BLOCKS} from >= {MIN_SPLIT_VAL_RUNS} runs for split conformal)")
     bad = [tag for tag, ok in zip(val.cv_tags, np.all(np.isfinite(val.scores), axis=0)) if not ok]
     if bad:
@@ -194,7 +232,8 @@ def compute_block_uq(val: BlockScores, test: BlockScores, alpha: Any = 0.1,
 
     common = dict(alpha=float(alpha), block_length=val.h, cv_tags=val.cv_tags, n_val_blocks=n, n_val_runs=val.n_runs,
                   n_test_blocks=m, n_test_runs=test.n_runs, n_unique_test_steps=test.n_unique_steps,
-                  exchangeability_test=EXCHANGEABILITY_TEST, calibrated_at=calibrated_at)
+                  exchangeability_test=EXCHANGEABILITY_TEST, calibrated_at=calibrated_at, score=val.score,
+                  score_rule=SCORE_RULES[val.score])
     if reasons:
         log.info("no UQ evidence: %s", "; ".join(reasons))
         return UQEvidence(method=None, qhat=None, rank_k=k, safety_factor=None, coverage=None, coverage_per_cv=None,

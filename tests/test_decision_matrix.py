@@ -34,6 +34,7 @@ from optimizer_pipeline.contracts import (
 )
 from optimizer_pipeline.ledger import Ledger, StoredBinding, candidate_id
 from optimizer_pipeline.model import ArxModel, Orders, artifact_from_model
+from optimizer_pipeline.model.artifact import steady_gain_record
 from optimizer_pipeline.recommend import decide
 from optimizer_pipeline.settings import Settings
 from optimizer_pipeline.solver import errors
@@ -82,6 +83,8 @@ class World:
     max_input_distance: float = 4.0
     live_age_s: float = 0.0  # how long before NOW the live run's last sample was taken
     live_max_age_s: float | None = None  # live.max_age_s; unset: max(10 x 1 s, 300 s) = 300 s
+    plan_end: float = 1.0  # the plan's last MV (the live one is 1.0, MV std 1: the move in normalised units)
+    gain_std: float | None = 0.125  # standard error of the steady gain (normalised); None: not recorded
 
 
 EVIDENCE = dict(method="split_conformal", alpha=0.1, block_length=10, cv_tags=("y0",), qhat=(0.5,), rank_k=9,
@@ -92,8 +95,8 @@ NO_EVIDENCE = dict(method=None, qhat=None, rank_k=None, coverage=None, coverage_
                    coverage_lower_95=None, exchangeability_p=None, reasons=("1 val block(s); at least 2 are needed",))
 
 
-def candidate(plan: Plan, horizon: int) -> SolveCandidate:
-    controls = ((1.0,),) * horizon if plan.has_controls else ()
+def candidate(plan: Plan, horizon: int, plan_end: float = 1.0) -> SolveCandidate:
+    controls = ((1.0,),) * (horizon - 1) + ((plan_end,),) if plan.has_controls else ()
     predicted = ((12.0,),) * horizon if plan.has_controls else ()
     return SolveCandidate(seq=SEQ[plan.kind], kind=plan.kind, solver_status="solved", controls=controls,
                           predicted=predicted, cost=1.0, constraints={}, feasible=plan.feasible,
@@ -104,7 +107,12 @@ def candidate(plan: Plan, horizon: int) -> SolveCandidate:
 def inputs(world: World):
     """(stored binding, artifact, split, calibration, solve, settings) of the world."""
     stored = StoredBinding(SPEC, world.binding_revision, SPEC.spec_hash, None)
-    artifact = artifact_from_model(MODEL, SPEC, world.artifact_revision, NORMALISATION, gates=world.gates)
+    gain = steady_gain_record(MODEL)
+    if world.gain_std is not None:
+        gain["uncertainty"] = {"method": "given", "replicates": 8, "cov": [[[world.gain_std ** 2]]],
+                               "std": [[world.gain_std]]}
+    artifact = artifact_from_model(MODEL, SPEC, world.artifact_revision, NORMALISATION, gates=world.gates,
+                                   steady_gain=gain)
     n = 20  # the live run ends live_age_s before now, one sample per period
     t = NOW.timestamp() - world.live_age_s - SPEC.sample_period_s * np.arange(n)[::-1]
     y = np.full((n, 1), 12.0)
@@ -118,7 +126,8 @@ def inputs(world: World):
     def solve(problem):
         if world.solver_error is not None:
             raise world.solver_error
-        return SolveResult(problem.hash, True, tuple(candidate(p, problem.horizon) for p in world.plans), {})
+        return SolveResult(problem.hash, True, tuple(candidate(p, problem.horizon, world.plan_end)
+                                                     for p in world.plans), {})
 
     settings = Settings(uq_fresh_days=world.fresh_days, uq_max_input_distance=world.max_input_distance,
                         uq_gate=world.uq_gate, live_max_age_s=world.live_max_age_s)
@@ -206,6 +215,16 @@ MATRIX = [
         UNVERIFIED, ("live state is 61 s old (last sample 2027-01-15T08:58:59+00:00); live.max_age_s allows 60 s",)),
     Row("live.max_age_s set: exactly it", "live state age", replace(BASE, live_age_s=60.0, live_max_age_s=60.0),
         VERIFIED),
+    # ---- steady-gain uncertainty along the planned move (2 x 0.125 x move against qhat 0.5; y0 std 2)
+    Row("gain uncertainty along the move beyond the band", "steady-gain uncertainty along the planned move",
+        replace(BASE, plan_end=3.5), UNVERIFIED,
+        ("steady-gain uncertainty: along the planned move a settled y0 error of up to 1.25 (2 standard errors of "
+         "the gain) exceeds the band 1",)),
+    Row("gain uncertainty along the move exactly the band", "steady-gain uncertainty along the planned move",
+        replace(BASE, plan_end=3.0), VERIFIED),
+    Row("no gain uncertainty recorded", "steady-gain uncertainty along the planned move",
+        replace(BASE, gain_std=None), UNVERIFIED,
+        ("steady-gain uncertainty unknown (the model records none: fewer than 2 train runs)",)),
     # ---- model gates
     Row("a model gate failed", "model gate G2",
         replace(BASE, gates=(BASE.gates[0], Gate("G2", "free-run fit R2", 0.21, 0.3, False))),

@@ -299,12 +299,12 @@ def test_ill_conditioned_steady_gain_is_flagged():
                      np.zeros((8, 300, 0)), 0.01 * rng.normal(size=(8, 300, 2)))
     spec = binding(na=1, nb=1, delay=1)
     artifact = identify(split_of(spec, run_series("r", u, y, np.zeros((8, 300, 0))), 4, 2, 2), spec, 1)
-    record = artifact.selection["steady_gain"]
+    record = artifact.steady_gain
     assert record["ill_conditioned"] and record["condition"] > 100
 
 
 def test_refinement_sensitivities_equal_finite_differences():
-    from optimizer_pipeline.model.arx import _simulate
+    from optimizer_pipeline.model.fit import _simulate
 
     rng = np.random.default_rng(14)
     orders = Orders(2, 2, 1)
@@ -318,3 +318,52 @@ def test_refinement_sensitivities_equal_finite_differences():
         plus, _ = _simulate(theta + step, orders, y_hist, exo, False)
         minus, _ = _simulate(theta - step, orders, y_hist, exo, False)
         np.testing.assert_allclose(jac[..., r, c], (plus - minus) / (2 * eps), atol=1e-7)
+
+
+def test_settling_steps_of_known_step_responses():
+    from optimizer_pipeline.model.statespace import SETTLE_FRACTION, settling_steps
+
+    # y[t] = 0.9 y[t-1] + 0.1 u[t-delay]: after H steps held the response is 1 - 0.9^(H - delay + 1)
+    for delay in (1, 3):
+        model = ArxModel(Orders(1, 1, delay), np.full((1, 1, 1), 0.9), np.full((1, 1, 1), 0.1),
+                         np.zeros((1, 1, 0)), np.zeros(1))
+        expected = int(np.ceil(np.log(SETTLE_FRACTION) / np.log(0.9))) + delay - 1
+        assert settling_steps(model.realise()) == expected
+    integrator = ArxModel(Orders(1, 1, 1), np.ones((1, 1, 1)), np.full((1, 1, 1), 0.1), np.zeros((1, 1, 0)),
+                          np.zeros(1))
+    assert settling_steps(integrator.realise()) is None
+
+
+def test_gain_uncertainty_is_the_jackknife_over_train_runs_of_the_chosen_fit():
+    rng = np.random.default_rng(15)
+    u = excitation(rng, 9, 200, 1)
+    y = simulate_arx(np.array([[[0.7]]]), np.array([[[0.6]]]), np.zeros((1, 1, 0)), np.zeros(1), 1, u,
+                     np.zeros((9, 200, 0)), 0.2 * rng.normal(size=(9, 200, 1)))
+    spec = binding(n_mv=1, n_cv=1, na=1, nb=1, delay=1, horizon=5)
+    split = split_of(spec, run_series("r", u, y, np.zeros((9, 200, 0))), 5, 2, 2)
+    artifact = identify(split, spec, 1)
+    ridge = artifact.selection["final"]["ridge"]
+    # independent: per left-out run, the ridge normal equations of y[t] ~ (y[t-1], u[t-1], 1), t >= 1
+    mu, su = split.normalisation.of(spec.mv_tags)
+    my, sy = split.normalisation.of(spec.cv_tags)
+    rows = [np.column_stack([(r.y[:-1] - my) / sy, (r.u[:-1] - mu) / su, np.ones(len(r) - 1)]) for r in split.train]
+    targets = [(r.y[1:, 0] - my[0]) / sy[0] for r in split.train]
+    gains = []
+    for left_out in range(len(rows)):
+        phi = np.vstack([x for i, x in enumerate(rows) if i != left_out])
+        target = np.concatenate([t for i, t in enumerate(targets) if i != left_out])
+        a, b, _ = np.linalg.solve(phi.T @ phi / len(phi) + np.diag([ridge, ridge, 0.0]), phi.T @ target / len(phi))
+        gains.append(b / (1 - a))
+    k = len(gains)
+    expected = (k - 1) / k * np.sum((np.array(gains) - np.mean(gains)) ** 2)
+    record = artifact.steady_gain["uncertainty"]
+    assert record["replicates"] == 5
+    np.testing.assert_allclose(record["cov"], [[[expected]]], rtol=1e-6)
+    np.testing.assert_allclose(record["std"], [[np.sqrt(expected)]], rtol=1e-6)
+    assert artifact.steady_gain["condition"] == 1.0
+
+
+def test_a_single_train_run_records_no_gain_uncertainty():
+    runs = plant_runs(seed=16, runs=5, n=300, noise=0.02)
+    spec = binding(n_dv=1)
+    assert identify(split_of(spec, runs, 1, 2, 2), spec, 1).steady_gain["uncertainty"] is None

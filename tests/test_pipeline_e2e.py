@@ -39,6 +39,26 @@ def test_every_binding_gets_a_verified_recommendation_with_its_evidence(demo):
         assert all(b is not None and b > 0 for b in doc["band"])
 
 
+def test_the_band_says_what_it_is_calibrated_for(demo):
+    """A move plan's band covers its first P steps (max residual of P-step blocks); a steady target's
+    band its settled value (the residual at the end of settling-horizon blocks)."""
+    for binding_id, plant in demo.plants.items():
+        doc = demo.ledger.latest_recommendation(binding_id).document()
+        uq = doc["evidence"]["uq"]
+        if plant.spec.profile.template is Template.STEADY_RESPONSE:
+            assert (doc["band_steps"], uq["score"]) == (1, "settled_residual")
+            assert uq["block_length"] > plant.spec.model.horizon  # the settling horizon, not P
+        else:
+            assert (doc["band_steps"], uq["score"]) == (min(plant.spec.model.horizon, len(doc["controls"])),
+                                                        "max_residual")
+            assert uq["block_length"] == plant.spec.model.horizon
+        (record,) = demo.instance.fetch_materializations(
+            AssetRecordsFilter(asset_key=AssetKey("model_artifact"), asset_partitions=[binding_id]), limit=1).records
+        gain = record.asset_materialization.metadata["steady_gain"].value
+        assert gain["uncertainty"]["replicates"] >= 2 and len(gain["uncertainty"]["std"]) == len(plant.spec.cvs)
+        assert record.asset_materialization.metadata["steady_gain_condition"].value == pytest.approx(gain["condition"])
+
+
 def test_ledger_holds_run_candidates_calibration_and_scores(demo):
     for binding_id in demo.plants:
         runs = demo.ledger.list_runs(binding_id)
@@ -139,8 +159,8 @@ def test_solve_job_alone_reuses_the_calibration_and_supersedes(demo):
 
 def test_solve_job_plans_from_the_newest_live_sample(demo):
     plant = demo.plants["tanks-1"]
-    frame = plant.history(SEED).frame
-    live = frame[frame["run_id"] == frame["run_id"].iloc[-1]]
+    frame = demo.ledger.history_frame("tanks-1", plant.spec.tags)  # as seeded: it ended when it was seeded
+    live = frame[frame["run_id"] == frame.loc[frame["timestamp"].idxmax(), "run_id"]]
     period = plant.spec.sample_period_s
     later = live.tail(5).assign(timestamp=live["timestamp"].iloc[-1] + period * np.arange(1, 6))
     assert demo.ledger.append_samples("tanks-1", later, plant.spec.tags, "simulation") == 5 * len(plant.spec.tags)

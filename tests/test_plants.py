@@ -203,7 +203,8 @@ def test_history_has_the_history_file_columns(name, histories):
     assert frame["timestamp"].dtype == np.float64
     assert all(frame[tag].dtype == np.float64 for tag in spec.tags)
     assert np.isfinite(frame[list(spec.tags)].to_numpy()).all()
-    assert len(frame) == 12 * 300
+    plant = get_plant(name)
+    assert len(frame) == plant.history_runs * plant.history_run_length == 12 * (600 if name == "blend" else 300)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -225,7 +226,7 @@ def test_history_live_run_is_the_last_run_with_the_latest_timestamp(name, histor
     latest = frame.loc[frame["timestamp"].idxmax(), "run_id"]
     assert frame["run_id"].nunique() == 12
     assert latest == frame["run_id"].iloc[-1] == f"{name}-run-11"
-    assert (frame["run_id"] == latest).to_numpy()[-300:].all()
+    assert (frame["run_id"] == latest).to_numpy()[-get_plant(name).history_run_length:].all()
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -21,14 +21,15 @@ DATA_URI_IMAGE = re.compile(r"!\[([^\]]*)\]\(data:image/png;base64,([A-Za-z0-9+/
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-def plan(n_cv=2, n_mv=3, n_hist=30, n_plan=20, band=(0.1, 0.2), steady=False) -> plots.PlanSeries:
+def plan(n_cv=2, n_mv=3, n_hist=30, n_plan=20, band=(0.1, 0.2), steady=False, band_steps=None) -> plots.PlanSeries:
     rng = np.random.default_rng(0)
     return plots.PlanSeries(
         title="b: verified", steady=steady, period_s=10.0, cv_tags=tuple(f"y{j}" for j in range(n_cv)),
         mv_tags=tuple(f"u{i}" for i in range(n_mv)), t_hist=10.0 * np.arange(-n_hist + 1, 1),
         y_hist=5 + rng.normal(0, 0.1, (n_hist, n_cv)), u_hist=np.full((n_hist, n_mv), 2.0),
         controls=2 + rng.uniform(0, 1, (n_plan, n_mv)), predicted=6 + rng.normal(0, 0.1, (n_plan, n_cv)),
-        band=np.array(band, float), cv_lo=np.full(n_cv, 1.0), cv_hi=np.full(n_cv, 9.0),
+        band=np.array(band, float), band_steps=n_plan if band_steps is None else band_steps,
+        cv_lo=np.full(n_cv, 1.0), cv_hi=np.full(n_cv, 9.0),
         cv_target=np.full(n_cv, 6.0), mv_lo=np.zeros(n_mv), mv_hi=np.full(n_mv, 4.0))
 
 
@@ -74,6 +75,25 @@ def test_cv_panel_draws_history_prediction_and_the_band_around_it():
     assert vertices[:, 1].min() == pytest.approx(s.predicted[:, 1].min() - 0.2)
     assert vertices[:, 1].max() == pytest.approx(s.predicted[:, 1].max() + 0.2)
     assert [line.get_ydata()[0] for line in ax.get_lines() if line.get_linestyle() == "--"] == [1.0, 9.0]
+
+
+def test_band_is_shaded_only_over_the_calibrated_steps_and_outlined_beyond():
+    s = plan(n_plan=20, band_steps=5)
+    ax = plots.draw_plan(s).axes[1]
+    band = next(c for c in ax.collections if isinstance(c, PolyCollection))
+    assert band.get_label() == "UQ band ±0.2, steps 1-5"
+    assert band.get_paths()[0].vertices[:, 0].max() == pytest.approx(50.0)  # the end of step 5
+    upper, lower = sorted(lines(ax, "band not calibrated beyond P") + [
+        line for line in ax.get_lines() if line.get_linestyle() == "-." and line.get_label().startswith("_")],
+        key=lambda line: -line.get_ydata()[0])
+    np.testing.assert_allclose(upper.get_xdata(), 10.0 * np.arange(5, 21))
+    np.testing.assert_allclose(upper.get_ydata(), s.predicted[4:, 1] + 0.2)
+    np.testing.assert_allclose(lower.get_ydata(), s.predicted[4:, 1] - 0.2)
+
+
+def test_band_of_a_plan_without_calibrated_steps_is_not_drawn():
+    ax = plots.draw_plan(plan(band_steps=0)).axes[0]
+    assert not [c for c in ax.collections if isinstance(c, PolyCollection)]
 
 
 def test_mv_panel_steps_through_the_planned_moves_and_holds_the_last():

@@ -294,3 +294,37 @@ def test_naive_timestamps_are_utc_and_missing_calibration_is_stale():
 def test_unparseable_timestamp_is_rejected():
     with pytest.raises(UQInputError, match="calibrated_at"):
         is_fresh("last tuesday", "2026-03-02T00:00:00Z")
+
+
+# ---------------------------------------------------------------- what the scores measure
+
+
+def test_evidence_names_the_score_rule_it_was_calibrated_on():
+    from dataclasses import replace
+
+    from optimizer_pipeline.uq import MAX_RESIDUAL, SCORE_RULES, SETTLED_RESIDUAL
+
+    evidence = compute_block_uq(VAL9, good_test())
+    assert (evidence.score, evidence.score_rule) == (MAX_RESIDUAL, SCORE_RULES[MAX_RESIDUAL])
+    settled = compute_block_uq(replace(VAL9, score=SETTLED_RESIDUAL), replace(good_test(), score=SETTLED_RESIDUAL))
+    assert settled.score == SETTLED_RESIDUAL and "settling horizon" in settled.score_rule
+    assert UQEvidence.from_dict(settled.to_dict()) == settled
+
+
+def test_val_and_test_scored_by_different_rules_are_refused():
+    from dataclasses import replace
+
+    from optimizer_pipeline.uq import SETTLED_RESIDUAL
+
+    with pytest.raises(UQInputError, match="not scored alike"):
+        compute_block_uq(VAL9, replace(good_test(), score=SETTLED_RESIDUAL))
+    with pytest.raises(UQInputError, match="not scored alike"):
+        compute_block_uq(VAL9, blocks(np.linspace(0.0, 0.5, 20), n_runs=2, h=12))
+
+
+def test_no_val_block_of_the_settling_horizon_is_no_evidence_naming_the_block_length():
+    none = BlockScores(cv_tags=("y0",), h=400, run_ids=np.empty(0, dtype=object), starts=np.empty(0, np.int64),
+                       scores=np.empty((0, 1)), n_unique_steps=0, n_runs=0)
+    evidence = compute_block_uq(none, none)
+    assert evidence.method is None
+    assert "0 val block(s) of 400 steps; at least 2 are needed" in evidence.reasons[0]

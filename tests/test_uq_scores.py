@@ -6,7 +6,7 @@ from model_helpers import binding, run_series, simulate_arx
 
 from optimizer_pipeline.contracts import Normalisation, RunSeries
 from optimizer_pipeline.model import ArxModel, Orders, artifact_from_model
-from optimizer_pipeline.uq import UQInputError, block_scores
+from optimizer_pipeline.uq import SETTLED_RESIDUAL, UQInputError, block_scores
 
 MODEL = ArxModel(Orders(2, 2, 2), A=np.array([[[0.6, 0.1], [0.0, 0.5]], [[0.2, 0.0], [0.05, -0.1]]]),
                  B=np.array([[[0.3, 0.1], [0.1, 0.2]], [[0.1, 0.0], [0.0, 0.1]]]),
@@ -62,7 +62,7 @@ def test_blocks_tile_each_run_without_overlap_and_count_only_runs_with_a_block()
         assert np.all(np.diff(scores.starts[scores.run_ids == run_id]) == 5)
 
 
-def test_steady_template_blocks_are_one_step_residuals():
+def test_one_step_blocks_are_one_step_residuals():
     runs = random_runs([30, 25], seed=1)
     scores = block_scores(artifact(horizon=10), runs, h=1)
     ids, starts, expected = naive_scores(runs, 1)
@@ -94,3 +94,45 @@ def test_a_perfect_model_scores_zero():
     scores = block_scores(artifact(), run_series("p", u, y, d))
     assert scores.n_blocks > 0
     np.testing.assert_allclose(scores.scores, 0.0, atol=1e-9)
+
+
+def naive_settled_scores(runs, h: int, window: int) -> tuple[list, list, list]:
+    """Per block: |y - simulated - bias| at the block's last step, bias = the mean one-step residual
+    over the `window` rows before the block; the plain ARX recursion in normalised units."""
+    mean, std = np.asarray(NORM.mean), np.asarray(NORM.std)
+    ids, starts, scores = [], [], []
+
+    def arx(t, y_at, u, d):  # y[t] from y values given by y_at(t - 1), y_at(t - 2) and the inputs
+        return (MODEL.A[0] @ y_at(t - 1) + MODEL.A[1] @ y_at(t - 2) + MODEL.c
+                + sum(MODEL.B[j] @ u[t - 2 - j] + MODEL.D[j] @ d[t - 2 - j] for j in range(2)))
+
+    for run in runs:
+        u = (run.u - mean[:2]) / std[:2]
+        y = (run.y - mean[2:4]) / std[2:4]
+        d = (run.d - mean[4:]) / std[4:]
+        k = MODEL.orders.first_state_row + window
+        while k + h <= len(run) - 1:
+            bias = np.mean([y[r + 1] - arx(r + 1, lambda t: y[t], u, d) for r in range(k - window, k)], axis=0)
+            sim = {t: y[t] for t in range(k - 1, k + 1)}
+            for t in range(k + 1, k + h + 1):
+                sim[t] = arx(t, sim.__getitem__, u, d)
+            scores.append(np.abs(y[k + h] - sim[k + h] - bias))
+            ids.append(run.run_id)
+            starts.append(k)
+            k += h
+    return ids, starts, scores
+
+
+def test_settled_scores_are_the_biased_residual_at_the_end_of_each_block():
+    runs = random_runs([80, 45, 61], seed=2)
+    scores = block_scores(artifact(horizon=6), runs, h=9, score=SETTLED_RESIDUAL)
+    ids, starts, expected = naive_settled_scores(runs, 9, 6)
+    assert scores.score == SETTLED_RESIDUAL and scores.h == 9
+    assert list(scores.run_ids) == ids and list(scores.starts) == starts and starts[0] == 2 + 6
+    np.testing.assert_allclose(scores.scores, np.array(expected), rtol=1e-10, atol=1e-12)
+    assert scores.n_unique_steps == len(expected) * 9
+
+
+def test_unknown_score_rule_is_refused():
+    with pytest.raises(UQInputError, match="score"):
+        block_scores(artifact(), random_runs([40]), score="median")

@@ -18,8 +18,10 @@ class BlockScores:
     """Scores of non-overlapping h-step blocks (normalised units).
 
     run_ids (n_blocks,) str and starts (n_blocks,) int: the run and the local row k of the block's
-    initial (measured) state; the block covers y[k+1 .. k+h]. scores (n_blocks, n_cv): max over the
-    block of |measured - predicted|. n_runs counts runs with at least one block.
+    initial (measured) state; the block covers y[k+1 .. k+h]. scores (n_blocks, n_cv), by `score`
+    (optimizer_pipeline.uq.SCORE_RULES): "max_residual", the max over the block of |measured -
+    predicted|, or "settled_residual", |measured - predicted - output bias| at the block's end.
+    n_runs counts runs with at least one block.
     """
 
     cv_tags: tuple[str, ...]
@@ -29,6 +31,7 @@ class BlockScores:
     scores: np.ndarray
     n_unique_steps: int
     n_runs: int
+    score: str = "max_residual"
 
     @property
     def n_blocks(self) -> int:
@@ -40,6 +43,9 @@ class UQEvidence:
     """Block-conformal calibration of one artifact (canonical-JSON-able).
 
     method: "split_conformal" | "empirical_max" | None (no evidence, see `reasons`).
+    score / score_rule: what a block score measures (optimizer_pipeline.uq.SCORE_RULES), so what the
+    band claims: the largest residual over the first `block_length` steps of a move plan, or the
+    settled response of a steady target.
     qhat (n_cv,) normalised units; coverage = min over CVs of the covered fraction of test blocks.
     """
 
@@ -63,6 +69,8 @@ class UQEvidence:
     exchangeability_test: str
     reasons: tuple[str, ...]
     calibrated_at: str | None = None
+    score: str | None = None  # None in evidence calibrated before scores were named (max_residual)
+    score_rule: str | None = None
 
     @property
     def has_evidence(self) -> bool:

@@ -92,6 +92,9 @@ class ModelArtifact:
     splits: Mapping[str, tuple[str, ...]]  # train / val / test / live -> run ids
     training_data_hash: str
     selection: Mapping[str, Any] = field(default_factory=dict)  # order choice record
+    # steady-state MV gain G (normalised units): gain, singular_values, condition, ill_conditioned and
+    # uncertainty (method, replicates, cov per CV row, std) or None (model.artifact.steady_gain_record)
+    steady_gain: Mapping[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return json.loads(canonical_json(self))
@@ -118,4 +121,5 @@ class ModelArtifact:
             gates=tuple(Gate(**g) for g in doc["gates"]),
             splits={k: tuple(v) for k, v in doc["splits"].items()},
             training_data_hash=doc["training_data_hash"], selection=doc.get("selection", {}),
+            steady_gain=doc.get("steady_gain", {}),
         )

@@ -71,6 +71,9 @@ class Recommendation:
     problem_ir_hash: str
     model_artifact_hash: str
     evidence: Mapping[str, Any]
+    # plan steps from step 0 for which `band` is a calibrated claim (a move plan's first min(P, N), a
+    # steady target's settled row); beyond them the band is not evidence. None without evidence.
+    band_steps: int | None = None
 
     @property
     def status_label(self) -> str:

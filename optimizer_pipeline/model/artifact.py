@@ -1,6 +1,6 @@
 """The model artifact of one binding revision: `identify` (orders and ridge chosen by validation
-rollout, multi-step refinement), quality gates G1..G4, steady-gain conditioning, and the measured
-state / output bias of a run for the MPC (`current_state`).
+rollout, multi-step refinement), quality gates G1..G4, the steady-state gain with its conditioning
+and uncertainty, and the measured state / output bias of a run for the MPC (`current_state`).
 
 Gate rules (values are worst-CV NRMSE = RMSE / std of the measured CV, normalised units):
   G1 one-step NRMSE on the test runs        <= G1_MAX
@@ -19,8 +19,9 @@ import numpy as np
 
 from optimizer_pipeline.contracts import (BindingSpec, ContractError, Gate, HistorySplit, ModelArtifact, Normalisation,
                                           RunSeries)
-from optimizer_pipeline.model.arx import (ArxModel, Orders, RidgeProblem, Stacked, refine_multistep,
-                                          rollout_nrmse, spectral_radius, stack_runs, state_and_bias, window_rows)
+from optimizer_pipeline.model.arx import (ArxModel, Orders, Stacked, rollout_nrmse, spectral_radius, stack_runs,
+                                          state_and_bias, window_rows)
+from optimizer_pipeline.model.fit import RidgeProblem, Structure, free_mask, refine_multistep
 from optimizer_pipeline.model.statespace import steady_state
 
 log = logging.getLogger(__name__)
@@ -98,17 +99,38 @@ def _best(scored: Sequence[_Scored]) -> _Scored:
     return min(near, key=lambda s: (s.model.orders.n_params(*s.model.dims), s.score))
 
 
-def _steady_gain_record(model: ArxModel) -> dict[str, Any]:
-    """Steady-state gain G (normalised units), its singular values and condition number.
+GAIN_JACKKNIFE = ("jackknife over the train runs: the chosen structure refitted by ridge least squares "
+                  "without one train run at a time; cov = (K - 1) / K * sum_r (g_r - mean g)(g_r - mean g)' "
+                  "per CV over its MV gains g, normalised units")
+
+
+def steady_gain_record(model: ArxModel, replicates: Sequence[np.ndarray] = ()) -> dict[str, Any]:
+    """Steady-state gain G (ny, nu) of the MVs (normalised units), its singular values, condition
+    number and, from K >= 2 jackknife `replicates` (K gain matrices), its uncertainty: per CV the
+    covariance of its row of G (ny, nu, nu) and the standard errors (ny, nu).
 
     condition None = singular; `ill_conditioned` flags condition > GAIN_CONDITION_WARN (the steady
-    targets along the weak direction are then unreliable; the ridge choice already shrinks them).
+    targets along the weak direction are then unreliable). uncertainty None: fewer than 2 replicates.
     """
     gain = steady_state(model.realise())[0]
     sv = np.linalg.svd(gain, compute_uv=False)
     condition = float(sv[0] / sv[-1]) if sv.size and sv[-1] > 0 else None
+    uncertainty = None
+    if len(replicates) >= 2:
+        k = len(replicates)
+        spread = np.asarray(replicates) - np.mean(replicates, axis=0)  # (K, ny, nu)
+        cov = (k - 1) / k * np.einsum("kia,kib->iab", spread, spread)
+        uncertainty = {"method": GAIN_JACKKNIFE, "replicates": k, "cov": cov.tolist(),
+                       "std": np.sqrt(np.einsum("iaa->ia", cov)).tolist()}
     return {"gain": gain.tolist(), "singular_values": sv.tolist(), "condition": condition,
-            "ill_conditioned": condition is None or condition > GAIN_CONDITION_WARN}
+            "ill_conditioned": condition is None or condition > GAIN_CONDITION_WARN, "uncertainty": uncertainty}
+
+
+def _jackknife_gains(problem: RidgeProblem, structure: Structure, ridge: float) -> list[np.ndarray]:
+    """The steady-state MV gain of `structure` fitted without each train run in turn ([] with < 2 runs)."""
+    if problem.n_runs < 2:
+        return []
+    return [steady_state(problem.fit(structure, ridge, without=r).realise())[0] for r in range(problem.n_runs)]
 
 
 def _worst(values: np.ndarray) -> float | None:
@@ -168,7 +190,7 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
         raise ContractError(f"binding {binding.id}: no train runs to identify a model from")
     train, val, test = (stack_runs(runs, split.normalisation, *tags) for runs in (split.train, split.val, split.test))
     candidates = _candidates(binding)
-    problem = RidgeProblem(train, candidates)
+    problem = RidgeProblem.for_orders(train, candidates)
     ny, nu, nd = problem.dims
     smallest = min(o.n_params(ny, nu, nd) for o in candidates)
     if problem.n_rows < smallest:
@@ -192,7 +214,8 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
     if not best.stable:
         log.warning("binding %s: no stable candidate; best has spectral radius %.4f", binding.id, best.radius)
 
-    refined, refinement = refine_multistep(best.model, train, horizon, best.ridge)
+    structure = Structure.common(best.model.orders, ny, nu + nd)
+    refined, refinement = refine_multistep(best.model, train, horizon, best.ridge, free_mask(structure, problem.dims))
     final = best
     if refinement["tried"] and refined is not best.model:
         candidate = _Scored(refined, best.ridge, _score(refined, data, horizon, first_common),
@@ -204,7 +227,7 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
     else:
         refinement["kept"] = False
     model = final.model
-    gain = _steady_gain_record(model)
+    gain = steady_gain_record(model, _jackknife_gains(problem, structure, final.ridge))
     if gain["ill_conditioned"]:
         log.warning("binding %s: ill-conditioned steady-state gain (condition %s)", binding.id, gain["condition"])
     selection = {
@@ -221,7 +244,6 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
         "refinement": refinement,
         "final": final.record(),
         "stable": final.stable,
-        "steady_gain": gain,
         "regression_rows": problem.n_rows,
         "seconds": round(time.perf_counter() - started, 4),
     }
@@ -231,7 +253,7 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
         splits={"train": tuple(r.run_id for r in split.train), "val": tuple(r.run_id for r in split.val),
                 "test": tuple(r.run_id for r in split.test),
                 "live": () if split.live is None else (split.live.run_id,)},
-        training_data_hash=split.data_hash, selection=selection)
+        training_data_hash=split.data_hash, selection=selection, steady_gain=gain)
     log.info("binding %s rev %d: ARX na=%d nb=%d delay=%d ridge=%g, val score %.4f, gates %s, %.3f s",
              binding.id, binding_revision, model.orders.na, model.orders.nb, model.orders.delay, final.ridge,
              final.score, "".join("P" if g.passed else "F" for g in artifact.gates), selection["seconds"])
@@ -240,8 +262,10 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
 
 def artifact_from_model(model: ArxModel, binding: BindingSpec, binding_revision: int, normalisation: Normalisation,
                         gates: tuple[Gate, ...] = (), splits: Mapping[str, tuple[str, ...]] | None = None,
-                        training_data_hash: str = "", selection: Mapping[str, Any] | None = None) -> ModelArtifact:
-    """A ModelArtifact for `model` (tags, P and sample period from the binding; orders from the model)."""
+                        training_data_hash: str = "", selection: Mapping[str, Any] | None = None,
+                        steady_gain: Mapping[str, Any] | None = None) -> ModelArtifact:
+    """A ModelArtifact for `model` (tags, P and sample period from the binding; orders from the model;
+    steady_gain defaults to the model's gain record without uncertainty)."""
     return ModelArtifact(
         binding_id=binding.id, binding_revision=binding_revision,
         mv_tags=binding.mv_tags, cv_tags=binding.cv_tags, dv_tags=binding.dv_tags,
@@ -249,7 +273,8 @@ def artifact_from_model(model: ArxModel, binding: BindingSpec, binding_revision:
         sample_period_s=binding.sample_period_s, coefficients=model.to_dict(), state_space=model.realise(),
         normalisation=normalisation, gates=gates,
         splits=dict(splits) if splits is not None else {"train": (), "val": (), "test": (), "live": ()},
-        training_data_hash=training_data_hash, selection=dict(selection or {}))
+        training_data_hash=training_data_hash, selection=dict(selection or {}),
+        steady_gain=dict(steady_gain_record(model) if steady_gain is None else steady_gain))
 
 
 def arx_of(artifact: ModelArtifact) -> ArxModel:

@@ -1,5 +1,6 @@
-"""ARX models in normalised units: layout, realisation, regressors, ridge fit, order / ridge selection
-by validation rollout, multi-step (simulation-error) refinement and the measured state of a run.
+"""ARX models in normalised units: layout, realisation, stacked runs and their windows, rollouts and
+their NRMSE, and the measured state of a run. The regression and the multi-step refinement live in
+model/fit.py.
 
 ARX convention (fixed; the MPC, the verifier and the UQ scores rely on it), normalised units:
 
@@ -20,12 +21,10 @@ with a complete state is `Orders.first_state_row` = max(na - 1, L).
 
 import logging
 import math
-import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-from scipy.optimize import least_squares
 
 from optimizer_pipeline.contracts import MIN_STD, ContractError, Normalisation, RunSeries, StateSpace
 from optimizer_pipeline.model.statespace import rollout
@@ -262,142 +261,6 @@ def rollout_nrmse(model: ArxModel, stacked: Stacked, h: int, max_windows: int = 
         return np.full(stacked.y.shape[1], np.nan)
     with np.errstate(over="ignore", invalid="ignore"):
         return nrmse(*rollout_windows(model.realise(), stacked, model.orders, rows, h))
-
-
-# --------------------------------------------------------------------------- regression
-
-
-def _lagged(stacked: Stacked, rows: np.ndarray, na: int, lag: int) -> np.ndarray:
-    """Regressors of target rows: [y lag 1..na, u lag 1..lag, d lag 1..lag, 1] (m, p_full)."""
-    m = rows.size
-    ylags = rows[:, None] - 1 - np.arange(na)
-    ulags = rows[:, None] - 1 - np.arange(lag)
-    return np.hstack([stacked.y[ylags].reshape(m, -1), stacked.u[ulags].reshape(m, -1),
-                      stacked.d[ulags].reshape(m, -1), np.ones((m, 1))])
-
-
-def _columns(orders: Orders, na_full: int, lag_full: int, ny: int, nu: int, nd: int) -> np.ndarray:
-    """Columns of the full lag matrix that form the regressors of `orders` (Theta row order)."""
-    y_cols = np.arange(orders.na * ny)
-    lags = np.arange(orders.delay - 1, orders.delay - 1 + orders.nb)  # zero-based lag index
-    u_cols = na_full * ny + (lags[:, None] * nu + np.arange(nu)).ravel()
-    d_cols = na_full * ny + lag_full * nu + (lags[:, None] * nd + np.arange(nd)).ravel()
-    return np.concatenate([y_cols, u_cols, d_cols, [na_full * ny + lag_full * (nu + nd)]]).astype(np.int64)
-
-
-class RidgeProblem:
-    """Normal equations of the one-step ARX regression on train rows shared by every candidate.
-
-    Target rows start after the largest lag of all candidates so every candidate sees the same rows;
-    regressors never cross run boundaries. Objective per CV: mean squared one-step error + ridge *
-    ||theta without intercept||^2 (normalised units, so one ridge scale fits every tag).
-    """
-
-    def __init__(self, train: Stacked, candidates: Sequence[Orders]):
-        self.na_full = max(o.na for o in candidates)
-        self.lag_full = max(o.delay + o.nb - 1 for o in candidates)
-        first = max(o.max_lag for o in candidates)
-        rows, _ = window_rows(train, first, 0, 1)  # every target row with all its lags in the run
-        self.n_rows = rows.size
-        phi = _lagged(train, rows, self.na_full, self.lag_full)
-        self.gram = phi.T @ phi / max(rows.size, 1)
-        self.cross = phi.T @ train.y[rows] / max(rows.size, 1)
-        self.dims = train.y.shape[1], train.u.shape[1], train.d.shape[1]
-
-    def fit(self, orders: Orders, ridge: float) -> ArxModel:
-        ny, nu, nd = self.dims
-        cols = _columns(orders, self.na_full, self.lag_full, ny, nu, nd)
-        gram = self.gram[np.ix_(cols, cols)]
-        penalty = np.full(cols.size, ridge)
-        penalty[-1] = 0.0  # the intercept is not shrunk
-        # A tiny floor keeps collinear regressors (e.g. a constant MV) solvable without changing the fit.
-        theta = np.linalg.solve(gram + np.diag(penalty + 1e-12), self.cross[cols])
-        return ArxModel.from_theta(orders, theta, nu, nd)
-
-
-# --------------------------------------------------------------------------- multi-step refinement
-
-
-def _simulate(theta: np.ndarray, orders: Orders, y_hist: np.ndarray, exo: np.ndarray,
-              want_jac: bool) -> tuple[np.ndarray, np.ndarray | None]:
-    """ARX simulation (and its parameter sensitivities) over windows; the refinement's objective.
-
-    y_hist (m, na, ny) measured y[k-na+1 .. k] (oldest first); exo (m, h, q) input regressors
-    [u lags, d lags, 1] of the targets y[k+1 .. k+h]. Returns yhat (m, h, ny) and, when wanted,
-    d yhat / d Theta (m, h, ny, p, ny). Statespace.rollout is the product's simulation path; this
-    copy exists because the refinement needs the sensitivities alongside the outputs.
-    """
-    m, h, _ = exo.shape
-    na, ny = orders.na, y_hist.shape[2]
-    p = theta.shape[0]
-    a_blocks = [theta[i * ny:(i + 1) * ny].T for i in range(na)]  # A_i (ny, ny)
-    exo_part = exo @ theta[na * ny:]
-    sims = [y_hist[:, i] for i in range(na)]  # index na-1 = y[k]
-    sens: list[np.ndarray | None] = [None] * na
-    eye = np.eye(ny)
-    yhat = np.empty((m, h, ny))
-    jac = np.empty((m, h, ny, p, ny)) if want_jac else None
-    for s in range(h):
-        phi_y = np.concatenate([sims[-1 - i] for i in range(na)], axis=1)  # [y(s-1), y(s-2), ...]
-        y_now = phi_y @ theta[:na * ny] + exo_part[:, s]
-        if want_jac:
-            phi = np.concatenate([phi_y, exo[:, s]], axis=1)  # (m, p)
-            j_now = phi[:, None, :, None] * eye[None, :, None, :]
-            for i in range(na):
-                if sens[-1 - i] is not None:
-                    j_now = j_now + np.einsum("ab,mbrc->marc", a_blocks[i], sens[-1 - i])
-            sens.append(j_now)
-            jac[:, s] = j_now
-        sims.append(y_now)
-        yhat[:, s] = y_now
-    return yhat, jac
-
-
-def refine_multistep(model: ArxModel, train: Stacked, h: int, ridge: float, max_windows: int = 300,
-                     max_nfev: int = 30) -> tuple[ArxModel, dict[str, Any]]:
-    """Minimise the h-step open-loop simulation error on train windows, started at `model`.
-
-    Objective: mean squared rollout residual over windows, steps and CVs + ridge * ||theta without
-    intercept||^2 (scipy least_squares, Levenberg-Marquardt with analytic sensitivities).
-    """
-    orders = model.orders
-    ny, nu, nd = model.dims
-    first = orders.first_state_row
-    rows, _ = window_rows(train, first, h, stride_for(train, first, h, max_windows))
-    theta0 = model.theta()
-    p = theta0.shape[0]
-    if rows.size * h * ny < theta0.size:
-        return model, {"tried": False, "reason": f"{rows.size} train windows are too few"}
-    y_hist = train.y[rows[:, None] - np.arange(orders.na)[::-1]]
-    target_rows = rows[:, None] + np.arange(1, h + 1)
-    lags = orders.delay + np.arange(orders.nb)
-    in_rows = target_rows[:, :, None] - lags  # (m, h, nb)
-    exo = np.concatenate([train.u[in_rows].reshape(rows.size, h, -1), train.d[in_rows].reshape(rows.size, h, -1),
-                          np.ones((rows.size, h, 1))], axis=2)
-    measured = train.y[target_rows]
-    scale = 1.0 / math.sqrt(rows.size * h)
-    shrink = np.ones((p, ny))
-    shrink[-1] = 0.0
-    shrink_flat = math.sqrt(ridge) * shrink.ravel()
-
-    def residuals(vec: np.ndarray) -> np.ndarray:
-        yhat, _ = _simulate(vec.reshape(p, ny), orders, y_hist, exo, False)
-        return np.concatenate([((yhat - measured) * scale).ravel(), shrink_flat * vec])
-
-    def jacobian(vec: np.ndarray) -> np.ndarray:
-        _, jac = _simulate(vec.reshape(p, ny), orders, y_hist, exo, True)
-        return np.vstack([jac.reshape(-1, p * ny) * scale, np.diag(shrink_flat)])
-
-    started = time.perf_counter()
-    with np.errstate(over="ignore", invalid="ignore"):
-        sol = least_squares(residuals, theta0.ravel(), jac=jacobian, method="lm", max_nfev=max_nfev)
-    info = {"tried": True, "windows": int(rows.size), "nfev": int(sol.nfev), "status": int(sol.status),
-            "cost_before": float(0.5 * np.sum(residuals(theta0.ravel()) ** 2)),
-            "cost_after": float(sol.cost) if np.isfinite(sol.cost) else None,
-            "seconds": round(time.perf_counter() - started, 4)}
-    if not np.all(np.isfinite(sol.x)):
-        return model, {**info, "reason": "non-finite parameters"}
-    return ArxModel.from_theta(orders, sol.x.reshape(p, ny), nu, nd), info
 
 
 # --------------------------------------------------------------------------- measured state of a run

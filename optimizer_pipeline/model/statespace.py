@@ -1,4 +1,5 @@
-"""State-space arithmetic on the contract StateSpace: batched open-loop rollout and steady state.
+"""State-space arithmetic on the contract StateSpace: batched open-loop rollout, steady state and
+settling horizon.
 
 This is the one simulation path of the linear model; the QP builders use their own matrices and
 the verifier re-simulates with this module.
@@ -7,6 +8,9 @@ the verifier re-simulates with this module.
 import numpy as np
 
 from optimizer_pipeline.contracts import StateSpace
+
+SETTLE_FRACTION = 0.05  # settled: every step response within 5 % of its output's largest steady gain
+MAX_SETTLING_STEPS = 2000  # a model that has not settled by then has no settling horizon
 
 
 def rollout(ss: StateSpace, x0: np.ndarray, u: np.ndarray, d: np.ndarray | None = None) -> np.ndarray:
@@ -45,3 +49,26 @@ def steady_state(ss: StateSpace, rcond: float = 1e-8) -> tuple[np.ndarray, np.nd
     mapped = C @ sol
     nu, nd = B.shape[1], E.shape[1]
     return mapped[:, :nu], mapped[:, nu:nu + nd], mapped[:, nu + nd]
+
+
+def settling_steps(ss: StateSpace, fraction: float = SETTLE_FRACTION, cap: int = MAX_SETTLING_STEPS) -> int | None:
+    """The smallest H >= 1 such that, with every input (MVs and DVs) stepped by one unit and held,
+    the response after H or more steps stays within `fraction` of its final value; the tolerance is
+    taken per output as `fraction` times the output's largest |steady gain|. None when that has not
+    happened within `cap` steps (slow, integrating or unstable model).
+    """
+    A, B, E, _, C = ss.arrays()
+    inputs = np.hstack([B, E])
+    G, Gd, _ = steady_state(ss)
+    final = np.hstack([G, Gd])  # (ny, nu + nd)
+    tol = fraction * np.max(np.abs(final), axis=1, initial=0.0)[:, None]
+    x = np.zeros((inputs.shape[1], A.shape[0]))  # one state per input, unit step held from step 0
+    last_outside = -1  # the last step whose response is outside (step k ends after k + 1 steps held)
+    for k in range(cap):
+        x = x @ A.T + inputs.T
+        y = x @ C.T  # (n_inputs, ny): row j = response to input j at the end of step k
+        with np.errstate(invalid="ignore", over="ignore"):
+            outside = np.abs(y.T - final) > tol
+        if np.any(outside | ~np.isfinite(y.T)):
+            last_outside = k
+    return None if last_outside == cap - 1 else last_outside + 2

@@ -102,6 +102,10 @@ class Plant(ABC):
     dv_noise: ClassVar[tuple[float, ...]] = ()  # measurement noise std per DV
     excitation: ClassVar[Excitation]
     nominal_d: ClassVar[tuple[float, ...]] = ()  # DVs used when a call gives none
+    # the demo history's size: runs x samples per run (a slow plant needs longer runs for the UQ
+    # evidence of a steady target, scored over its settling horizon)
+    history_runs: ClassVar[int] = 12
+    history_run_length: ClassVar[int] = 300
 
     # ------------------------------------------------------------------ physics (per plant)
 
@@ -233,13 +237,19 @@ class Plant(ABC):
                 k3 = self._rhs(xc + 0.5 * h * rate * k2, uk, dk)
                 k4 = self._rhs(xc + h * rate * k3, uk, dk)
                 xc = xc + (h * rate / 6.0) * (k1 + 2.0 * k2 + 2.0 * k3 + k4)
-            states[:, k + 1, :self.n_cont] = xc
+            states[:, k + 1, :self.n_cont] = self._end_of_step(xc, uk, dk)
             if self.delay_samples:
                 # newest undelayed output enters the pipe; the oldest one has reached the sensor
                 pipe = states[:, k, self.n_cont:]
                 states[:, k + 1, self.n_cont:] = np.concatenate(
                     [self._outputs(states[:, k, :self.n_cont]), pipe[:, :-self.ny]], axis=1)
         return states
+
+    def _end_of_step(self, xc: np.ndarray, u: np.ndarray, d: np.ndarray) -> np.ndarray:
+        """Continuous states (m, n_cont) at the end of a sample period in which u (m, nu, actual
+        actuation) and d (m, nd) were held. The ODE states are integrated already; a plant that keeps
+        past inputs in its state (dead times per input-output channel) shifts them in here."""
+        return xc
 
     def _measure(self, states: np.ndarray) -> np.ndarray:
         """Noise-free measured CVs (..., ny) of states (..., nx): the oldest pipe entry when delayed."""
@@ -250,7 +260,8 @@ class Plant(ABC):
 
     # ------------------------------------------------------------------ history
 
-    def history(self, seed: int, n_runs: int = 12, run_length: int = 300, end_at: float | None = None) -> DemoHistory:
+    def history(self, seed: int, n_runs: int | None = None, run_length: int | None = None,
+                end_at: float | None = None) -> DemoHistory:
         """Excitation runs around the operating point, with measurement noise, deterministic in `seed`.
 
         Returns the wide frame (`run_id`, `timestamp` seconds since epoch, one column per MV, CV and
@@ -259,8 +270,11 @@ class Plant(ABC):
         The live run's last sample is at `end_at` (seconds since the epoch); None = now, the time
         the history is made (seeded), rounded down to a whole sample period, so a history seeded
         for a solve is current (docs/ARCHITECTURE.md, "Recommendation status": live state age).
-        Only the timestamps depend on `end_at`.
+        Only the timestamps depend on `end_at`. n_runs / run_length default to the plant's
+        history_runs / history_run_length.
         """
+        n_runs = self.history_runs if n_runs is None else n_runs
+        run_length = self.history_run_length if run_length is None else run_length
         if isinstance(n_runs, bool) or not isinstance(n_runs, (int, np.integer)) or n_runs < 1:
             raise PlantInputError(f"plant {self.name}: n_runs must be an integer >= 1, got {n_runs!r}")
         # a run shorter than this would be one or two input levels: too little excitation to identify
@@ -310,12 +324,13 @@ class Plant(ABC):
         log.debug("plant %s: %d runs x %d samples from seed %d", self.name, n_runs, n, seed)
         return DemoHistory(frame=pd.DataFrame(columns), live=live)
 
-    def generate_history(self, seed: int, n_runs: int = 12, run_length: int = 300,
+    def generate_history(self, seed: int, n_runs: int | None = None, run_length: int | None = None,
                          end_at: float | None = None) -> pd.DataFrame:
         """The history frame of `history(seed, n_runs, run_length, end_at)`."""
         return self.history(seed, n_runs, run_length, end_at).frame
 
-    def live_state(self, seed: int, n_runs: int = 12, run_length: int = 300, end_at: float | None = None) -> LiveState:
+    def live_state(self, seed: int, n_runs: int | None = None, run_length: int | None = None,
+                   end_at: float | None = None) -> LiveState:
         """The live state at the end of `history(seed, n_runs, run_length, end_at)`."""
         return self.history(seed, n_runs, run_length, end_at).live
 

@@ -48,6 +48,9 @@ class BlendTank(Plant):
     settling_time_s: ClassVar[float] = 11000.0  # level ~900 s at the top of the band
     substeps: ClassVar[int] = 5
     cv_noise: ClassVar[tuple[float, ...]] = (0.03, 0.005)
+    # runs of 5 h: the steady target's evidence scores the settled response over ~60 samples, so
+    # 300-sample runs would give the 2 val runs only 8 blocks (empirical_max) instead of 18
+    history_run_length: ClassVar[int] = 600
     excitation: ClassVar[Excitation] = Excitation(
         mv_band=((1.5, 4.5), (1.5, 4.5)),
         mv_hold=(5, 40),

@@ -1,0 +1,245 @@
+"""ARX regression with a structure per CV equation: which past CVs, and which lags of each MV and DV,
+the equation of each CV has (one delay for every channel, or a delay per input-output channel);
+ridge least squares on the train runs, with the normal equations kept per run so that a run can be
+left out (the jackknife of the steady-state gain); and the multi-step (simulation-error) refinement
+of the coefficients the structure leaves free.
+
+A structure is realised as an ArxModel (model/arx.py layout) whose coefficients outside the
+structure are zero: delay = the smallest channel delay, nb = the span of lags any channel uses.
+"""
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from optimizer_pipeline.model.arx import ArxModel, Orders, Stacked, stride_for, window_rows
+
+# A tiny floor keeps collinear regressors (e.g. a constant MV) solvable without changing the fit.
+SOLVE_FLOOR = 1e-12
+
+
+@dataclass(frozen=True)
+class Structure:
+    """The regressors of each CV equation. na past values (of every CV, or with `own_ar` of its own
+    only: the CVs' equations are then decoupled, MISO), nb lags of each input starting at that
+    channel's delay: delays[i][v] for CV i and input v (the MVs, then the DVs), each >= 1."""
+
+    na: int
+    nb: int
+    delays: tuple[tuple[int, ...], ...]
+    own_ar: bool = False
+
+    @staticmethod
+    def common(orders: Orders, ny: int, nv: int) -> "Structure":
+        """One delay for every channel and every CV's past in every equation (the plain ARX orders)."""
+        return Structure(orders.na, orders.nb, ((orders.delay,) * nv,) * ny)
+
+    @property
+    def orders(self) -> Orders:
+        """Orders of the realisation: the smallest delay and the span of lags the channels use."""
+        low, high = min(map(min, self.delays)), max(map(max, self.delays))
+        return Orders(self.na, high - low + self.nb, low)
+
+    @property
+    def per_channel(self) -> bool:
+        return len({d for row in self.delays for d in row}) > 1 or self.own_ar
+
+    def n_params(self) -> int:
+        ny = len(self.delays)
+        return sum(self.na * (1 if self.own_ar else ny) + self.nb * len(row) + 1 for row in self.delays)
+
+    def record(self) -> dict[str, Any]:
+        return {"na": self.na, "nb": self.nb, "delays": [list(row) for row in self.delays], "own_ar": self.own_ar}
+
+
+def _lagged(stacked: Stacked, rows: np.ndarray, na: int, lag: int) -> np.ndarray:
+    """Regressors of target rows: [y lag 1..na, u lag 1..lag, d lag 1..lag, 1] (m, p_full)."""
+    m = rows.size
+    ylags = rows[:, None] - 1 - np.arange(na)
+    ulags = rows[:, None] - 1 - np.arange(lag)
+    return np.hstack([stacked.y[ylags].reshape(m, -1), stacked.u[ulags].reshape(m, -1),
+                      stacked.d[ulags].reshape(m, -1), np.ones((m, 1))])
+
+
+def layout(structure: Structure, dims: tuple[int, int, int], na_full: int,
+           lag_full: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per CV i: (columns of the full lag matrix of `_lagged(na_full, lag_full)`, rows of the realised
+    Theta (ArxModel.theta of `structure.orders`)) of its regressors, in the same order."""
+    ny, nu, nd = dims
+    orders = structure.orders
+    out = []
+    for i, delays in enumerate(structure.delays):
+        outputs = [i] if structure.own_ar else list(range(ny))
+        cols = [lag * ny + k for lag in range(structure.na) for k in outputs]
+        rows = list(cols)
+        for v, delay in enumerate(delays):
+            for lag in range(delay, delay + structure.nb):  # 1-based lag of the input
+                q = lag - orders.delay  # its place in the realised numerator
+                if v < nu:
+                    cols.append(na_full * ny + (lag - 1) * nu + v)
+                    rows.append(orders.na * ny + q * nu + v)
+                else:
+                    cols.append(na_full * ny + lag_full * nu + (lag - 1) * nd + v - nu)
+                    rows.append(orders.na * ny + orders.nb * nu + q * nd + v - nu)
+        cols.append(na_full * ny + lag_full * (nu + nd))
+        rows.append(orders.na * ny + orders.nb * (nu + nd))
+        out.append((np.asarray(cols, np.int64), np.asarray(rows, np.int64)))
+    return out
+
+
+def free_mask(structure: Structure, dims: tuple[int, int, int]) -> np.ndarray:
+    """(p, ny) bool: the realised Theta entries the structure leaves free (the rest stay zero)."""
+    orders = structure.orders
+    ny, nu, nd = dims
+    mask = np.zeros((orders.n_params(ny, nu, nd) // ny, ny), bool)
+    for i, (_, rows) in enumerate(layout(structure, dims, structure.na, orders.delay + orders.nb - 1)):
+        mask[rows, i] = True
+    return mask
+
+
+class RidgeProblem:
+    """Normal equations of the one-step ARX regression on the train rows, shared by every structure
+    whose lags fit in (na_full, lag_full), summed per train run.
+
+    Target rows start after the largest lag so every structure sees the same rows; regressors never
+    cross run boundaries. Objective per CV: mean squared one-step error + ridge * ||theta without
+    intercept||^2 (normalised units, so one ridge scale fits every tag).
+    """
+
+    def __init__(self, train: Stacked, na_full: int, lag_full: int):
+        self.na_full, self.lag_full = na_full, lag_full
+        rows, which = window_rows(train, max(na_full, lag_full), 0, 1)  # every target row with all its lags
+        self.n_rows = rows.size
+        self.dims = train.y.shape[1], train.u.shape[1], train.d.shape[1]
+        phi = _lagged(train, rows, na_full, lag_full)
+        runs = np.unique(which)
+        self.run_rows = np.array([np.sum(which == r) for r in runs])
+        self.run_gram = np.stack([phi[which == r].T @ phi[which == r] for r in runs]) if runs.size else \
+            np.zeros((0, phi.shape[1], phi.shape[1]))
+        self.run_cross = np.stack([phi[which == r].T @ train.y[rows[which == r]] for r in runs]) if runs.size else \
+            np.zeros((0, phi.shape[1], self.dims[0]))
+
+    @staticmethod
+    def for_orders(train: Stacked, candidates: list[Orders]) -> "RidgeProblem":
+        return RidgeProblem(train, max(o.na for o in candidates), max(o.max_lag for o in candidates))
+
+    @property
+    def n_runs(self) -> int:
+        return len(self.run_rows)
+
+    def fit(self, structure: Structure | Orders, ridge: float, without: int | None = None) -> ArxModel:
+        """The ridge fit of `structure` (Orders: the common structure); `without`: leave that train
+        run (index among the runs with rows) out."""
+        ny, nu, nd = self.dims
+        if isinstance(structure, Orders):
+            structure = Structure.common(structure, ny, nu + nd)
+        keep = np.ones(self.n_runs, bool)
+        if without is not None:
+            keep[without] = False
+        n = max(int(self.run_rows[keep].sum()), 1)
+        gram, cross = self.run_gram[keep].sum(axis=0) / n, self.run_cross[keep].sum(axis=0) / n
+        orders = structure.orders
+        theta = np.zeros((orders.n_params(ny, nu, nd) // ny, ny))
+        for i, (cols, rows) in enumerate(layout(structure, self.dims, self.na_full, self.lag_full)):
+            penalty = np.full(cols.size, ridge)
+            penalty[-1] = 0.0  # the intercept is not shrunk
+            theta[rows, i] = np.linalg.solve(gram[np.ix_(cols, cols)] + np.diag(penalty + SOLVE_FLOOR), cross[cols, i])
+        return ArxModel.from_theta(orders, theta, nu, nd)
+
+
+# --------------------------------------------------------------------------- multi-step refinement
+
+
+def _simulate(theta: np.ndarray, orders: Orders, y_hist: np.ndarray, exo: np.ndarray,
+              want_jac: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """ARX simulation (and its parameter sensitivities) over windows; the refinement's objective.
+
+    y_hist (m, na, ny) measured y[k-na+1 .. k] (oldest first); exo (m, h, q) input regressors
+    [u lags, d lags, 1] of the targets y[k+1 .. k+h]. Returns yhat (m, h, ny) and, when wanted,
+    d yhat / d Theta (m, h, ny, p, ny). Statespace.rollout is the product's simulation path; this
+    copy exists because the refinement needs the sensitivities alongside the outputs.
+    """
+    m, h, _ = exo.shape
+    na, ny = orders.na, y_hist.shape[2]
+    p = theta.shape[0]
+    a_blocks = [theta[i * ny:(i + 1) * ny].T for i in range(na)]  # A_i (ny, ny)
+    exo_part = exo @ theta[na * ny:]
+    sims = [y_hist[:, i] for i in range(na)]  # index na-1 = y[k]
+    sens: list[np.ndarray | None] = [None] * na
+    eye = np.eye(ny)
+    yhat = np.empty((m, h, ny))
+    jac = np.empty((m, h, ny, p, ny)) if want_jac else None
+    for s in range(h):
+        phi_y = np.concatenate([sims[-1 - i] for i in range(na)], axis=1)  # [y(s-1), y(s-2), ...]
+        y_now = phi_y @ theta[:na * ny] + exo_part[:, s]
+        if want_jac:
+            phi = np.concatenate([phi_y, exo[:, s]], axis=1)  # (m, p)
+            j_now = phi[:, None, :, None] * eye[None, :, None, :]
+            for i in range(na):
+                if sens[-1 - i] is not None:
+                    j_now = j_now + np.einsum("ab,mbrc->marc", a_blocks[i], sens[-1 - i])
+            sens.append(j_now)
+            jac[:, s] = j_now
+        sims.append(y_now)
+        yhat[:, s] = y_now
+    return yhat, jac
+
+
+def refine_multistep(model: ArxModel, train: Stacked, h: int, ridge: float, free: np.ndarray | None = None,
+                     max_windows: int = 300, max_nfev: int = 30) -> tuple[ArxModel, dict[str, Any]]:
+    """Minimise the h-step open-loop simulation error on train windows, started at `model`, over the
+    coefficients `free` marks ((p, ny) bool over Theta; None = all; the others keep their values).
+
+    Objective: mean squared rollout residual over windows, steps and CVs + ridge * ||free theta
+    without intercept||^2 (scipy least_squares, Levenberg-Marquardt with analytic sensitivities).
+    """
+    orders = model.orders
+    ny, nu, nd = model.dims
+    first = orders.first_state_row
+    rows, _ = window_rows(train, first, h, stride_for(train, first, h, max_windows))
+    theta0 = model.theta()
+    p = theta0.shape[0]
+    free = np.ones(theta0.shape, bool) if free is None else np.asarray(free, bool)
+    free_flat = free.ravel()
+    if rows.size * h * ny < free_flat.sum():
+        return model, {"tried": False, "reason": f"{rows.size} train windows are too few"}
+    y_hist = train.y[rows[:, None] - np.arange(orders.na)[::-1]]
+    target_rows = rows[:, None] + np.arange(1, h + 1)
+    lags = orders.delay + np.arange(orders.nb)
+    in_rows = target_rows[:, :, None] - lags  # (m, h, nb)
+    exo = np.concatenate([train.u[in_rows].reshape(rows.size, h, -1), train.d[in_rows].reshape(rows.size, h, -1),
+                          np.ones((rows.size, h, 1))], axis=2)
+    measured = train.y[target_rows]
+    scale = 1.0 / math.sqrt(rows.size * h)
+    shrink = np.ones((p, ny))
+    shrink[-1] = 0.0
+    shrink_flat = math.sqrt(ridge) * shrink.ravel()[free_flat]
+
+    def full(vec: np.ndarray) -> np.ndarray:
+        theta = theta0.ravel().copy()
+        theta[free_flat] = vec
+        return theta.reshape(p, ny)
+
+    def residuals(vec: np.ndarray) -> np.ndarray:
+        yhat, _ = _simulate(full(vec), orders, y_hist, exo, False)
+        return np.concatenate([((yhat - measured) * scale).ravel(), shrink_flat * vec])
+
+    def jacobian(vec: np.ndarray) -> np.ndarray:
+        _, jac = _simulate(full(vec), orders, y_hist, exo, True)
+        return np.vstack([jac.reshape(-1, p * ny)[:, free_flat] * scale, np.diag(shrink_flat)])
+
+    start = theta0.ravel()[free_flat]
+    started = time.perf_counter()
+    with np.errstate(over="ignore", invalid="ignore"):
+        sol = least_squares(residuals, start, jac=jacobian, method="lm", max_nfev=max_nfev)
+    info = {"tried": True, "windows": int(rows.size), "horizon": int(h), "nfev": int(sol.nfev),
+            "status": int(sol.status), "cost_before": float(0.5 * np.sum(residuals(start) ** 2)),
+            "cost_after": float(sol.cost) if np.isfinite(sol.cost) else None,
+            "seconds": round(time.perf_counter() - started, 4)}
+    if not np.all(np.isfinite(sol.x)):
+        return model, {**info, "reason": "non-finite parameters"}
+    return ArxModel.from_theta(orders, full(sol.x), nu, nd), info
