@@ -215,6 +215,7 @@ def recalibration_schedule(settings: Settings):
 # ---------------------------------------------------------------------------- runs launched through the instance
 
 TERMINAL = ("SUCCESS", "FAILURE", "CANCELED")
+CELERY_TASK_ID_TAG = "dagster-celery/task_id"  # the run tag dagster-celery's launcher sets
 RUN_WAIT_S = 3600.0  # how long `materialize` waits for submitted runs
 
 

@@ -303,7 +303,29 @@ def cmd_worker(args: argparse.Namespace, home: Path) -> int:
     print(f"Celery worker {name} for home {home}, queue {args.queue}", flush=True)
     # -P solo: prefork children are daemonic and may not start the solver pool or the figure processes
     return run_supervised([sys.executable, "-m", "celery", "-A", "dagster_celery.app", "worker", "-P", "solo",
-                           "-Q", args.queue, "-n", f"{name}@%h", "--loglevel", "INFO"], env)
+                           "-Q", args.queue, "-n", f"{name}@%h", "--loglevel", "INFO"], env,
+                          on_death=lambda code: _fail_runs_of_dead_worker(settings, name, code))
+
+
+def _fail_runs_of_dead_worker(settings: Any, name: str, code: int) -> None:
+    """The Celery worker died under us (killed, crashed): its Celery task stays STARTED forever, so
+    nothing else would end its run. Report every run it was executing as failed, so Dagster shows it
+    and the next refresh can run the bindings; the ledger holds no partial write of it (one
+    transaction per binding), and the failure says which worker died."""
+    from celery import Celery
+    from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
+
+    from optimizer_pipeline.automation import CELERY_TASK_ID_TAG
+
+    app = Celery(broker=settings.dagster_broker, backend=settings.dagster_broker)
+    with DagsterInstance.get() as instance:
+        for run in instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.STARTING, DagsterRunStatus.STARTED])):
+            task_id = run.tags.get(CELERY_TASK_ID_TAG)
+            info = app.AsyncResult(task_id).info if task_id else None
+            if isinstance(info, dict) and str(info.get("hostname", "")).startswith(f"{name}@"):
+                instance.report_run_failed(run, message=f"Celery worker {info['hostname']} died (exit code {code}) "
+                                                        f"while running this run")
+                print(f"run {run.run_id} reported failed: its worker {name} died", file=sys.stderr)
 
 
 # ------------------------------------------------------------------ formatting

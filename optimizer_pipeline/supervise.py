@@ -11,7 +11,7 @@ import os
 import signal
 import subprocess
 import time
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 STOP_GRACE_S = 20.0  # after SIGTERM, how long the group may take before SIGKILL
 
@@ -54,9 +54,12 @@ def stop_group(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
     proc.wait()
 
 
-def run_supervised(cmd: Sequence[str], env: Mapping[str, str], grace_s: float = STOP_GRACE_S) -> int:
+def run_supervised(cmd: Sequence[str], env: Mapping[str, str], grace_s: float = STOP_GRACE_S,
+                   on_death: Callable[[int], None] | None = None) -> int:
     """Run `cmd` as its own process group until it exits or we get SIGTERM / SIGINT; then stop the
-    whole group. Returns the child's exit code (0 when we stopped it on a signal)."""
+    whole group. When the child ends on its own with a non-zero code (e.g. it was SIGKILLed),
+    `on_death(code)` runs after the group is stopped. Returns the child's exit code (0 when we
+    stopped it on a signal)."""
     proc = subprocess.Popen(list(cmd), env=dict(env), start_new_session=True, preexec_fn=_default_signals)
     stopping = []
 
@@ -71,4 +74,9 @@ def run_supervised(cmd: Sequence[str], env: Mapping[str, str], grace_s: float = 
         stop_group(proc, grace_s)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    return 0 if stopping else int(proc.returncode or 0)
+    if stopping:
+        return 0
+    code = int(proc.returncode or 0)
+    if code != 0 and on_death is not None:
+        on_death(code)
+    return code

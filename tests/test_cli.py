@@ -160,7 +160,13 @@ def test_bad_setting_gives_one_line(tmp_path, files):
     home = tmp_path / "home"
     home.mkdir()
     (home / "settings.yaml").write_text("solver: {pool_size: 9}\n")
-    assert cli(home, "ingest", *map(str, files)).returncode == 0  # ingest does not read solver settings
+    # every command reads the settings (where the ledger is: ledger.url), so a broken file is refused
+    # by the first one, naming the setting, before anything is written
+    assert_one_line_error(cli(home, "ingest", *map(str, files)), "solver.pool_size must be an integer from 1 to 4")
+    assert not (home / "optimizer.duckdb").exists()
+    (home / "settings.yaml").write_text("solver: {pool_size: 2}\n")
+    assert cli(home, "ingest", *map(str, files)).returncode == 0
+    (home / "settings.yaml").write_text("solver: {pool_size: 9}\n")
     assert_one_line_error(cli(home, "materialize", "heater-1"), "solver.pool_size must be an integer from 1 to 4")
 
 

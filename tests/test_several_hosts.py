@@ -18,10 +18,14 @@ from optimizer_pipeline.contracts import binding_from_dict
 from optimizer_pipeline.plants import get_plant
 
 from ledger_helpers import ledger_at
+from reliability_helpers import check_ledger_whole
 from servers import redis_server
 
 BINDINGS = [f"heater-{i}" for i in range(6)]
 OPEN = {"verified", "unverified", "rejected"}
+# the simulated histories end when they are seeded; these tests take minutes, and the live state's
+# age is not their subject (tests/test_decision_matrix.py has it)
+LIVE_AGE_S = 86_400
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +93,7 @@ def _wait_for_runs(instance, run_ids: set[str], timeout_s: float) -> dict[str, s
 @pytest.mark.timeout(1200)
 def test_a_refresh_split_into_runs_of_two_runs_on_two_workers_with_their_own_homes(postgres, redis, tmp_path):
     ledger_url, dagster_url = postgres.new_database(), postgres.new_database()
-    settings = {"ledger": {"url": ledger_url},
+    settings = {"ledger": {"url": ledger_url}, "live": {"max_age_s": LIVE_AGE_S},
                 "dagster": {"postgres_url": dagster_url, "run_launcher": "celery", "broker": redis,
                             "max_partitions_per_run": 2}}
     homes = {name: _home(tmp_path, name, settings) for name in ("submitter", "daemon", "worker-a", "worker-b")}
@@ -131,3 +135,71 @@ def test_a_refresh_split_into_runs_of_two_runs_on_two_workers_with_their_own_hom
         assert [r.status for r in recs if r.status in OPEN] == ["verified"], binding_id
     assert not list(tmp_path.rglob("*.duckdb")), "a DuckDB file was written: the ledger must be on PostgreSQL"
     assert not list(tmp_path.rglob("*.db")), "a SQLite file was written: the Dagster instance must be on PostgreSQL"
+
+
+def _celery_child(wrapper_pid: int) -> int:
+    """The Celery worker process under an `optimizer-pipeline worker` command."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == wrapper_pid and b"celery" in cmdline:
+                return int(entry.name)
+    raise AssertionError(f"no celery process under {wrapper_pid}")
+
+
+def _wait_for_event(instance, run_id: str, event_type: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if any(e.dagster_event and e.dagster_event.event_type_value == event_type for e in instance.all_logs(run_id)):
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"no {event_type} in run {run_id} after {timeout_s:g} s")
+
+
+@pytest.mark.timeout(1200)
+def test_a_worker_killed_mid_run_fails_that_run_and_a_new_refresh_completes(postgres, redis, tmp_path):
+    ledger_url, dagster_url = postgres.new_database(), postgres.new_database()
+    settings = {"ledger": {"url": ledger_url}, "live": {"max_age_s": LIVE_AGE_S},
+                "dagster": {"postgres_url": dagster_url, "run_launcher": "celery", "broker": redis}}
+    homes = {name: _home(tmp_path, name, settings) for name in ("submitter", "daemon", "worker-1", "worker-2")}
+    ledger = ledger_at(ledger_url)
+    plant = get_plant("heater")
+    for binding_id in BINDINGS[:2]:
+        ledger.ingest(binding_from_dict({**plant.binding_doc(), "id": binding_id}), plant.history(1).frame,
+                      "simulation")
+    logs = {name: tmp_path / f"{name}.log" for name in ("daemon", "worker-1", "worker-2")}
+    procs = {"worker-1": _start(homes["worker-1"], "worker", "--name", "one", log=logs["worker-1"])}
+    try:
+        _wait_for("ready.", logs["worker-1"])
+        proc = subprocess.run([sys.executable, "-m", "optimizer_pipeline.cli", "--home", str(homes["submitter"]),
+                               "materialize", "--all", "--no-wait"], env=_env(), capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        [run_id] = {d["dagster_run_id"] for d in json.loads(proc.stdout)}
+        procs["daemon"] = _start(homes["daemon"], "daemon", log=logs["daemon"])
+        with DagsterInstance.from_config(str(homes["submitter"] / "dagster")) as instance:
+            _wait_for_event(instance, run_id, "STEP_START", timeout_s=600)
+            os.kill(_celery_child(procs["worker-1"].pid), signal.SIGKILL)  # the worker dies mid-run
+            assert procs["worker-1"].wait(120) != 0  # the command reports the death and ends
+            assert _group_gone(procs["worker-1"].pid), "the killed worker's step processes were left running"
+            statuses = _wait_for_runs(instance, {run_id}, timeout_s=120)
+            assert statuses == {run_id: "FAILURE"}
+            assert "worker one@" in logs["worker-1"].read_text() or "reported failed" in logs["worker-1"].read_text()
+        check_ledger_whole(ledger, candidates_per_run=None)  # runs whole or absent, never half-written
+
+        procs["worker-2"] = _start(homes["worker-2"], "worker", "--name", "two", log=logs["worker-2"])
+        _wait_for("ready.", logs["worker-2"])
+        proc = subprocess.run([sys.executable, "-m", "optimizer_pipeline.cli", "--home", str(homes["submitter"]),
+                               "materialize", "--all"], env=_env(), capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stderr[-3000:] + logs["worker-2"].read_text()[-3000:]
+    finally:
+        for proc_ in procs.values():
+            _stop(proc_)
+    for binding_id in BINDINGS[:2]:
+        recs = ledger.list_recommendations(binding_id)
+        assert [r.status for r in recs if r.status in OPEN] == ["verified"], binding_id
+    assert check_ledger_whole(ledger, candidates_per_run=None) >= 2
