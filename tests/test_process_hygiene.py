@@ -1,0 +1,70 @@
+"""`optimizer-pipeline ui` under a service manager (issue 16, process hygiene): SIGTERM to the command
+stops `dagster dev` and every process it started; nothing of the tree is left."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from servers import free_port
+
+
+def _descendants(pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def test_sigterm_to_ui_leaves_no_process_of_its_tree(tmp_path):
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("OPTIMIZER_HOME", "DAGSTER_HOME")}
+    proc = subprocess.Popen([sys.executable, "-m", "optimizer_pipeline.cli", "--home", str(tmp_path / "home"),
+                             "ui", "--port", str(port)], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while True:  # up when the webserver answers
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=2).read()
+                break
+            except OSError:
+                assert proc.poll() is None, "ui exited before the webserver came up"
+                assert time.monotonic() < deadline, "the UI did not come up within 180 s"
+                time.sleep(0.5)
+        tree = _descendants(proc.pid)
+        assert len(tree) >= 3  # dagster dev, its webserver, its daemon (and code servers)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(90) == 0
+        left = {pid for pid in tree if _alive(pid)}
+        assert left == set(), f"processes of the ui tree left after SIGTERM: {left}"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        for pid in _descendants(proc.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
