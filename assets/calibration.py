@@ -145,6 +145,8 @@ def uq_calibration(env: StageEnv, inputs: BindingInputs) -> StageResult:
         "coverage": ev.coverage, "coverage_threshold": ev.coverage_threshold,
         "coverage_lower_95": ev.coverage_lower_95, "exchangeability_p": ev.exchangeability_p,
         "qhat": MetadataValue.json(dict(zip(ev.cv_tags, ev.qhat))) if ev.qhat else "none",
+        # plain numbers: Dagster's Plots tab draws their history per partition
+        **({f"qhat_{tag}": float(q) for tag, q in zip(ev.cv_tags, ev.qhat)} if ev.qhat else {}),
         "reasons": MetadataValue.json(list(ev.reasons)),
         "evidence": MetadataValue.json(ev.to_dict()),
     }

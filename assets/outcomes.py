@@ -78,6 +78,9 @@ def outcome_deltas(context: AssetExecutionContext, ledger: LedgerResource):
                     "outcomes": _outcome_table(newest[:RECENT_ROWS])}
         if newest:
             metadata["latest_outcome_id"] = newest[0].id
+            hits, trials = newest[0].details.get("hits"), newest[0].details.get("trials")
+            if isinstance(hits, int) and isinstance(trials, int) and trials > 0:
+                metadata["latest_hit_rate"] = hits / trials  # a plain number: the Plots tab trends it
             metadata["latest_deltas"] = _delta_table(newest[0])
             metadata["plot"] = _plot(newest[0])
         report.materialize("outcome_deltas", binding_id, metadata)

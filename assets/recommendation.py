@@ -1,6 +1,7 @@
 """The recommendation stage of one binding, for the Dagster step: compile from the newest live state,
 solve in the worker pool, verify, decide, record in the ledger; and describe it for the UI."""
 
+import math
 from typing import Callable
 
 from dagster import MetadataValue, TableColumn, TableRecord, TableSchema
@@ -16,6 +17,10 @@ from optimizer_pipeline.contracts import (
     SolveCandidate,
     utc_now,
 )
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _plan_table(rec) -> MetadataValue:
@@ -77,6 +82,10 @@ def recommendation(env: StageEnv, inputs: BindingInputs) -> StageResult:
         "plan": _plan_table(rec),
         "candidates": _candidates_table(record.result.candidates),
         "expired_past_valid_until": record.expired_before,
+        # plain numbers: Dagster's Plots tab draws their history per partition
+        **{name: float(value) for name, value in (
+            ("cost", rec.cost), ("independent_cost", rec.independent_cost),
+            ("input_distance", rec.evidence.get("input_distance"))) if _finite(value)},
     }
     check = Check("recommendation", stored.spec.id, "candidate_verified",
                   bool(chosen and chosen.feasible and chosen.verified),

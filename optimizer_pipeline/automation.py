@@ -103,6 +103,36 @@ def binding_changes_sensor():
     return binding_changes
 
 
+def new_samples_sensor():
+    """Fires when a binding's newest stored sample is newer than the live state its latest
+    recommendation was solved from (new history from `ingest` or the inbox): requests `solve` for
+    that partition, so the open recommendation starts from recent data. One run per binding at a
+    time (none while a `solve` of it is queued or running), and one per newest sample time (run key
+    `<binding>@t<newest>`): a burst of files before a tick gives one re-solve. Bindings without a
+    recommendation are left to binding_changes."""
+
+    @sensor(name="new_samples", job=solve_job, minimum_interval_seconds=15, default_status=DefaultSensorStatus.RUNNING)
+    def new_samples(context: SensorEvaluationContext, ledger: LedgerResource):
+        store = ledger.ledger()
+        known = set(context.instance.get_dynamic_partitions(BINDINGS.name))
+        busy = in_flight(context.instance, solve_job.name) | in_flight(context.instance, refresh_job.name)
+        requests, periods = [], {b.spec.id: b.spec.sample_period_s for b in store.list_bindings()}
+        for binding_id, newest in sorted(store.newest_samples().items()):
+            rec = store.latest_recommendation(binding_id)
+            if binding_id not in known or binding_id in busy or rec is None or binding_id not in periods:
+                continue
+            solved_from = store.get_run(rec.run_id).context.get("live_t")
+            # the solve's live time is on the sample grid: a raw time up to half a period later is the same sample
+            if solved_from is not None and newest <= float(solved_from) + periods[binding_id] / 2:
+                continue
+            requests.append(RunRequest(partition_key=binding_id, run_key=f"{binding_id}@t{newest:.3f}",
+                                       tags={"optimizer/reason": f"new samples of {binding_id} up to t={newest:.3f}, "
+                                                                 f"solved from t={solved_from}"}))
+        return requests or SkipReason("no binding has samples newer than its recommendation's live state")
+
+    return new_samples
+
+
 def in_flight(instance, job_name: str) -> set[str]:
     """The binding partitions covered by queued or running runs of `job_name` (one partition or a range)."""
     from dagster import DagsterRunStatus, RunsFilter
@@ -126,12 +156,13 @@ def in_flight(instance, job_name: str) -> set[str]:
 
 
 def uq_freshness_sensor():
-    """Fires when a binding's newest calibration is older than `uq.fresh_days`; requests
-    `recalibrate` for that partition, once per stale calibration: the cursor (binding -> stale
+    """Fires when a binding's newest calibration is older than `uq.fresh_days`; requests `refresh`
+    (recalibrate, then re-solve: a new calibration is never left without the plan it supports) for
+    that partition, once per stale calibration: the cursor (binding -> stale
     calibration id already requested) keeps the next ticks quiet, and the run key
     `<binding>@<calibration id>` lets Dagster drop a repeat if the cursor is lost."""
 
-    @sensor(name="uq_freshness", job=recalibrate_job, minimum_interval_seconds=300,
+    @sensor(name="uq_freshness", job=refresh_job, minimum_interval_seconds=300,
             default_status=DefaultSensorStatus.RUNNING)
     def uq_freshness(context: SensorEvaluationContext, ledger: LedgerResource, settings: SettingsResource):
         fresh_for = timedelta(days=settings.get().uq_fresh_days)
@@ -163,10 +194,10 @@ def uq_freshness_sensor():
 def outcome_drift_sensor():
     """Fires when the recent outcomes of a binding (under its current calibration) show deviation:
     `deviated` in >= 2 of the last 3 conclusive verdicts, or a band-hit rate significantly below the
-    promised one (outcomes.drift_finding). Requests `recalibrate` for that partition, once per
-    triggering outcome (run key `<binding>@<outcome id>`), with the reason in the run's tags."""
+    promised one (outcomes.drift_finding). Requests `refresh` (recalibrate, then re-solve) for that
+    partition, once per triggering outcome (run key `<binding>@<outcome id>`), with the reason in the run's tags."""
 
-    @sensor(name="outcome_drift", job=recalibrate_job, minimum_interval_seconds=60,
+    @sensor(name="outcome_drift", job=refresh_job, minimum_interval_seconds=60,
             default_status=DefaultSensorStatus.RUNNING)
     def outcome_drift(context: SensorEvaluationContext, ledger: LedgerResource):
         store = ledger.ledger()
@@ -177,7 +208,7 @@ def outcome_drift_sensor():
                                     None if calibration is None else calibration.calibrated_at)
             if finding is None:
                 continue
-            context.log.info(f"outcome_drift: requesting recalibrate of {binding_id}: {finding.reason}")
+            context.log.info(f"outcome_drift: requesting refresh of {binding_id}: {finding.reason}")
             requests.append(RunRequest(partition_key=binding_id, run_key=f"{binding_id}@{finding.outcome_id}",
                                        tags={"optimizer/reason": finding.reason}))
         return requests or SkipReason("no binding's recent outcomes deviate")
@@ -197,10 +228,11 @@ def recommendation_expiry_sensor():
 
 
 def recalibration_schedule(settings: Settings):
-    """Daily recalibration of every binding partition in one run (cron and time zone from the
-    settings): one run over the whole partition range, not one run per binding."""
+    """Daily recalibration of every binding partition, ending with the re-solve it supports (job
+    `refresh`; cron and time zone from the settings): one run over the whole partition range, not
+    one run per binding."""
 
-    @schedule(name="daily_recalibration", job=recalibrate_job, cron_schedule=settings.schedule_cron,
+    @schedule(name="daily_recalibration", job=refresh_job, cron_schedule=settings.schedule_cron,
               execution_timezone=settings.schedule_timezone, default_status=DefaultScheduleStatus.RUNNING)
     def daily_recalibration(context: ScheduleEvaluationContext):
         keys = context.instance.get_dynamic_partitions(BINDINGS.name)

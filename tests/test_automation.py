@@ -135,7 +135,7 @@ def test_daily_schedule_recalibrates_every_partition_in_one_run(heater_home):
     context = build_schedule_context(instance=heater_home.instance, scheduled_execution_time=when,
                                      repository_def=defs.get_repository_def())
     (request,) = schedule.evaluate_tick(context).run_requests
-    assert request.job_name in (None, "recalibrate") and request.partition_key is None
+    assert request.job_name in (None, "refresh") and request.partition_key is None
     assert range_tags("heater-1", "heater-2").items() <= request.tags.items()
     # one run per scheduled time: the same tick again has the same key, the next day's tick another
     assert request.run_key == "all@2026-11-30T03:00:00+00:00"
@@ -146,13 +146,17 @@ def test_daily_schedule_recalibrates_every_partition_in_one_run(heater_home):
         repository_def=defs.get_repository_def())).run_requests
     assert (same.run_key, next_day.run_key) == (request.run_key, "all@2026-12-01T03:00:00+00:00")
 
-    result = defs.resolve_job_def("recalibrate").execute_in_process(instance=heater_home.instance,
-                                                                    tags=range_tags("heater-1", "heater-2"))
+    # the schedule's job: the run ends with a recommendation from the new calibration
+    result = defs.resolve_job_def(schedule.job_name).execute_in_process(instance=heater_home.instance,
+                                                                        tags=range_tags("heater-1", "heater-2"))
     assert result.success
-    calibrated = [e.partition for e in result.get_asset_materialization_events()
-                  if e.asset_key == AssetKey("uq_calibration")]
-    assert sorted(calibrated) == ["heater-1", "heater-2"]
-    assert {c.binding_id for c in heater_home.ledger.latest_calibrations()} == {"heater-1", "heater-2"}
+    materialized = {(e.asset_key.path[-1], e.partition) for e in result.get_asset_materialization_events()}
+    assert {("uq_calibration", b) for b in ("heater-1", "heater-2")} <= materialized
+    assert {("recommendation", b) for b in ("heater-1", "heater-2")} <= materialized
+    for binding_id in ("heater-1", "heater-2"):
+        calibration = heater_home.ledger.latest_calibration(binding_id)
+        run = heater_home.ledger.get_run(heater_home.ledger.latest_recommendation(binding_id).run_id)
+        assert run.context["calibration_id"] == calibration.id
 
 
 def test_schedule_cron_and_timezone_come_from_settings(heater_home, monkeypatch):
@@ -170,3 +174,37 @@ def test_schedule_cron_and_timezone_come_from_settings(heater_home, monkeypatch)
 ])
 def test_partition_ranges_are_the_stretches_of_the_wanted_keys_in_instance_order(wanted, expected):
     assert partition_ranges(["a", "b", "c", "d"], wanted) == expected
+
+
+def _append_live_samples(home: DemoHome, binding_id: str, steps: int) -> float:
+    """Continue the live run by `steps` sample periods (its last row repeated later); the newest time."""
+    stored = home.ledger.get_binding(binding_id)
+    frame = home.ledger.history_frame(binding_id, stored.spec.tags)
+    live = frame[frame["run_id"] == frame.loc[frame["timestamp"].idxmax(), "run_id"]]
+    last = live.iloc[[-1]].copy()
+    rows = []
+    for k in range(1, steps + 1):
+        row = last.copy()
+        row["timestamp"] = float(last["timestamp"].iloc[0]) + k * stored.spec.sample_period_s
+        rows.append(row)
+    import pandas as pd
+
+    home.ledger.append_samples(binding_id, pd.concat(rows), stored.spec.tags, "simulation")
+    return float(rows[-1]["timestamp"].iloc[0])
+
+
+def test_new_samples_request_one_solve_of_their_binding_and_none_once_solved(heater_home):
+    assert isinstance(_tick(heater_home, "new_samples"), SkipReason)  # no recommendation yet: binding_changes' job
+    heater_home.instance.add_dynamic_partitions("bindings", ["heater-1"])
+    heater_home.run("heater-1")
+    assert isinstance(_tick(heater_home, "new_samples"), SkipReason)  # solved from the newest sample
+
+    _append_live_samples(heater_home, "heater-1", 2)
+    newest = _append_live_samples(heater_home, "heater-1", 4)  # a burst: two files before one tick
+    requests = _tick(heater_home, "new_samples")
+    assert [(r.partition_key, r.run_key) for r in requests] == [("heater-1", f"heater-1@t{newest:.3f}")]
+
+    heater_home.run("heater-1", job="solve")
+    assert isinstance(_tick(heater_home, "new_samples"), SkipReason)
+    run = heater_home.ledger.get_run(heater_home.ledger.latest_recommendation("heater-1").run_id)
+    assert run.context["live_t"] == pytest.approx(newest)

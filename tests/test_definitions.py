@@ -22,7 +22,8 @@ def test_definitions_are_loadable_with_every_job_schedule_and_sensor(tmp_path):
     defs = build_definitions(tmp_path)
     Definitions.validate_loadable(defs)
     assert {j.name for j in defs.resolve_all_job_defs()} >= {"recalibrate", "solve", "refresh", "outcomes"}
-    assert defs.resolve_schedule_def("daily_recalibration").job_name == "recalibrate"
+    assert defs.resolve_schedule_def("daily_recalibration").job_name == "refresh"  # recalibrate, then re-solve
+    assert {defs.resolve_sensor_def(name).job_name for name in ("uq_freshness", "outcome_drift")} == {"refresh"}
     assert {s.name for s in defs.sensors} >= {"binding_changes", "uq_freshness", "recommendation_expiry",
                                                "outcome_drift"}
     graph = defs.resolve_asset_graph()

@@ -203,3 +203,21 @@ def test_a_live_run_that_ended_eleven_months_ago_is_unverified_with_its_age(tmp_
     (age,) = [c for c in record.conditions if c.name == "live state age"]
     assert (age.value, age.limit, age.holds) == (f"335 days (last sample {iso_utc(ended)})", "<= 300 s (live.max_age_s)",
                                                  False)
+
+
+def test_materializations_carry_plain_numbers_for_the_plots_tab(demo):
+    """Dagster draws the history of numeric metadata per partition: coverage, qhat per CV, costs,
+    input distance, gate values (issue 16, trends)."""
+    from dagster import FloatMetadataValue
+
+    events = {(e.asset_key.path[-1], e.partition): e.materialization.metadata
+              for e in demo.result.get_asset_materialization_events()}
+    for binding_id, plant in demo.plants.items():
+        calibration, rec = events[("uq_calibration", binding_id)], events[("recommendation", binding_id)]
+        for tag in plant.spec.cv_tags:
+            assert isinstance(calibration[f"qhat_{tag}"], FloatMetadataValue)
+        stored = demo.ledger.latest_recommendation(binding_id)
+        assert rec["cost"].value == pytest.approx(stored.payload["cost"])
+        assert rec["input_distance"].value == pytest.approx(stored.payload["evidence"]["input_distance"])
+        assert isinstance(rec["independent_cost"], FloatMetadataValue)
+        assert isinstance(events[("model_artifact", binding_id)]["G1_value"], FloatMetadataValue)

@@ -223,6 +223,12 @@ class Ledger:
         wide.columns.name = None
         return wide.sort_values(["run_id", "timestamp"], kind="stable").reset_index(drop=True)
 
+    def newest_samples(self) -> dict[str, float]:
+        """The newest sample time (s since epoch) of every binding with samples."""
+        with self.backend.connection() as conn:
+            _, rows = self.backend.fetch(conn, "SELECT binding_id, max(ts) FROM plant_samples GROUP BY binding_id")
+        return {binding_id: float(ts) for binding_id, ts in rows}
+
     def sample_source(self, binding_id: str) -> str | None:
         """'real' when any stored sample of the binding is real plant data, else 'simulation'; None without samples."""
         with self.backend.connection() as conn:
