@@ -133,6 +133,30 @@ def new_samples_sensor():
     return new_samples
 
 
+def history_inbox_sensor():
+    """Ingests the history files a historian export dropped into `<home>/inbox/<binding_id>/`
+    (optimizer_pipeline/inbox.py: the same code as `optimizer-pipeline ingest`); finished files
+    only, each moved to done/ or, refused with its reason, to rejected/. The new samples then
+    re-solve their binding through new_samples."""
+
+    @sensor(name="history_inbox", minimum_interval_seconds=10, default_status=DefaultSensorStatus.RUNNING)
+    def history_inbox(context: SensorEvaluationContext, ledger: LedgerResource):
+        from optimizer_pipeline.inbox import ingest_inbox_file, waiting_files
+
+        files = waiting_files(Path(ledger.home))
+        if not files:
+            return SkipReason("no history file waiting in the inbox")
+        store = ledger.ledger()
+        results = [ingest_inbox_file(store, path) for path in files]
+        for r in results:
+            log = context.log.info if r.ingested else context.log.warning
+            log(f"inbox {r.binding_id}/{r.file}: {'ingested, ' if r.ingested else 'rejected: '}{r.detail}")
+        ingested = sum(r.ingested for r in results)
+        return SkipReason(f"inbox: {ingested} file(s) ingested, {len(results) - ingested} rejected")
+
+    return history_inbox
+
+
 def in_flight(instance, job_name: str) -> set[str]:
     """The binding partitions covered by queued or running runs of `job_name` (one partition or a range)."""
     from dagster import DagsterRunStatus, RunsFilter

@@ -7,7 +7,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, Sequence
 
@@ -135,17 +134,13 @@ def _existing_ledger(home: Path) -> "Ledger":
 
 
 def cmd_ingest(args: argparse.Namespace, home: Path) -> int:
-    from optimizer_pipeline.data import read_history
-
-    spec = load_binding_file(args.binding_file)
-    frame = read_history(args.history_file, spec, now_s=time.time())  # samples from the future are refused
+    from optimizer_pipeline.inbox import ingest_history  # the same code as the historian inbox
     from optimizer_pipeline.ledger import open_ledger
 
-    upsert, rows = open_ledger(home).ingest(spec, frame, args.source)
-    print(json.dumps({"binding_id": spec.id, "revision": upsert.revision, "created": upsert.created,
-                      "changed": upsert.changed, "expired_recommendations": upsert.expired,
-                      "runs": int(frame["run_id"].nunique()), "rows_read": len(frame),
-                      "samples_added": rows, "source": args.source}, indent=2))
+    spec = load_binding_file(args.binding_file)
+    settings = load_settings(home)  # a broken settings file is refused before anything is read or written
+    summary = ingest_history(lambda: open_ledger(home, settings), spec, args.history_file, args.source)
+    print(json.dumps(summary, indent=2))
     return 0
 
 

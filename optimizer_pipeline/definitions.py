@@ -9,6 +9,7 @@ from optimizer_pipeline.assets.bindings import binding_stages
 from optimizer_pipeline.assets.outcomes import outcome_deltas
 from optimizer_pipeline.automation import (
     binding_changes_sensor,
+    history_inbox_sensor,
     new_samples_sensor,
     outcome_drift_sensor,
     outcomes_job,
@@ -43,7 +44,7 @@ def build_definitions(home: Path, solver: SolverResource | None = None) -> Defin
         },
         jobs=[recalibrate_job, solve_job, refresh_job, outcomes_job],
         schedules=[recalibration_schedule(settings)],
-        sensors=[binding_changes_sensor(), new_samples_sensor(), uq_freshness_sensor(),
+        sensors=[binding_changes_sensor(), history_inbox_sensor(), new_samples_sensor(), uq_freshness_sensor(),
                  recommendation_expiry_sensor(), outcome_drift_sensor()],
     )
 

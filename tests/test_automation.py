@@ -208,3 +208,62 @@ def test_new_samples_request_one_solve_of_their_binding_and_none_once_solved(hea
     assert isinstance(_tick(heater_home, "new_samples"), SkipReason)
     run = heater_home.ledger.get_run(heater_home.ledger.latest_recommendation("heater-1").run_id)
     assert run.context["live_t"] == pytest.approx(newest)
+
+
+def _drop(home: DemoHome, binding_id: str, name: str, steps: int, start: int = 1) -> float:
+    """A historian export: the live run continued by `steps` periods, written under a temporary name
+    and renamed when done (as the README asks); returns the newest time."""
+    import pandas as pd
+
+    stored = home.ledger.get_binding(binding_id)
+    frame = home.ledger.history_frame(binding_id, stored.spec.tags)
+    live = frame[frame["run_id"] == frame.loc[frame["timestamp"].idxmax(), "run_id"]]
+    last = live.iloc[[-1]]
+    rows = pd.concat([last.assign(timestamp=float(last["timestamp"].iloc[0]) + k * stored.spec.sample_period_s)
+                      for k in range(start, start + steps)])
+    folder = home.home / "inbox" / binding_id
+    folder.mkdir(parents=True, exist_ok=True)
+    rows.to_csv(folder / f"{name}.part", index=False)
+    (folder / f"{name}.part").rename(folder / name)
+    return float(rows["timestamp"].max())
+
+
+def test_a_dropped_history_file_is_ingested_and_re_solves_its_binding(heater_home):
+    heater_home.instance.add_dynamic_partitions("bindings", ["heater-1"])
+    heater_home.run("heater-1")
+    newest = _drop(heater_home, "heater-1", "export-1.csv", 3)
+    (heater_home.home / "inbox" / "heater-1" / "export-2.csv.part").write_text("still being written")
+    assert "1 file(s) ingested, 0 rejected" in _tick(heater_home, "history_inbox").skip_message
+    folder = heater_home.home / "inbox" / "heater-1"
+    assert (folder / "done" / "export-1.csv").exists() and not (folder / "export-1.csv").exists()
+    assert (folder / "export-2.csv.part").exists()  # unfinished: left alone
+    [request] = _tick(heater_home, "new_samples")
+    assert (request.partition_key, request.run_key) == ("heater-1", f"heater-1@t{newest:.3f}")
+
+
+def test_a_burst_of_five_files_gives_one_re_solve(heater_home):
+    heater_home.instance.add_dynamic_partitions("bindings", ["heater-1"])
+    heater_home.run("heater-1")
+    newest = max(_drop(heater_home, "heater-1", f"burst-{i}.csv", 2, start=1 + 2 * i) for i in range(5))
+    assert "5 file(s) ingested" in _tick(heater_home, "history_inbox").skip_message
+    requests = _tick(heater_home, "new_samples")
+    assert [r.run_key for r in requests] == [f"heater-1@t{newest:.3f}"]
+
+
+def test_a_broken_or_unknown_binding_file_is_set_aside_with_its_reason_and_the_ledger_unchanged(heater_home):
+    before = heater_home.ledger.counts()
+    folder = heater_home.home / "inbox" / "heater-1"
+    folder.mkdir(parents=True)
+    (folder / "broken.csv").write_text("run_id,timestamp\nr1,not-a-time\n")
+    _drop(heater_home, "heater-1", "good.csv", 1)
+    stray = heater_home.home / "inbox" / "no-such-binding"
+    stray.mkdir()
+    (stray / "x.csv").write_text("run_id,timestamp\n")
+    assert "1 file(s) ingested, 2 rejected" in _tick(heater_home, "history_inbox").skip_message
+    reason = (folder / "rejected" / "broken.csv.error.txt").read_text().strip()
+    assert reason.startswith(str(folder / "broken.csv")) and len(reason.splitlines()) == 1
+    assert "binding 'no-such-binding' is not in the ledger" in (stray / "rejected" / "x.csv.error.txt").read_text()
+    after = heater_home.ledger.counts()
+    assert after["plant_samples"] > before["plant_samples"]  # only the good file's samples
+    assert {k: v for k, v in after.items() if k != "plant_samples"} == \
+        {k: v for k, v in before.items() if k != "plant_samples"}

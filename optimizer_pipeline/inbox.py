@@ -1,0 +1,92 @@
+"""Storing plant history in the ledger, from the CLI (`ingest`) and from the historian drop folder
+(`<home>/inbox/<binding_id>/`): one code path, the same checks, nothing partial.
+
+The inbox: a historian export writes a history file (CSV or Parquet, the history format) into the
+binding's folder under a temporary name (starting with `.`, or ending in `.part` / `.tmp`) and
+renames it when done. The `history_inbox` sensor ingests every finished file in name order: an
+ingested file moves to `done/`, a refused one (unknown binding, bad file) to `rejected/` with
+`<name>.error.txt` holding the one-line reason, and the ledger is unchanged for it.
+"""
+
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from optimizer_pipeline.contracts import BindingSpec, ContractError
+from optimizer_pipeline.data import read_history
+from optimizer_pipeline.ledger import Ledger, LedgerError, NotFoundError
+
+INBOX = "inbox"
+DONE, REJECTED = "done", "rejected"
+IGNORED_SUFFIXES = (".part", ".tmp")
+HISTORY_SUFFIXES = (".csv", ".parquet", ".pq")
+
+
+def ingest_history(ledger_of: Callable[[], Ledger], spec: BindingSpec, path: str | Path, source: str,
+                   store_binding: bool = True) -> dict[str, Any]:
+    """Read and validate `path` for `spec` (samples from the future refused), then open the ledger
+    (`ledger_of()`: only once the file is good, so a refused file leaves no ledger behind) and store
+    it in one transaction: with `store_binding` the spec too (a changed spec bumps the revision and
+    expires the binding's open recommendations), else only the samples. Returns the summary."""
+    frame = read_history(path, spec, now_s=time.time())
+    ledger = ledger_of()
+    if store_binding:
+        upsert, rows = ledger.ingest(spec, frame, source)
+        summary = {"binding_id": spec.id, "revision": upsert.revision, "created": upsert.created,
+                   "changed": upsert.changed, "expired_recommendations": upsert.expired}
+    else:
+        rows = ledger.append_samples(spec.id, frame, spec.tags, source)
+        summary = {"binding_id": spec.id}
+    return {**summary, "runs": int(frame["run_id"].nunique()), "rows_read": len(frame), "samples_added": rows,
+            "source": source}
+
+
+@dataclass(frozen=True)
+class InboxResult:
+    binding_id: str
+    file: str  # the name it arrived with
+    ingested: bool
+    detail: str  # samples added, or the one-line reason it was refused
+
+
+def inbox_folder(home: Path) -> Path:
+    return Path(home) / INBOX
+
+
+def waiting_files(home: Path) -> list[Path]:
+    """Finished history files in `<home>/inbox/<binding>/`, by binding then name."""
+    root = inbox_folder(home)
+    if not root.is_dir():
+        return []
+    return sorted(p for folder in root.iterdir() if folder.is_dir() for p in folder.iterdir()
+                  if p.is_file() and not p.name.startswith(".") and not p.name.endswith(IGNORED_SUFFIXES))
+
+
+def ingest_inbox_file(ledger: Ledger, path: Path, source: str = "real") -> InboxResult:
+    """Ingest one inbox file of the binding named by its folder into that binding's latest spec,
+    and move it to done/ or rejected/ (with its reason beside it)."""
+    binding_id = path.parent.name
+    try:
+        if path.suffix.lower() not in HISTORY_SUFFIXES:
+            raise ContractError(f"{path.name}: not a history file (expected {', '.join(HISTORY_SUFFIXES)})")
+        try:
+            spec = ledger.get_binding(binding_id).spec
+        except NotFoundError:
+            raise ContractError(f"{path.name}: binding {binding_id!r} is not in the ledger; ingest its binding "
+                                f"file first (optimizer-pipeline ingest BINDING_FILE HISTORY_FILE)") from None
+        summary = ingest_history(lambda: ledger, spec, path, source, store_binding=False)
+    except (ContractError, LedgerError) as exc:
+        reason = str(exc).splitlines()[0]
+        _move(path, REJECTED)
+        (path.parent / REJECTED / f"{path.name}.error.txt").write_text(reason + "\n", encoding="utf-8")
+        return InboxResult(binding_id, path.name, False, reason)
+    _move(path, DONE)
+    return InboxResult(binding_id, path.name, True, f"{summary['samples_added']} samples added")
+
+
+def _move(path: Path, where: str) -> None:
+    target = path.parent / where
+    target.mkdir(exist_ok=True)
+    shutil.move(str(path), str(target / path.name))
