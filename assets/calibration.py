@@ -76,6 +76,8 @@ def _artifact_metadata(artifact: ModelArtifact, plot: Callable[[], str]) -> dict
         "binding_revision": artifact.binding_revision,
         "orders": f"na={artifact.na} nb={artifact.nb} delay={artifact.delay} P={artifact.horizon}",
         "orders_chosen_from_data": MetadataValue.json(dict(artifact.selection)) if artifact.selection else "given",
+        # the structure: delays per CV and input (MVs, then DVs), own-CV past only (MISO) or every CV's
+        "structure": MetadataValue.json(dict(artifact.selection.get("structure") or {})),
         # the steady-state MV gain (normalised units): condition number and its uncertainty (jackknife)
         "steady_gain_condition": _condition(artifact),
         "steady_gain": MetadataValue.json(dict(artifact.steady_gain)),

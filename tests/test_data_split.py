@@ -136,13 +136,15 @@ def _frame(n_runs, lengths):
 
 def test_default_min_length_is_one_model_window():
     assert default_min_length(_binding({"na": 2, "nb": 3, "delay": 2, "horizon": 10})) == 4 + 10 + 1
-    assert default_min_length(_binding({"horizon": 10})) == 8 + 10 + 1  # grid: delay <= 6, nb <= 3
+    # orders left to the data: a delay per channel up to 12 samples with nb <= 3 (model/select.py)
+    assert default_min_length(_binding({"horizon": 10})) == 14 + 10 + 1
+    assert default_min_length(_binding({"delay": 2, "horizon": 10})) == 4 + 10 + 1  # grid na, nb <= 3
 
 
 def test_prepare_history_drops_short_runs_and_keeps_the_cleaning_report():
     split = prepare_history(_frame(6, [40, 40, 16, 40, 40, 40]), _binding({"horizon": 10}))
     assert split.report["cleaning"]["dropped"] == [
-        {"run_id": "run2", "reason": "16 samples after cleaning < min_length 19 (one model window)"}]
+        {"run_id": "run2", "reason": "16 samples after cleaning < min_length 25 (one model window)"}]
     assert "run2" not in sum(_ids(split).values(), []) + [split.live.run_id]
     assert split.live.run_id == "run5"
 

@@ -92,7 +92,8 @@ def test_order_selection_picks_the_true_delay():
     spec = binding(n_mv=1, n_cv=1, na=None, nb=None, delay=None, horizon=8)
     artifact = identify(split_of(spec, run_series("r", u, y, np.zeros((12, 400, 0))), 8, 2, 2), spec, 1)
     assert artifact.delay == 4
-    assert len(artifact.selection["order_scores"]) == 3 * 3 * 6  # na x nb x delay, all recorded
+    # na x nb x delay with one delay, all recorded, and the structure with a delay per channel
+    assert len(artifact.selection["order_scores"]) == 3 * 3 * 6 + 1
     assert len(artifact.selection["ridge_scores"]) == 3 * 5  # best 3 orders x ridge grid
 
 
@@ -367,3 +368,36 @@ def test_a_single_train_run_records_no_gain_uncertainty():
     runs = plant_runs(seed=16, runs=5, n=300, noise=0.02)
     spec = binding(n_dv=1)
     assert identify(split_of(spec, runs, 1, 2, 2), spec, 1).steady_gain["uncertainty"] is None
+
+
+def test_per_channel_delays_are_recovered_on_a_known_plant_and_its_gains_with_them():
+    """Each CV its own first-order lag; every MV / DV channel its own dead time (2 to 6 samples)."""
+    delays = np.array([[2, 5, 4], [6, 3, 1]])  # CV x (MV0, MV1, DV0)
+    a, b = np.array([0.7, 0.8]), np.array([[0.5, -0.4, 0.3], [0.3, 0.6, -0.2]])
+    rng = np.random.default_rng(17)
+    runs, n = 10, 400
+    v = excitation(rng, runs, n, 3)
+    y = np.zeros((runs, n, 2))
+    for t in range(n):  # plain recursion: y_i[t] = a_i y_i[t-1] + sum_j b_ij v_j[t - delay_ij] + noise
+        for i in range(2):
+            y[:, t, i] = 0.02 * rng.normal(size=runs) + (a[i] * y[:, t - 1, i] if t else 0.0) + sum(
+                b[i, j] * v[:, t - delays[i, j], j] for j in range(3) if t >= delays[i, j])
+    spec = binding(n_mv=2, n_cv=2, n_dv=1, na=None, nb=None, delay=None, horizon=10)
+    split = split_of(spec, run_series("r", v[:, :, :2], y, v[:, :, 2:]), 6, 2, 2)
+    artifact = identify(split, spec, 1)
+    structure = artifact.selection["structure"]
+    assert structure["delays"] == delays.tolist() and structure["own_ar"]
+    assert (structure["na"], structure["nb"]) == (1, 1)
+    assert artifact.delay == 1 and artifact.nb == 6  # realised: lags 1..6 span every channel
+    mu, su = split.normalisation.of(spec.mv_tags)
+    my, sy = split.normalisation.of(spec.cv_tags)
+    truth = (b[:, :2] / (1 - a)[:, None]) * su[None, :] / sy[:, None]  # steady gain in normalised units
+    np.testing.assert_allclose(artifact.steady_gain["gain"], truth, rtol=0.02)
+
+
+def test_a_binding_that_gives_the_delay_gets_one_delay_for_every_channel():
+    runs = plant_runs(seed=18, runs=8, n=300, noise=0.02)
+    spec = binding(n_dv=1, na=None, nb=None, delay=2)
+    artifact = identify(split_of(spec, runs, 4, 2, 2), spec, 1)
+    assert artifact.selection["per_channel_search"] is None
+    assert artifact.selection["structure"]["delays"] == [[2, 2, 2], [2, 2, 2]]

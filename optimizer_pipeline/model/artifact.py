@@ -1,6 +1,7 @@
-"""The model artifact of one binding revision: `identify` (orders and ridge chosen by validation
-rollout, multi-step refinement), quality gates G1..G4, the steady-state gain with its conditioning
-and uncertainty, and the measured state / output bias of a run for the MPC (`current_state`).
+"""The model artifact of one binding revision: `identify` (structure and ridge chosen by validation
+rollout, model/select.py; multi-step refinement of the free coefficients), quality gates G1..G4, the
+steady-state gain with its conditioning and uncertainty, and the measured state / output bias of a
+run for the MPC (`current_state`).
 
 Gate rules (values are worst-CV NRMSE = RMSE / std of the measured CV, normalised units):
   G1 one-step NRMSE on the test runs        <= G1_MAX
@@ -12,16 +13,17 @@ A gate that cannot be measured (no test / val runs, no window fits) fails with v
 
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from optimizer_pipeline.contracts import (BindingSpec, ContractError, Gate, HistorySplit, ModelArtifact, Normalisation,
                                           RunSeries)
-from optimizer_pipeline.model.arx import (ArxModel, Orders, Stacked, rollout_nrmse, spectral_radius, stack_runs,
-                                          state_and_bias, window_rows)
+from optimizer_pipeline.model.arx import ArxModel, Orders, Stacked, rollout_nrmse, stack_runs, state_and_bias, window_rows
 from optimizer_pipeline.model.fit import RidgeProblem, Structure, free_mask, refine_multistep
+from optimizer_pipeline.model.select import (FIR_NA, MAX_CHANNEL_DELAY, ORDER_STAGE_RIDGE, RIDGE_GRID,
+                                             RIDGE_STAGE_ORDERS, Selector, best, candidates, finite_or_none,
+                                             per_channel, window_lag)
 from optimizer_pipeline.model.statespace import steady_state
 
 log = logging.getLogger(__name__)
@@ -32,72 +34,7 @@ G3_MAX = 0.5
 G4_ROWS_PER_PARAM = 10
 G4_MIN_RUNS = 2
 
-# Order grid when the binding leaves an order unset, and the ridge grid (always searched).
-NA_GRID = (1, 2, 3)
-NB_GRID = (1, 2, 3)
-DELAY_GRID = (1, 2, 3, 4, 5, 6)
-# Two stages keep the fit time small: every order candidate at ORDER_STAGE_RIDGE, then the ridge
-# grid for the RIDGE_STAGE_ORDERS best orders; the final choice is made over the second stage.
-ORDER_STAGE_RIDGE = 1e-6
-RIDGE_GRID = (1e-9, 1e-6, 1e-4, 1e-2, 1e-1)
-RIDGE_STAGE_ORDERS = 3
-SELECTION_WINDOWS = 600  # val windows per candidate score (evenly strided)
-STABLE_RADIUS = 1.0  # realisations with spectral radius >= this are unstable
-# Parsimony: among candidates within this relative margin of the best val score, the one with the
-# fewest parameters wins (a larger model that is not clearly better only adds variance to the MPC).
-SCORE_MARGIN = 0.01
 GAIN_CONDITION_WARN = 100.0
-
-
-@dataclass(frozen=True)
-class _Scored:
-    model: ArxModel
-    ridge: float
-    score: float  # mean over CVs of val rollout NRMSE at P (inf when not finite)
-    radius: float
-
-    @property
-    def stable(self) -> bool:
-        return self.radius < STABLE_RADIUS
-
-    def record(self) -> dict[str, Any]:
-        o = self.model.orders
-        return {"na": o.na, "nb": o.nb, "delay": o.delay, "ridge": self.ridge,
-                "val_rollout_nrmse": _finite_or_none(self.score), "spectral_radius": _finite_or_none(self.radius)}
-
-
-def _finite_or_none(value: float) -> float | None:
-    return float(value) if np.isfinite(value) else None
-
-
-def _candidates(binding: BindingSpec) -> list[Orders]:
-    m = binding.model
-    return [Orders(na, nb, delay)
-            for na in ((m.na,) if m.na is not None else NA_GRID)
-            for nb in ((m.nb,) if m.nb is not None else NB_GRID)
-            for delay in ((m.delay,) if m.delay is not None else DELAY_GRID)]
-
-
-def window_lag(binding: BindingSpec) -> int:
-    """Rows of past data the binding's model may need: the largest lag over the orders it may be given
-    (the binding's own, or the selection grid where it leaves them unset)."""
-    return max(orders.max_lag for orders in _candidates(binding))
-
-
-def _score(model: ArxModel, data: Stacked, horizon: int, first_row: int) -> float:
-    values = rollout_nrmse(model, data, horizon, SELECTION_WINDOWS, first_row)
-    score = float(np.mean(values))
-    return score if np.isfinite(score) else np.inf
-
-
-def _best(scored: Sequence[_Scored]) -> _Scored:
-    """Fewest parameters within SCORE_MARGIN of the lowest score, among stable candidates when any is."""
-    stable = [s for s in scored if s.stable and np.isfinite(s.score)]
-    pool = stable or [s for s in scored if np.isfinite(s.score)] or list(scored)
-    lowest = min(s.score for s in pool)
-    near = [s for s in pool if s.score <= lowest * (1 + SCORE_MARGIN)] or pool
-    return min(near, key=lambda s: (s.model.orders.n_params(*s.model.dims), s.score))
-
 
 GAIN_JACKKNIFE = ("jackknife over the train runs: the chosen structure refitted by ridge least squares "
                   "without one train run at a time; cov = (K - 1) / K * sum_r (g_r - mean g)(g_r - mean g)' "
@@ -126,7 +63,7 @@ def steady_gain_record(model: ArxModel, replicates: Sequence[np.ndarray] = ()) -
             "ill_conditioned": condition is None or condition > GAIN_CONDITION_WARN, "uncertainty": uncertainty}
 
 
-def _jackknife_gains(problem: RidgeProblem, structure: Structure, ridge: float) -> list[np.ndarray]:
+def jackknife_gains(problem: RidgeProblem, structure: Structure, ridge: float) -> list[np.ndarray]:
     """The steady-state MV gain of `structure` fitted without each train run in turn ([] with < 2 runs)."""
     if problem.n_runs < 2:
         return []
@@ -147,8 +84,9 @@ def _nrmse_gate(name: str, what: str, value: float | None, threshold: float, why
 
 
 def quality_gates(model: ArxModel, train: Stacked, val: Stacked, test: Stacked, horizon: int,
-                  regression_rows: int) -> tuple[Gate, ...]:
-    """G1..G4 of the module docstring for a fitted model."""
+                  regression_rows: int, n_params: int | None = None) -> tuple[Gate, ...]:
+    """G1..G4 of the module docstring for a fitted model; n_params: its free coefficients (default: every
+    coefficient of its orders)."""
     ny, nu, nd = model.dims
     no_test = "no test runs" if len(test.run_ids) == 0 else "no test run is long enough"
     g1 = _worst(rollout_nrmse(model, test, 1, max_windows=20000))
@@ -167,7 +105,7 @@ def quality_gates(model: ArxModel, train: Stacked, val: Stacked, test: Stacked, 
         g3 = abs(g2 - val_p) / val_p
         gates.append(Gate("G3", f"|test - val| / val of the {horizon}-step rollout NRMSE <= {G3_MAX:g}",
                           g3, G3_MAX, g3 <= G3_MAX))
-    n_params = model.orders.n_params(ny, nu, nd)
+    n_params = model.orders.n_params(ny, nu, nd) if n_params is None else n_params
     need = G4_ROWS_PER_PARAM * n_params
     n_runs = len(train.run_ids)
     gates.append(Gate("G4", f"train regression rows >= {G4_ROWS_PER_PARAM} x {n_params} parameters = {need} "
@@ -179,9 +117,11 @@ def quality_gates(model: ArxModel, train: Stacked, val: Stacked, test: Stacked, 
 def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -> ModelArtifact:
     """Identify the ARX model of a binding revision from its train runs (module docstring).
 
-    Unset orders come from a grid; orders, then the ridge of the best few orders, are chosen by the
-    val P-step rollout NRMSE (train rollouts when there are no val runs, recorded). The chosen model is then refined for the
-    P-step simulation error and kept only when the val score improves and stability is not lost.
+    The structure (model/select.py: the orders grid with one delay, and, when the binding leaves the
+    delay unset, a delay per channel) and the ridge are chosen by the val P-step rollout NRMSE (train
+    rollouts when there are no val runs, recorded). The chosen model's free coefficients are then
+    refined for the P-step simulation error and kept only when the val score improves and stability
+    is not lost. The steady-state gain is recorded with its jackknife uncertainty over the train runs.
     """
     started = time.perf_counter()
     tags = (binding.mv_tags, binding.cv_tags, binding.dv_tags)
@@ -189,74 +129,77 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
     if not split.train:
         raise ContractError(f"binding {binding.id}: no train runs to identify a model from")
     train, val, test = (stack_runs(runs, split.normalisation, *tags) for runs in (split.train, split.val, split.test))
-    candidates = _candidates(binding)
-    problem = RidgeProblem.for_orders(train, candidates)
+    grid = candidates(binding)
+    lag_full = window_lag(binding)
+    problem = RidgeProblem(train, max(max(o.na for o in grid), FIR_NA if per_channel(binding) else 1), lag_full)
     ny, nu, nd = problem.dims
-    smallest = min(o.n_params(ny, nu, nd) for o in candidates)
+    common = [Structure.common(orders, ny, nu + nd) for orders in grid]
+    smallest = min(s.n_params() for s in common)
     if problem.n_rows < smallest:
         raise ContractError(f"binding {binding.id}: the train runs give {problem.n_rows} usable rows; "
                             f"the smallest model needs at least {smallest}")
-    first_common = max(o.first_state_row for o in candidates)
-    if window_rows(val, first_common, horizon, horizon)[0].size:
+    first_row = max(problem.na_full, lag_full) - 1  # every candidate is scored on the same windows
+    if window_rows(val, first_row, horizon, horizon)[0].size:
         selection_data, data = "val", val
     else:  # in-sample, so the ridge and parsimony rules are all that guard against overfitting
         selection_data, data = "train (no val run holds a P-step window)", train
+    selector = Selector(problem, data, horizon, first_row)
+    order_stage = [selector.fit(structure, ORDER_STAGE_RIDGE) for structure in common]
+    channels = None
+    if per_channel(binding):
+        structure, channels = selector.per_channel_structure(binding, best(order_stage))
+        order_stage.append(selector.fit(structure, ORDER_STAGE_RIDGE))
+    ridge_stage = selector.ridge_stage(order_stage)
+    chosen = best(ridge_stage)
+    if not chosen.stable:
+        log.warning("binding %s: no stable candidate; best has spectral radius %.4f", binding.id, chosen.radius)
 
-    def scored_fit(orders: Orders, ridge: float) -> _Scored:
-        model = problem.fit(orders, ridge)
-        return _Scored(model, ridge, _score(model, data, horizon, first_common), spectral_radius(model.realise()))
-
-    order_stage = [scored_fit(orders, ORDER_STAGE_RIDGE) for orders in candidates]
-    ranked = sorted(order_stage, key=lambda s: (not s.stable, s.score))[:RIDGE_STAGE_ORDERS]
-    ridge_stage = [s if ridge == ORDER_STAGE_RIDGE else scored_fit(s.model.orders, ridge)
-                   for s in ranked for ridge in RIDGE_GRID]
-    best = _best(ridge_stage)
-    if not best.stable:
-        log.warning("binding %s: no stable candidate; best has spectral radius %.4f", binding.id, best.radius)
-
-    structure = Structure.common(best.model.orders, ny, nu + nd)
-    refined, refinement = refine_multistep(best.model, train, horizon, best.ridge, free_mask(structure, problem.dims))
-    final = best
-    if refinement["tried"] and refined is not best.model:
-        candidate = _Scored(refined, best.ridge, _score(refined, data, horizon, first_common),
-                            spectral_radius(refined.realise()))
-        keep = candidate.score < best.score and (candidate.stable or not best.stable)
-        refinement.update(val_score_before=_finite_or_none(best.score), val_score_after=_finite_or_none(candidate.score),
-                          spectral_radius_after=_finite_or_none(candidate.radius), kept=keep)
-        final = candidate if keep else best
+    refined, refinement = refine_multistep(chosen.model, train, horizon, chosen.ridge,
+                                           free_mask(chosen.structure, problem.dims))
+    final = chosen
+    if refinement["tried"] and refined is not chosen.model:
+        candidate = selector.score(chosen.structure, refined, chosen.ridge)
+        keep = candidate.score < chosen.score and (candidate.stable or not chosen.stable)
+        refinement.update(val_score_before=finite_or_none(chosen.score),
+                          val_score_after=finite_or_none(candidate.score),
+                          spectral_radius_after=finite_or_none(candidate.radius), kept=keep)
+        final = candidate if keep else chosen
     else:
         refinement["kept"] = False
     model = final.model
-    gain = steady_gain_record(model, _jackknife_gains(problem, structure, final.ridge))
+    gain = steady_gain_record(model, jackknife_gains(problem, final.structure, final.ridge))
     if gain["ill_conditioned"]:
         log.warning("binding %s: ill-conditioned steady-state gain (condition %s)", binding.id, gain["condition"])
     selection = {
         "data": selection_data,
         "score": f"mean over CVs of the {horizon}-step open-loop rollout NRMSE",
-        "grid": {"na": sorted({o.na for o in candidates}), "nb": sorted({o.nb for o in candidates}),
-                 "delay": sorted({o.delay for o in candidates}), "order_stage_ridge": ORDER_STAGE_RIDGE,
-                 "ridge": list(RIDGE_GRID), "ridge_stage_orders": RIDGE_STAGE_ORDERS},
+        "grid": {"na": sorted({o.na for o in grid}), "nb": sorted({o.nb for o in grid}),
+                 "delay": sorted({o.delay for o in grid}), "order_stage_ridge": ORDER_STAGE_RIDGE,
+                 "ridge": list(RIDGE_GRID), "ridge_stage_orders": RIDGE_STAGE_ORDERS,
+                 "channel_delays": f"1..{MAX_CHANNEL_DELAY}" if channels is not None else "not searched"},
         "fixed_by_binding": {k: getattr(binding.model, k) for k in ("na", "nb", "delay")
                              if getattr(binding.model, k) is not None},
+        "per_channel_search": channels,
         "order_scores": [s.record() for s in order_stage],
         "ridge_scores": [s.record() for s in ridge_stage],
-        "chosen": best.record(),
+        "chosen": chosen.record(),
         "refinement": refinement,
         "final": final.record(),
+        "structure": final.structure.record(),
         "stable": final.stable,
         "regression_rows": problem.n_rows,
         "seconds": round(time.perf_counter() - started, 4),
     }
     artifact = artifact_from_model(
         model, binding, binding_revision, split.normalisation,
-        gates=quality_gates(model, train, val, test, horizon, problem.n_rows),
+        gates=quality_gates(model, train, val, test, horizon, problem.n_rows, final.structure.n_params()),
         splits={"train": tuple(r.run_id for r in split.train), "val": tuple(r.run_id for r in split.val),
                 "test": tuple(r.run_id for r in split.test),
                 "live": () if split.live is None else (split.live.run_id,)},
         training_data_hash=split.data_hash, selection=selection, steady_gain=gain)
-    log.info("binding %s rev %d: ARX na=%d nb=%d delay=%d ridge=%g, val score %.4f, gates %s, %.3f s",
-             binding.id, binding_revision, model.orders.na, model.orders.nb, model.orders.delay, final.ridge,
-             final.score, "".join("P" if g.passed else "F" for g in artifact.gates), selection["seconds"])
+    log.info("binding %s rev %d: ARX %s ridge=%g, val score %.4f, gates %s, %.3f s", binding.id, binding_revision,
+             final.structure.record(), final.ridge, final.score,
+             "".join("P" if g.passed else "F" for g in artifact.gates), selection["seconds"])
     return artifact
 
 
