@@ -198,6 +198,20 @@ def evidence_snapshot(calibration: Calibration, artifact: ModelArtifact, u_now: 
         live_max_age_s=max_live_age_s(settings.live_max_age_s, artifact.sample_period_s))
 
 
+def newest_sample(split: HistorySplit) -> list[Condition]:
+    """The live state is the history's newest sample: when cleaning dropped the newest samples (e.g.
+    the edge of a fast transient flagged by the outlier filter), the plan would start from an older
+    state and an older MV, and its first move could break the rate limit from the MV the plant holds
+    now (data.prepare_history's live_tail_dropped). Not judged for a split without that record."""
+    if "live_tail_dropped" not in split.report:
+        return []
+    behind = split.report["live_behind_s"]
+    return [Condition("live state is the newest sample", f"{behind:.4g} s behind the newest sample",
+                      "within half a sample period", not split.report["live_tail_dropped"],
+                      f"the live state is {behind:.4g} s older than the history's newest sample (the newest "
+                      f"samples were dropped in cleaning)")]
+
+
 def recommend(stored: StoredBinding, artifact: ModelArtifact, split: HistorySplit, calibration: Calibration,
               solve: Callable[[ProblemIR], SolveResult], ledger: Ledger, settings: Settings, source: str,
               now: datetime) -> SolveRecord:
@@ -228,7 +242,8 @@ def recommend(stored: StoredBinding, artifact: ModelArtifact, split: HistorySpli
                   f"model artifact is from binding revision {artifact.binding_revision}, "
                   f"the binding is at revision {stored.revision}"),
         Condition("calibration of this model", calibration.artifact_hash[:12], artifact.artifact_hash[:12],
-                  calibration.artifact_hash == artifact.artifact_hash, "calibration belongs to another model artifact")]
+                  calibration.artifact_hash == artifact.artifact_hash, "calibration belongs to another model artifact"),
+        *newest_sample(split)]
     decision = decide(binding, stored.revision, artifact, problem, result, snapshot,
                       uq.band_engineering(evidence, artifact), settings.uq_max_input_distance, run_id, now,
                       extra_conditions=consistency)

@@ -153,6 +153,8 @@ def test_prepare_history_warns_when_the_live_tail_was_dropped():
     split = prepare_history(_frame(4, [40, 40, 40, 5]), _binding())
     assert split.live.run_id == "run2"
     assert any("newest samples were dropped" in w for w in split.report["warnings"])
+    latest = _frame(4, [40, 40, 40, 5])["timestamp"].max()
+    assert split.report["live_tail_dropped"] and split.report["live_behind_s"] == latest - split.live.t[-1] > 0
 
 
 def test_prepare_history_does_not_warn_about_grid_snapping_of_the_last_sample():
@@ -160,3 +162,4 @@ def test_prepare_history_does_not_warn_about_grid_snapping_of_the_last_sample():
     frame.loc[frame.index[-1], "timestamp"] += 2.0  # jitter < half a period
     split = prepare_history(frame, _binding())
     assert split.report["warnings"] == []
+    assert split.report["live_behind_s"] == 2.0 and split.report["live_tail_dropped"] is False

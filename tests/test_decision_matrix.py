@@ -85,6 +85,7 @@ class World:
     live_max_age_s: float | None = None  # live.max_age_s; unset: max(10 x 1 s, 300 s) = 300 s
     plan_end: float = 1.0  # the plan's last MV (the live one is 1.0, MV std 1: the move in normalised units)
     gain_std: float | None = 0.125  # standard error of the steady gain (normalised); None: not recorded
+    behind_newest_s: float | None = None  # live state behind the history's newest sample; None: not recorded
 
 
 EVIDENCE = dict(method="split_conformal", alpha=0.1, block_length=10, cv_tags=("y0",), qhat=(0.5,), rank_k=9,
@@ -118,7 +119,9 @@ def inputs(world: World):
     y = np.full((n, 1), 12.0)
     y[-1, 0] = world.y_now
     live = RunSeries("live", t, np.full((n, 1), 1.0), y, np.zeros((n, 0)))
-    split = HistorySplit((), (), (), live, NORMALISATION, {}, "data-hash")
+    report = {} if world.behind_newest_s is None else {  # as data.prepare_history records it (period 1 s)
+        "live_behind_s": world.behind_newest_s, "live_tail_dropped": world.behind_newest_s > 0.5}
+    split = HistorySplit((), (), (), live, NORMALISATION, report, "data-hash")
     evidence = UQEvidence(**{**EVIDENCE, **world.evidence, "calibrated_at": iso_utc(NOW - world.calibrated_before)})
     calibration = Calibration("cal-test", "f" * 64 if world.calibration_of_other_artifact else artifact.artifact_hash,
                               evidence)
@@ -225,6 +228,13 @@ MATRIX = [
     Row("no gain uncertainty recorded", "steady-gain uncertainty along the planned move",
         replace(BASE, gain_std=None), UNVERIFIED,
         ("steady-gain uncertainty unknown (the model records none: fewer than 2 train runs)",)),
+    # ---- the live state is the newest sample (cleaning dropped none of the newest samples)
+    Row("the newest samples dropped in cleaning", "live state is the newest sample",
+        replace(BASE, behind_newest_s=10.0), UNVERIFIED,
+        ("the live state is 10 s older than the history's newest sample (the newest samples were dropped in "
+         "cleaning)",)),
+    Row("the newest sample snapped onto the grid", "live state is the newest sample",
+        replace(BASE, behind_newest_s=0.5), VERIFIED),
     # ---- model gates
     Row("a model gate failed", "model gate G2",
         replace(BASE, gates=(BASE.gates[0], Gate("G2", "free-run fit R2", 0.21, 0.3, False))),
