@@ -70,11 +70,17 @@ def run_outcome(demo, capsys, *args):
 
 
 def store_copy(demo, **changes):
-    """A copy of the demo's recommendation stored as another recommendation (own id and run)."""
+    """A copy of the demo's recommendation stored as another recommendation (own id and run) of a
+    copy of its binding: the ledger holds at most one open recommendation per binding, and the
+    demo's own must stay open for the other tests."""
     doc = demo.rec.payload
+    n = len(demo.ledger.list_recommendations())
+    spec = demo.ledger.get_binding(doc["binding_id"]).spec
+    copy = demo.ledger.upsert_binding(dataclasses.replace(spec, id=f"{spec.id}-copy{n}"))
     fields = {f.name: doc[f.name] for f in dataclasses.fields(Recommendation)}
-    fields.update(id=f"rec-copy{len(demo.ledger.list_recommendations())}", run_id=f"or-copy{len(demo.ledger.list_recommendations())}",
-                  template=Template(doc["template"]), status=RecommendationStatus(doc["status"]))
+    fields.update(id=f"rec-copy{n}", run_id=f"or-copy{n}", binding_id=copy.binding_id,
+                  binding_revision=copy.revision, template=Template(doc["template"]),
+                  status=RecommendationStatus(doc["status"]))
     fields.update(changes)
     rec = Recommendation(**fields)
     demo.ledger.insert_recommendation(rec, "simulation")

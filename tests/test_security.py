@@ -131,9 +131,15 @@ def test_ledger_lookups_with_sql_in_the_value_match_nothing(tmp_path):
 
 # Calls that take SQL text, and the position of that text among their arguments: DuckDB's own
 # execute, Ledger.query, and the backend / repository helpers every statement goes through.
-SQL_ARG = {"execute": 0, "executemany": 0, "query": 0, "fetch": 1, "changed": 1, "_read": 1, "_one": 1}
+SQL_ARG = {"execute": 0, "executemany": 0, "query": 0, "fetch": 1, "fetch_frame": 1, "changed": 1, "_read": 1,
+           "_one": 1}
 # Functions that pass their caller's SQL text on unchanged (parameter `sql`); every call of them is checked too.
-PASS_THROUGH = {"query", "fetch", "changed", "_read", "_one"}
+PASS_THROUGH = {"query", "fetch", "fetch_frame", "changed", "_read", "_one", "execute"}
+# Functions that rewrite SQL text without letting a value in: static in, static out.
+TRANSLATORS = {
+    "_pg": "postgres_backend: the repository's ? placeholders as psycopg's %s (and % escaped)",
+    "statement_for": "schema: a migration statement (a module constant) in the backend's dialect",
+}
 # Names an f-string may splice into SQL, each an identifier or a fragment built from literals (the
 # call sites are checked by test_identifiers_spliced_into_sql_come_from_literals_at_every_call_site):
 IDENTIFIERS = {
@@ -203,6 +209,8 @@ def _static(node: ast.AST, scope: ast.FunctionDef) -> bool:
         return _static(node.left, scope) and _static(node.right, scope)
     if isinstance(node, ast.IfExp):
         return _static(node.body, scope) and _static(node.orelse, scope)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in TRANSLATORS and node.args:
+        return _static(node.args[0], scope)
     if isinstance(node, ast.Name):
         if scope.name in PASS_THROUGH and node.id == "sql":
             return True  # passes its caller's text on; every call of it is checked too

@@ -12,14 +12,11 @@ A run with its candidates and recommendation is written in one transaction, supe
 binding's open recommendation, so a binding has at most one open recommendation.
 """
 
-import functools
-import json
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
-import numpy as np
 import orjson
 import pandas as pd
 
@@ -27,7 +24,6 @@ from optimizer_pipeline.contracts import (
     BindingSpec,
     ContractError,
     EvidenceSource,
-    ModelArtifact,
     Outcome,
     Recommendation,
     RecommendationStatus,
@@ -38,19 +34,17 @@ from optimizer_pipeline.contracts import (
 )
 from optimizer_pipeline.ledger.candidates import BULK_CANDIDATE_ROWS, candidate_table
 from optimizer_pipeline.ledger.duckdb_backend import DuckDBBackend
+from optimizer_pipeline.ledger.evidence_rows import EvidenceRows
 from optimizer_pipeline.ledger.errors import LedgerError, NotFoundError, RunStateError
 from optimizer_pipeline.ledger.schema import DUCKDB
+from optimizer_pipeline.ledger.writes import retried
 from optimizer_pipeline.ledger.records import (
-    BindingFailure,
     BindingUpsert,
-    CalibrationRecord,
     CandidateRecord,
-    HistorySplitRecord,
     OutcomeRecord,
     RecommendationRecord,
     RunRecord,
     from_rows,
-    iso,
     naive,
     naive_now,
     new_id,
@@ -65,19 +59,7 @@ COUNTED_TABLES = ("bindings", "binding_revisions", "plant_samples", "history_spl
                   "optimizer_recommendations", "optimizer_outcomes", "binding_failures")
 
 
-def _retried(method: Callable) -> Callable:
-    """A write re-run from the start when the backend aborted its transaction for a reason a retry
-    can fix (PostgreSQL: serialization failure, deadlock, the open-recommendation backstop, a lost
-    connection); nothing of an aborted attempt was written. DuckDB runs it once."""
-
-    @functools.wraps(method)
-    def write(self: "Ledger", *args: Any, **kwargs: Any) -> Any:
-        return self.backend.retrying(lambda: method(self, *args, **kwargs), method.__name__)
-
-    return write
-
-
-class Ledger:
+class Ledger(EvidenceRows):
     """The pipeline's append-only store. `Ledger(path)` opens the embedded DuckDB file; a backend
     (DuckDBBackend, PostgresBackend: the same interface) may be given instead (see `open_ledger`)."""
 
@@ -118,7 +100,7 @@ class Ledger:
 
     # ------------------------------------------------------------------ bindings
 
-    @_retried
+    @retried
     def upsert_binding(self, spec: BindingSpec) -> BindingUpsert:
         """Identical spec -> same revision, nothing written. Changed spec -> revision + 1, a revision
         row and the binding's open recommendations expired, all in one transaction."""
@@ -172,7 +154,7 @@ class Ledger:
 
     # ------------------------------------------------------------------ plant samples
 
-    @_retried
+    @retried
     def append_samples(self, binding_id: str, frame: pd.DataFrame, tags: Sequence[str], source: str) -> int:
         """Append a wide history frame (run_id, timestamp, tags...); samples already stored are
         skipped. Returns the number of new sample rows."""
@@ -193,7 +175,7 @@ class Ledger:
         self.backend.insert_table(tx, "plant_samples", samples, skip_existing=True)
         return int(self.backend.fetch(tx, count, [binding_id])[1][0][0] - before)
 
-    @_retried
+    @retried
     def ingest(self, spec: BindingSpec, frame: pd.DataFrame, source: str) -> tuple[BindingUpsert, int]:
         """Store the binding and append its history in one transaction (all or nothing)."""
         with self.backend.transaction() as tx:
@@ -238,121 +220,9 @@ class Ledger:
         real, simulation = EvidenceSource.REAL.value, EvidenceSource.SIMULATION.value
         return None if not sources else (real if real in sources else simulation)
 
-    # ------------------------------------------------------------------ history splits
-
-    @_retried
-    def put_split(self, binding_id: str, revision: int, *, samples_through: datetime, seed: int, data_hash: str,
-                  runs: Mapping[str, Sequence[str]], live_run: str | None, report: Mapping[str, Any]) -> str:
-        split_id = new_id("hs")
-        with self.backend.transaction() as tx:
-            tx.execute("INSERT INTO history_splits VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                       [split_id, binding_id, revision, naive(samples_through), seed, data_hash,
-                        canonical_json(list(runs["train"])), canonical_json(list(runs["val"])),
-                        canonical_json(list(runs["test"])), live_run, canonical_json(dict(report)), naive_now()])
-        return split_id
-
-    def latest_split(self, binding_id: str, revision: int) -> HistorySplitRecord | None:
-        return self._one(HistorySplitRecord, """SELECT * FROM history_splits WHERE binding_id = ? AND binding_revision = ?
-                                                ORDER BY created_at DESC, id DESC LIMIT 1""", [binding_id, revision])
-
-    # ------------------------------------------------------------------ model artifacts and UQ
-
-    @_retried
-    def put_artifact(self, artifact: ModelArtifact) -> str:
-        """Idempotent by content hash."""
-        with self.backend.transaction() as tx:
-            tx.execute("INSERT INTO model_artifacts VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                       [artifact.artifact_hash, artifact.binding_id, artifact.binding_revision, artifact.gates_passed,
-                        canonical_json(artifact), naive_now()])
-        return artifact.artifact_hash
-
-    def get_artifact(self, artifact_hash: str) -> ModelArtifact:
-        with self.backend.connection() as conn:
-            _, rows = self.backend.fetch(conn, "SELECT artifact_json FROM model_artifacts WHERE artifact_hash = ?",
-                                         [artifact_hash])
-        if not rows:
-            raise NotFoundError(f"model artifact {artifact_hash} is not in the ledger")
-        return ModelArtifact.from_dict(json.loads(rows[0][0]))
-
-    def latest_artifact(self, binding_id: str, revision: int) -> ModelArtifact | None:
-        """The newest model artifact identified for this revision of the binding."""
-        with self.backend.connection() as conn:
-            _, rows = self.backend.fetch(conn, """SELECT artifact_json FROM model_artifacts
-                WHERE binding_id = ? AND binding_revision = ? ORDER BY created_at DESC LIMIT 1""", [binding_id, revision])
-        return ModelArtifact.from_dict(json.loads(rows[0][0])) if rows else None
-
-    @_retried
-    def put_block_scores(self, artifact: ModelArtifact, segment: str, run_ids: Sequence[str],
-                         block_starts: Sequence[int], scores: Any) -> int:
-        """Block scores (n_blocks, n_cv), idempotent per (artifact, segment, run, block, cv)."""
-        n_cv = len(artifact.cv_tags)
-        scores = np.asarray(scores, float).reshape(len(run_ids), n_cv)
-        frame = pd.DataFrame({
-            "artifact_hash": artifact.artifact_hash, "binding_id": artifact.binding_id,
-            "binding_revision": artifact.binding_revision, "segment": segment,
-            "run_id": np.repeat(np.asarray(run_ids, dtype=object), n_cv),
-            "block_start": np.repeat(np.asarray(block_starts, dtype=np.int64), n_cv),
-            "cv_tag": np.tile(np.asarray(artifact.cv_tags, dtype=object), len(run_ids)),
-            "score": scores.reshape(-1), "created_at": naive_now()})
-        with self.backend.transaction() as tx:
-            self.backend.insert_table(tx, "uq_block_scores", frame, skip_existing=True)
-        return len(frame)
-
-    def block_scores(self, artifact_hash: str) -> pd.DataFrame:
-        """segment, run_id, block_start, cv_tag, score of an artifact, in block order."""
-        return self.query("""SELECT segment, run_id, block_start, cv_tag, score FROM uq_block_scores
-                             WHERE artifact_hash = ? ORDER BY segment, run_id, block_start, cv_tag""", [artifact_hash])
-
-    @_retried
-    def put_calibration(self, artifact: ModelArtifact, evidence: Mapping[str, Any], *, has_evidence: bool,
-                        method: str | None, coverage: float | None, threshold: float | None,
-                        reasons: Sequence[str], calibrated_at: datetime | None = None) -> str:
-        cal_id = new_id("cal")
-        with self.backend.transaction() as tx:
-            tx.execute("INSERT INTO uq_calibrations VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                       [cal_id, artifact.binding_id, artifact.binding_revision, artifact.artifact_hash,
-                        naive(calibrated_at), has_evidence, method, coverage, threshold,
-                        canonical_json(evidence), canonical_json(list(reasons))])
-        return cal_id
-
-    def latest_calibration(self, binding_id: str, binding_revision: int | None = None,
-                           artifact_hash: str | None = None) -> CalibrationRecord | None:
-        sql, params = "SELECT * FROM uq_calibrations WHERE binding_id = ?", [binding_id]
-        for column, value in (("binding_revision", binding_revision), ("artifact_hash", artifact_hash)):
-            if value is not None:
-                sql += f" AND {column} = ?"
-                params.append(value)
-        return self._one(CalibrationRecord, sql + " ORDER BY calibrated_at DESC, id DESC LIMIT 1", params)
-
-    def latest_calibrations(self) -> list[CalibrationRecord]:
-        """The newest calibration of every binding (for the freshness sensor)."""
-        return self._read(CalibrationRecord, """SELECT * FROM uq_calibrations c WHERE calibrated_at =
-            (SELECT max(calibrated_at) FROM uq_calibrations WHERE binding_id = c.binding_id) ORDER BY binding_id""")
-
-    # ------------------------------------------------------------------ binding failures
-
-    @_retried
-    def record_failure(self, binding_id: str, revision: int | None, stage: str, error: str, message: str,
-                       dagster_run_id: str | None = None) -> BindingFailure:
-        """Record that a stage of one binding failed (nothing of that stage was written)."""
-        now = naive_now()
-        failure = BindingFailure(new_id("bf"), binding_id, revision, stage, error, message, dagster_run_id, iso(now))
-        with self.backend.transaction() as tx:
-            tx.execute("INSERT INTO binding_failures VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                       [failure.id, binding_id, revision, stage, error, message, dagster_run_id, now])
-        return failure
-
-    def list_failures(self, binding_id: str | None = None, dagster_run_id: str | None = None) -> list[BindingFailure]:
-        sql, params = "SELECT * FROM binding_failures WHERE 1 = 1", []
-        for column, value in (("binding_id", binding_id), ("dagster_run_id", dagster_run_id)):
-            if value is not None:
-                sql += f" AND {column} = ?"
-                params.append(value)
-        return self._read(BindingFailure, sql + " ORDER BY created_at, id", params)
-
     # ------------------------------------------------------------------ runs, candidates, recommendations
 
-    @_retried
+    @retried
     def insert_run(self, run: Mapping[str, Any], tx: Any = None) -> str:
         """Insert a run in status `running`. `run` holds id (optional), binding_id, binding_revision,
         profile_id, profile_version, problem_ir_hash, context, problem. With `tx`, inside that
@@ -373,7 +243,7 @@ class Ledger:
                     diagnostics_json, status, independent_cost, naive(run.get("started_at")), finished_at])
         return run_id
 
-    @_retried
+    @retried
     def finish_run(self, run_id: str, status: str, *, independent_cost: float | None = None,
                    diagnostics: Mapping[str, Any] | None = None) -> None:
         """`running` -> succeeded | failed | interrupted, exactly once; a second finish raises RunStateError."""
@@ -389,7 +259,7 @@ class Ledger:
             raise NotFoundError(f"run {run_id} is not in the ledger")
         raise RunStateError(f"run {run_id} is already finished ({rows[0][0]}); a run leaves 'running' once")
 
-    @_retried
+    @retried
     def insert_candidates(self, run_id: str, candidates: Sequence[SolveCandidate], model_id: str) -> list[str]:
         """All candidates of a run as one batch (one Arrow table insert). A non-finite number in a
         candidate's controls, predicted or reports is refused with a ContractError before any write;
@@ -408,7 +278,7 @@ class Ledger:
         if table.num_rows:
             self.backend.insert_table(tx, "optimizer_candidates", table)
 
-    @_retried
+    @retried
     def insert_recommendation(self, rec: Recommendation, evidence_source: str) -> str:
         """A recommendation without its run's other rows (tools and tests); it supersedes nothing, so
         the database refuses it while the binding has an open one."""
@@ -436,7 +306,7 @@ class Ledger:
                     naive(rec.valid_until), expired_at, expired_reason])
         return rec.id
 
-    @_retried
+    @retried
     def record_solve(self, run: Mapping[str, Any], candidates: Sequence[SolveCandidate], model_id: str,
                      recommendation: Recommendation | None, *, run_status: str, independent_cost: float | None,
                      diagnostics: Mapping[str, Any], evidence_source: str, supersede: bool = True) -> str:
@@ -475,7 +345,7 @@ class Ledger:
             # the primary key refuses a second open recommendation of the binding (schema v4)
             tx.execute("INSERT INTO open_recommendations VALUES (?, ?)", [rec.binding_id, rec.id])
 
-    @_retried
+    @retried
     def close_stale_runs(self, older_than_s: float, now: datetime | None = None) -> int:
         """Reconciliation: runs still `running` after `older_than_s` (their writer died) become
         `interrupted`; returns how many. Normal writes never leave a run running (one transaction)."""
@@ -488,7 +358,7 @@ class Ledger:
             diagnostics_json = ? WHERE status = 'running' AND started_at < ?""",
             [naive_now(), canonical_json({"reconciled": f"still running after {older_than_s:g} s"}), cutoff])
 
-    @_retried
+    @retried
     def housekeeping(self, stale_after_s: float, now: datetime | None = None) -> tuple[int, int]:
         """Before a solve, in one transaction: expire open recommendations past `valid_until` and close
         runs left `running` by a dead writer. Returns (expired, reconciled)."""
@@ -536,7 +406,7 @@ class Ledger:
                 (SELECT id FROM optimizer_recommendations WHERE status IN ({placeholders}))""", list(OPEN_STATUSES))
         return changed
 
-    @_retried
+    @retried
     def expire(self, *, binding_id: str | None = None, run_id: str | None = None,
                problem_ir_hash: str | None = None, reason: str) -> int:
         """Expire the open recommendations matching every given key; returns how many changed (idempotent)."""
@@ -550,7 +420,7 @@ class Ledger:
         with self.backend.transaction() as tx:
             return self._expire(tx, " AND ".join(clauses), params, reason)
 
-    @_retried
+    @retried
     def expire_past_valid_until(self, now: datetime | None = None) -> int:
         """Record expiry of every open recommendation whose valid_until has passed."""
         with self.backend.transaction() as tx:
@@ -558,13 +428,13 @@ class Ledger:
 
     # ------------------------------------------------------------------ outcomes
 
-    @_retried
+    @retried
     def insert_outcome(self, outcome: Outcome) -> str:
         with self.backend.transaction() as tx:
             self._append_outcome(tx, outcome)
         return outcome.id
 
-    @_retried
+    @retried
     def insert_outcome_if_absent(self, outcome: Outcome) -> bool:
         """Append an outcome whose id is deterministic (an evaluation row that a retried or concurrent
         step may repeat): written once, in one transaction; False when that id is already stored."""
