@@ -73,7 +73,7 @@ class World:
     gates: tuple[Gate, ...] = (Gate("G1", "one-step fit R2", 0.9, 0.5, True),
                                Gate("G2", "free-run fit R2", 0.7, 0.3, True))
     y_now: float = 12.0  # the live CV's last sample: z = (12 - 10) / 2 = 1
-    calibrated_before: timedelta = timedelta(days=1)
+    calibrated_before: timedelta | None = timedelta(days=1)  # None: the calibration time is unknown
     evidence: Mapping[str, Any] = field(default_factory=dict)  # UQEvidence fields that differ from EVIDENCE
     calibration_of_other_artifact: bool = False
     plans: tuple[Plan, ...] = HONEST
@@ -122,7 +122,8 @@ def inputs(world: World):
     report = {} if world.behind_newest_s is None else {  # as data.prepare_history records it (period 1 s)
         "live_behind_s": world.behind_newest_s, "live_tail_dropped": world.behind_newest_s > 0.5}
     split = HistorySplit((), (), (), live, NORMALISATION, report, "data-hash")
-    evidence = UQEvidence(**{**EVIDENCE, **world.evidence, "calibrated_at": iso_utc(NOW - world.calibrated_before)})
+    calibrated_at = None if world.calibrated_before is None else iso_utc(NOW - world.calibrated_before)
+    evidence = UQEvidence(**{**EVIDENCE, **world.evidence, "calibrated_at": calibrated_at})
     calibration = Calibration("cal-test", "f" * 64 if world.calibration_of_other_artifact else artifact.artifact_hash,
                               evidence)
 
@@ -198,6 +199,8 @@ MATRIX = [
     # ---- freshness of the calibration
     Row("calibrated a second more than fresh_days ago", "calibration fresh",
         replace(BASE, calibrated_before=timedelta(days=7, seconds=1)), UNVERIFIED, ("calibration is not fresh",)),
+    Row("calibration time unknown", "calibration fresh", replace(BASE, calibrated_before=None),
+        UNVERIFIED, ("calibration is not fresh",)),
     Row("calibrated exactly fresh_days ago", "calibration fresh",
         replace(BASE, calibrated_before=timedelta(days=7)), VERIFIED),
     # ---- input distance of the live state (z of y0 = (y - 10) / 2; u0 sits at z = 1)
@@ -228,6 +231,16 @@ MATRIX = [
     Row("no gain uncertainty recorded", "steady-gain uncertainty along the planned move",
         replace(BASE, gain_std=None), UNVERIFIED,
         ("steady-gain uncertainty unknown (the model records none: fewer than 2 train runs)",)),
+    # the age in the reason: seconds below 2 h, hours below 2 days, days from there
+    Row("live state a second under 2 h old", "live state age", replace(BASE, live_age_s=7199.0, live_max_age_s=60.0),
+        UNVERIFIED, ("live state is 7199 s old (last sample 2027-01-15T07:00:01+00:00); live.max_age_s allows 60 s",)),
+    Row("live state exactly 2 h old", "live state age", replace(BASE, live_age_s=7200.0, live_max_age_s=60.0),
+        UNVERIFIED, ("live state is 2 h old (last sample 2027-01-15T07:00:00+00:00); live.max_age_s allows 60 s",)),
+    Row("live state a second under 2 days old", "live state age",
+        replace(BASE, live_age_s=172799.0, live_max_age_s=60.0),
+        UNVERIFIED, ("live state is 48 h old (last sample 2027-01-13T09:00:01+00:00); live.max_age_s allows 60 s",)),
+    Row("live state exactly 2 days old", "live state age", replace(BASE, live_age_s=172800.0, live_max_age_s=60.0),
+        UNVERIFIED, ("live state is 2 days old (last sample 2027-01-13T09:00:00+00:00); live.max_age_s allows 60 s",)),
     # ---- the live state is the newest sample (cleaning dropped none of the newest samples)
     Row("the newest samples dropped in cleaning", "live state is the newest sample",
         replace(BASE, behind_newest_s=10.0), UNVERIFIED,
@@ -372,3 +385,30 @@ def test_unknown_input_distance_is_its_own_reason(ledger):
     decision = decide(SPEC, 1, artifact, record.problem, result, snapshot, (1.0,), 4.0, "or-test", NOW)
     assert decision.recommendation.status.value == UNVERIFIED
     assert decision.recommendation.reasons == ("input distance unknown (missing or non-finite current values)",)
+
+
+# ---------------------------------------------------------------------------- the conditions table (UI)
+
+
+def test_the_conditions_table_shows_what_each_condition_was_judged_on_and_its_limit(ledger):
+    record = recommend(ledger, BASE)
+    h = record.recommendation.model_artifact_hash[:12]
+    assert [(c.name, c.value, c.limit) for c in record.conditions] == [
+        ("feasible candidate", "robust (seq 2)", "robust, else nominal, feasible"),
+        ("UQ evidence", "split_conformal", "split_conformal or empirical_max"),
+        ("test coverage (worst CV)", "0.9", ">= 0.8"),
+        ("calibration fresh", "calibrated 2027-01-14T09:00:00+00:00 (1 days before)", "<= 7 days"),
+        ("input distance (max |z| of current MVs, CVs)", "1", "<= 4"),
+        ("live state age", "0 s (last sample 2027-01-15T09:00:00+00:00)", "<= 300 s (live.max_age_s)"),
+        ("model gate G1", "0.9", "one-step fit R2"),
+        ("model gate G2", "0.7", "free-run fit R2"),
+        ("candidate verified independently", "cost 1, independent 1", "feasible and costs agree"),
+        ("steady-gain uncertainty along the planned move", "y0: 0 against band 1", "<= band (2 standard errors)"),
+        ("model from the binding's revision", "r1", "r1"),
+        ("calibration of this model", h, h)]
+
+
+def test_the_conditions_table_of_a_rejected_solve_and_an_unknown_calibration_time(ledger):
+    world = replace(MATRIX[0].world, calibrated_before=None)
+    table = {c.name: c.value for c in recommend(ledger, world).conditions}
+    assert (table["feasible candidate"], table["calibration fresh"]) == ("none", "calibration time unknown")

@@ -274,3 +274,73 @@ def test_steady_target_not_held_is_reported_as_mv_deviation():
     obs.values[2, 0] = 96.0  # step 2, during the transient
     ev = evaluate(steady_rec(), obs, T0, PERIOD, settle=5)
     assert ev.details["mv_max_abs_deviation_from_plan"] == {"q": pytest.approx(4.0)}
+
+
+# --------------------------------------------------------------------------- pinned by mutation testing (TESTING.md)
+
+
+def test_observation_as_json_is_the_documented_document():
+    obs = Observation(t=np.array([1.0, 2.0]), tags=("a", "b"), values=np.array([[1.0, np.nan], [3.0, 4.0]]),
+                      run_ids=("r",), source="f.csv")
+    assert obs.to_dict() == {"source": "f.csv", "run_ids": ["r"], "t": [1.0, 2.0],
+                             "values": {"a": [1.0, 3.0], "b": [None, 4.0]}}
+
+
+def test_observation_from_json_keeps_its_source_and_reads_numbers_as_floats():
+    back = Observation.from_dict({"source": "f.csv", "run_ids": ["r"], "t": [1, 2], "values": {"a": [1, None]}})
+    assert (back.source, back.run_ids, back.tags) == ("f.csv", ("r",), ("a",))
+    assert back.t.dtype == np.float64 and back.values.dtype == np.float64
+    assert back.values[0, 0] == 1.0 and math.isnan(back.values[1, 0])
+
+
+def test_observation_from_json_without_source_or_runs_has_empty_ones():
+    back = Observation.from_dict({"t": [1.0], "values": {"a": [2.0]}})
+    assert (back.source, back.run_ids) == ("", ())
+
+
+def test_observation_since_keeps_tags_values_runs_and_source():
+    obs = observation([49.0, 50.0, 50.5])
+    later = obs.since(T0 + PERIOD)
+    assert (later.tags, later.run_ids, later.source) == (obs.tags, obs.run_ids, obs.source)
+    np.testing.assert_array_equal(later.values, obs.values[1:])
+
+
+def test_a_step_without_an_observed_sample_is_null_in_the_delta_document():
+    obs = plan_observation(np.zeros(20))
+    obs.values[3, 1] = np.nan  # the end of step 2
+    ev = evaluate(mpc_rec(), obs, T0, PERIOD)
+    assert ev.delta["observed"][2] == [None] and ev.delta["delta"][2] == [None] and ev.delta["inside"][2] == [None]
+
+
+def test_hit_rate_p_value_without_trials_is_one():
+    assert hit_rate_p_value(0, 0, 0.9) == 1.0
+
+
+def test_a_refusal_names_the_recommendation():
+    with pytest.raises(OutcomeError, match="recommendation rec-1: applied_at"):
+        check_applicable(rec_row(), at("2027-01-15T10:00:01"))
+
+
+def test_an_expiry_refusal_names_its_reason_or_says_none_was_recorded():
+    from dataclasses import replace
+
+    row = rec_row("expired", expired_at="2027-01-15T09:30:00+00:00")
+    with pytest.raises(OutcomeError, match=r"\(superseded\)"):
+        check_applicable(row, at("2027-01-15T09:30:01"))
+    with pytest.raises(OutcomeError, match=r"\(no reason recorded\)"):
+        check_applicable(replace(row, expired_reason=None), at("2027-01-15T09:30:01"))
+
+
+def test_an_expired_recommendation_without_an_expiry_time_is_judged_by_valid_until():
+    check_applicable(rec_row("expired", expired_at=None), at("2027-01-15T09:59:59"))
+
+
+def test_without_a_calibration_time_every_conclusive_outcome_counts_for_drift():
+    rows = [outcome_row(0, "deviated", calibrated_at=None), outcome_row(1, "deviated", calibrated_at=None)]
+    finding = drift_finding("b", rows, None)
+    assert finding is not None and finding.binding_id == "b" and finding.outcome_id == "out-1"
+
+
+def test_a_rate_drift_finding_names_its_binding():
+    rows = [outcome_row(i, "confirmed", 8, 10) for i in range(7)]
+    assert drift_finding("b", rows, UQ["calibrated_at"]).binding_id == "b"

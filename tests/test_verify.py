@@ -163,3 +163,83 @@ def test_batch_verification_equals_verifying_each_candidate_alone(kw):
             alone = tuple(verify_candidate(problem, c, tolerances) for c in candidates)
             assert repr(batch) == repr(alone)  # repr: bit-exact floats, -0.0 included
             assert sum(c.verified for c in batch) >= 2 and sum(not c.feasible for c in batch) >= 3
+
+
+# --------------------------------------------------------------------------- pinned by mutation testing (TESTING.md)
+#
+# One MV u, one CV y, one DV d, normalised = engineering units: x' = x / 2 + u + d / 2 + 1/4, y = x + bias
+# (bias 1/8), d = 1, x0 = 0. MPC plan (1, 0): x1 = 1 + 1/2 + 1/4 = 1.75, x2 = 0.875 + 0.75 = 1.625, so
+# y = (1.875, 1.75). Steady target u = 1: y = (u + d / 2 + 1/4) / (1 - 1/2) + bias = 3.625.
+
+from dataclasses import asdict
+
+from optimizer_pipeline.contracts import ProblemIR, SolveCandidate, StateSpace, Template
+from test_boundaries import MV_TOL, plan
+from test_boundaries import problem as dyadic_problem
+
+LOOSE_COST = Tolerances(cost_abs=1e9)  # these tests are about the re-simulation, not the cost
+
+
+def driven_problem(template=Template.LINEAR_MPC) -> ProblemIR:
+    return ProblemIR(template=template, binding_id="b", binding_revision=1, profile_id="p", profile_version=1,
+                     model_artifact_hash="0" * 64, horizon=2, mv_tags=("u",), cv_tags=("y",), dv_tags=("d",),
+                     model=StateSpace(A=((0.5,),), B=((1.0,),), E=((0.5,),), f=(0.25,), C=((1.0,),)),
+                     x0=(0.0,), u_prev=(1.0,), d=(1.0,), bias=(0.125,), u_lo=(-4.0,), u_hi=(4.0,), du_max=(2.0,),
+                     y_lo=(-8.0,), y_hi=(8.0,), y_target=(0.0,), y_weight=(1.0,), move_weight=0.25, slack_weight=1000.0,
+                     band=None, u_mean=(0.0,), u_std=(1.0,), y_mean=(0.0,), y_std=(1.0,))
+
+
+def candidate_of(controls, predicted) -> SolveCandidate:
+    return SolveCandidate(seq=1, kind=CandidateKind.NOMINAL, solver_status="solved", controls=controls,
+                          predicted=predicted, cost=0.0, constraints={})
+
+
+def test_the_re_simulation_adds_the_dvs_the_offset_and_the_output_bias():
+    checked = verify_candidate(driven_problem(), candidate_of(((1.0,), (0.0,)), ((1.875,), (1.75,))), LOOSE_COST)
+    assert checked.verify_report["prediction_mismatch"] == 0.0 and checked.verified
+
+
+def test_the_steady_re_simulation_adds_the_dvs_the_offset_and_the_output_bias():
+    problem = driven_problem(Template.STEADY_RESPONSE)
+    checked = verify_candidate(problem, candidate_of(((1.0,),), ((3.625,),)), LOOSE_COST)
+    assert checked.verify_report["prediction_mismatch"] == 0.0 and checked.verified
+
+
+def test_a_caller_s_re_simulation_is_what_the_plan_is_checked_against():
+    # dyadic problem of test_boundaries: plan (1, 0) from x0 = 0 gives y = (1, 1/2); holding u = 0 gives 0
+    problem, honest = dyadic_problem(du_max=2.0), plan(1.0, 0.0)
+    y_plan, y_hold = np.array([[1.0], [0.5]]), np.zeros((2, 1))
+    alone = verify_candidate(problem, honest, MV_TOL)
+    given = verify_candidate(problem, honest, MV_TOL, simulated=(y_plan, y_hold))
+    assert repr(given) == repr(alone) and given.verify_report["tolerances"] == asdict(MV_TOL)
+    off = verify_candidate(problem, honest, MV_TOL, simulated=(y_plan + 0.5, y_hold))
+    assert off.verify_report["prediction_mismatch"] == 0.5 and not off.verified
+
+
+def test_a_caller_s_hold_simulation_sets_what_a_cv_may_violate():
+    # y1 = 4.25 is 1/4 over the limit 4; against a hold simulation as far over it the plan is no worse than holding
+    problem = dyadic_problem(u_lim=8.0, du_max=8.0)
+    candidate = plan(4.25, 0.0)
+    y_plan = np.array([[4.25], [2.125]])
+    assert not verify_candidate(problem, candidate, simulated=(y_plan, np.zeros((2, 1)))).feasible
+    assert verify_candidate(problem, candidate, simulated=(y_plan, np.full((2, 1), 4.25))).feasible
+
+
+def test_the_report_carries_the_tolerances_it_was_checked_with():
+    assert verify_candidate(dyadic_problem(du_max=2.0), plan(1.0, 0.0), MV_TOL).verify_report["tolerances"] == \
+        asdict(MV_TOL)
+
+
+def test_ragged_controls_are_reported_and_do_not_stop_the_other_candidates():
+    problem = dyadic_problem(du_max=2.0)
+    ragged = replace(plan(1.0, 0.0), controls=((1.0, 2.0), (0.0,)))
+    checked = verify_candidates(problem, [ragged, plan(1.0, 0.0), ragged, plan(0.5, 0.0)])
+    assert checked[0].verify_report["reasons"] == ["controls / predicted are not rectangular tables of numbers"]
+    assert not checked[0].feasible and not checked[2].feasible
+    assert checked[1].verified and checked[3].verified
+
+
+def test_verify_all_checks_with_the_given_tolerances(solved):
+    problem, result, nominal = solved
+    raw = SolveResult(result.problem_ir_hash, True, (replace(nominal, cost=nominal.cost * 1.01),), {})
+    assert verify_all(problem, raw, Tolerances(cost_rel=0.05)).candidates[0].verified
