@@ -389,6 +389,8 @@ def test_per_channel_delays_are_recovered_on_a_known_plant_and_its_gains_with_th
     assert structure["delays"] == delays.tolist() and structure["own_ar"]
     assert (structure["na"], structure["nb"]) == (1, 1)
     assert artifact.delay == 1 and artifact.nb == 6  # realised: lags 1..6 span every channel
+    settled = artifact.selection["per_channel_search"]["settled_nrmse"]  # the families' settled errors
+    assert settled["per_channel"] < settled["one_delay"]
     mu, su = split.normalisation.of(spec.mv_tags)
     my, sy = split.normalisation.of(spec.cv_tags)
     truth = (b[:, :2] / (1 - a)[:, None]) * su[None, :] / sy[:, None]  # steady gain in normalised units

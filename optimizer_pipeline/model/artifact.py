@@ -19,12 +19,13 @@ import numpy as np
 
 from optimizer_pipeline.contracts import (BindingSpec, ContractError, Gate, HistorySplit, ModelArtifact, Normalisation,
                                           RunSeries)
-from optimizer_pipeline.model.arx import ArxModel, Orders, Stacked, rollout_nrmse, stack_runs, state_and_bias, window_rows
+from optimizer_pipeline.model.arx import (ArxModel, Orders, Stacked, nrmse, rollout_nrmse, rollout_windows, stack_runs,
+                                          state_and_bias, stride_for, window_rows)
 from optimizer_pipeline.model.fit import RidgeProblem, Structure, free_mask, refine_multistep
 from optimizer_pipeline.model.select import (FIR_NA, MAX_CHANNEL_DELAY, ORDER_STAGE_RIDGE, RIDGE_GRID,
-                                             RIDGE_STAGE_ORDERS, Selector, best, candidates, finite_or_none,
-                                             per_channel, window_lag)
-from optimizer_pipeline.model.statespace import steady_state
+                                             RIDGE_STAGE_ORDERS, SELECTION_WINDOWS, Selector, best, candidates,
+                                             finite_or_none, per_channel, window_lag)
+from optimizer_pipeline.model.statespace import settling_steps, steady_state
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,20 @@ def quality_gates(model: ArxModel, train: Stacked, val: Stacked, test: Stacked, 
     return tuple(gates)
 
 
+def _settled_error(model: ArxModel, selector: Selector) -> float:
+    """Mean over CVs of the NRMSE of held-out rollouts at their last step, after the model's settling
+    horizon (what a steady target and the end of a move plan rely on); inf when it does not settle."""
+    h = settling_steps(model.realise())
+    rows = None if h is None else window_rows(selector.data, selector.first_row, h,
+                                              stride_for(selector.data, selector.first_row, h, SELECTION_WINDOWS))[0]
+    if rows is None or rows.size == 0:
+        return np.inf
+    with np.errstate(over="ignore", invalid="ignore"):
+        predicted, measured = rollout_windows(model.realise(), selector.data, model.orders, rows, h)
+        value = float(np.mean(nrmse(predicted[:, -1], measured[:, -1])))
+    return value if np.isfinite(value) else np.inf
+
+
 def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -> ModelArtifact:
     """Identify the ARX model of a binding revision from its train runs (module docstring).
 
@@ -151,6 +166,13 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
         order_stage.append(selector.fit(structure, ORDER_STAGE_RIDGE))
     ridge_stage = selector.ridge_stage(order_stage)
     chosen = best(ridge_stage)
+    if channels is not None:  # one delay or a delay per channel: the family whose model settles closer
+        families = [[s for s in ridge_stage if s.structure.per_channel == flag] for flag in (False, True)]
+        finalists = [best(family) for family in families if family]
+        settled = [_settled_error(s.model, selector) for s in finalists]
+        chosen = finalists[int(np.argmin(settled))]
+        channels.update(settled_nrmse={("per_channel" if s.structure.per_channel else "one_delay"): finite_or_none(e)
+                                       for s, e in zip(finalists, settled)})
     if not chosen.stable:
         log.warning("binding %s: no stable candidate; best has spectral radius %.4f", binding.id, chosen.radius)
 
