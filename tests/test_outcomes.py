@@ -344,3 +344,63 @@ def test_without_a_calibration_time_every_conclusive_outcome_counts_for_drift():
 def test_a_rate_drift_finding_names_its_binding():
     rows = [outcome_row(i, "confirmed", 8, 10) for i in range(7)]
     assert drift_finding("b", rows, UQ["calibrated_at"]).binding_id == "b"
+
+
+def test_the_details_document_of_an_mpc_outcome(caplog):
+    offsets = np.zeros(20)
+    offsets[3], offsets[12] = 2.0, 3.0  # step 3 (judged) and step 12 (beyond P = 10) outside the band 1
+    obs = plan_observation(offsets)
+    obs.values[5, 0] = 103.0  # the MV held during step 5, 3 away from the plan
+    with caplog.at_level("INFO", logger="optimizer_pipeline.outcomes"):
+        ev = evaluate(mpc_rec(), obs, T0, PERIOD)
+    p = 1 - 0.9 ** 10  # P(X <= 9 | 10, 0.9)
+    reason = f"9 of 10 judged CV steps inside the band; promised rate 0.900, one-sided binomial p = {p:.3g} (>= 0.01)"
+    assert ev.details == {
+        "template": "linear_mpc_quadratic@1", "rule": "mpc_within_P", "verdict_reason": reason,
+        "applied_at": "2027-01-15T08:00:00+00:00", "period_s": 10.0, "judged_steps": 10, "steps_aligned": 10,
+        "steps_required": 5, "trials": 10, "hits": 9, "inside_share": 0.9, "inside_share_all_steps": 0.9,
+        "promised_rate": pytest.approx(0.9), "alpha": 0.1, "p_value": pytest.approx(p, rel=1e-9),
+        "significance": 0.01, "block_covered": False, "settle_steps": None, "calibrated_at": UQ["calibrated_at"],
+        "band": {"y": 1.0}, "max_abs_delta": {"y": 2.0}, "mv_max_abs_deviation_from_plan": {"q": 3.0}}
+    assert set(ev.delta) == {"cv_tags", "steps", "t", "observed", "predicted", "delta", "inside", "judged"}
+    assert (ev.delta["cv_tags"], ev.delta["steps"][:2], ev.delta["t"][:2]) == (["y"], [0, 1], [T0 + 10, T0 + 20])
+    assert ev.delta["predicted"][:2] == [[50.0], [50.5]] and ev.delta["inside"][3] == [False]
+    assert caplog.messages == [f"outcome of rec-test: confirmed ({reason})"]
+
+
+def test_the_details_document_of_a_steady_outcome():
+    ev = evaluate(steady_rec(), observation([40.0] * 5 + [60.25] * 8), T0, PERIOD, settle=5)
+    assert ev.details["verdict_reason"] == ("8 of 8 judged CV steps inside the band; promised rate 0.900, "
+                                            "one-sided binomial p = 1 (>= 0.01)")
+    assert {k: ev.details[k] for k in ("rule", "settle_steps", "judged_steps", "steps_aligned", "steps_required",
+                                       "trials", "hits", "block_covered", "inside_share_all_steps", "band",
+                                       "max_abs_delta", "mv_max_abs_deviation_from_plan")} == {
+        "rule": "steady_settled", "settle_steps": 5, "judged_steps": 8, "steps_aligned": 8, "steps_required": 5,
+        "trials": 8, "hits": 8, "block_covered": None, "inside_share_all_steps": 1.0, "band": {"y": 0.5},
+        "max_abs_delta": {"y": 0.25}, "mv_max_abs_deviation_from_plan": {"q": 0.0}}
+    assert ev.delta["steps"] == list(range(5, 13)) and ev.delta["predicted"] == [[60.0]] * 8
+
+
+def test_an_unstable_steady_model_is_inconclusive_and_says_why():
+    ev = evaluate(steady_rec(), observation([60.0] * 13), T0, PERIOD, settle=None)
+    assert ev.verdict.value == "inconclusive" and ev.details["steps_aligned"] == 0
+    assert ev.details["verdict_reason"] == ("the model is not stable, so it never settles: "
+                                            "no settled observation to compare")
+
+
+def test_inconclusive_reasons_name_what_is_missing():
+    few = evaluate(mpc_rec(), observation([49.0, 50.0, 50.5, 51.0, 51.5]), T0, PERIOD)
+    assert few.details["verdict_reason"] == "4 aligned steps within the first 10; at least 5 are needed"
+    steady = evaluate(steady_rec(), observation([40.0] * 5 + [60.0] * 3), T0, PERIOD, settle=5)
+    assert steady.details["verdict_reason"] == "3 aligned settled steps (from step 5); at least 5 are needed"
+    unbanded = evaluate(mpc_rec(band=(None,), uq=None), plan_observation(np.zeros(20)), T0, PERIOD)
+    assert unbanded.details["verdict_reason"] == ("the recommendation has no UQ band (no calibration evidence): "
+                                                  "nothing to judge against")
+    assert (unbanded.details["band"], unbanded.details["inside_share"], unbanded.details["alpha"],
+            unbanded.details["calibrated_at"]) == (None, None, None, None)
+
+
+def test_a_deviated_reason_says_below_the_significance():
+    offsets = np.concatenate([np.zeros(4), np.full(16, 2.0)])
+    ev = evaluate(mpc_rec(), plan_observation(offsets), T0, PERIOD)
+    assert ev.details["verdict_reason"].endswith(f"p = {hit_rate_p_value(4, 10, 0.9):.3g} (< 0.01)")

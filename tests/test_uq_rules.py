@@ -328,3 +328,32 @@ def test_no_val_block_of_the_settling_horizon_is_no_evidence_naming_the_block_le
     evidence = compute_block_uq(none, none)
     assert evidence.method is None
     assert "0 val block(s) of 400 steps; at least 2 are needed" in evidence.reasons[0]
+
+
+# ---------------------------------------------------------------- pinned by mutation testing (TESTING.md)
+
+
+def test_a_threshold_for_no_test_run_is_refused_naming_the_rule_and_the_count():
+    with pytest.raises(UQInputError, match=r"^coverage threshold: nTestRuns must be >= 1, got 0$"):
+        coverage_threshold(SPLIT_CONFORMAL, 0)
+
+
+def test_an_unknown_threshold_method_is_refused_naming_the_rule():
+    with pytest.raises(UQInputError, match=r"^coverage threshold: unknown method 'bootstrap'"):
+        coverage_threshold("bootstrap", 5)
+
+
+@pytest.mark.parametrize("kw, message", [({"h": 0}, "block scores: block length h must be >= 1, got 0"),
+                                         ({"score": "median"}, "block scores: unknown score 'median'")])
+def test_a_bad_block_scores_request_is_refused_naming_the_rule(kw, message):
+    from optimizer_pipeline.uq import block_scores
+
+    with pytest.raises(UQInputError, match="^" + message):
+        block_scores(artifact_with(), [], **kw)
+
+
+def test_block_scores_without_blocks_keep_their_cvs_and_have_no_run_ids():
+    from optimizer_pipeline.uq import block_scores
+
+    scores = block_scores(artifact_with(), [])
+    assert scores.cv_tags == ("y0",) and scores.run_ids.shape == (0,) and scores.run_ids.dtype == object
