@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test ui browser servers clean
+.PHONY: demo test ui browser servers clean mutation
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,3 +31,39 @@ ui: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .optimizer .pytest_cache
+
+# Mutation testing (TESTING.md): mutmut over the modules whose rules the product stands on, each in
+# a scratch copy of the work tree (.mutation/<module>/: the tree itself is never mutated) against
+# the tests that matter for it. Slow, so not part of `make test`. `make mutation MUTATION_MODULES=uq`
+# runs one module; MUTATION_TIMEOUT caps each module's run (s); MUTATION_JOBS = parallel mutants.
+MUTATION_MODULES ?= uq outcomes recommend verify ledger
+MUTATION_TIMEOUT ?= 5400
+MUTATION_JOBS ?= 1
+MUT_uq := optimizer_pipeline/uq.py
+MUT_uq_TESTS := tests/test_uq_rules.py tests/test_uq_scores.py tests/test_boundaries.py tests/test_decision_matrix.py
+MUT_outcomes := optimizer_pipeline/outcomes.py
+MUT_outcomes_TESTS := tests/test_outcomes.py tests/test_boundaries.py
+MUT_recommend := optimizer_pipeline/recommend.py
+MUT_recommend_TESTS := tests/test_decision_matrix.py tests/test_settings.py
+MUT_verify := optimizer_pipeline/solver/verify.py
+MUT_verify_TESTS := tests/test_verify.py tests/test_boundaries.py
+MUT_ledger := optimizer_pipeline/ledger/repository.py
+MUT_ledger_TESTS := tests/test_ledger.py tests/test_ledger_candidates.py
+MUT_ledger_ONLY := *record_solve__mutmut_* *_expire__mutmut_* *finish_run__mutmut_*
+
+define mutate_module
+	rm -rf .mutation/$(1) && mkdir -p .mutation/$(1)
+	git ls-files -z --cached --others --exclude-standard | tar --null --ignore-failed-read -T - -cf - | tar -xf - -C .mutation/$(1)
+	printf '[mutmut]\nsource_paths = optimizer_pipeline\nonly_mutate = %s\npytest_add_cli_args = -p no:cacheprovider\npytest_add_cli_args_test_selection =\n' $(MUT_$(1)) > .mutation/$(1)/setup.cfg
+	for t in $(MUT_$(1)_TESTS); do printf '    %s\n' $$t >> .mutation/$(1)/setup.cfg; done
+	cd .mutation/$(1) && (nice -n 10 timeout $(MUTATION_TIMEOUT) $(CURDIR)/$(BIN)/mutmut run --max-children $(MUTATION_JOBS) $(foreach n,$(MUT_$(1)_ONLY),'$(n)') > run.log 2>&1; echo "exit $$?" >> run.log)
+	cd .mutation/$(1) && $(CURDIR)/$(BIN)/mutmut results --all true 2>/dev/null | grep -E "$(subst *,.*,$(subst $(space),|,$(or $(MUT_$(1)_ONLY),.)))" > results.txt || true
+	@cd .mutation/$(1) && printf '%s: %s killed, %s survived, %s timeout, %s without tests (of %s); survivors in .mutation/%s/results.txt\n' $(1) \
+	  $$(grep -c ': killed$$' results.txt) $$(grep -c ': survived$$' results.txt) $$(grep -c ': timeout$$' results.txt) \
+	  $$(grep -c ': no tests$$' results.txt) $$(wc -l < results.txt) $(1)
+
+endef
+space := $(subst ,, )
+
+mutation: $(STAMP)
+	$(foreach m,$(MUTATION_MODULES),$(call mutate_module,$(m)))
