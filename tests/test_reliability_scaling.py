@@ -9,6 +9,8 @@ writes the ledger, so the test stays a few seconds per run on two cores.)
 import os
 import subprocess
 import sys
+import pytest
+
 from collections import Counter
 
 from dagster import DagsterInstance
@@ -24,6 +26,7 @@ from reliability_helpers import check_ledger_whole
 OPEN = {"verified", "unverified", "rejected"}
 
 
+@pytest.mark.timeout(900)  # three Dagster CLI processes at once: minutes on a loaded 2-core box
 def test_concurrent_runs_including_one_partition_twice_leave_one_open_recommendation_per_binding(tmp_path):
     home, dagster_home = tmp_path / "home", tmp_path / "dagster"
     plants = [get_plant("heater"), get_plant("blend")]
