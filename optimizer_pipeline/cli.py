@@ -80,10 +80,12 @@ def run_partitions(home: Path, binding_ids: Sequence[str], job_name: str = "refr
         _require_broker(settings)
         return [BindingRun(*outcome) for outcome in submit_and_wait(
             home, open_ledger(home, settings), binding_ids, job_name, settings.dagster_max_partitions_per_run, wait)]
-    job = build_definitions(home).resolve_job_def(job_name)
     ledger = open_ledger(home)
     results = {}
     with DagsterInstance.get() as instance, kept_alive():
+        # resolved inside the instance's scope: Dagster reads the definitions' state from the
+        # instance that is current while it builds the repository
+        job = build_definitions(home).resolve_job_def(job_name)
         known = set(instance.get_dynamic_partitions("bindings"))
         missing = [b for b in binding_ids if b not in known]
         if missing:
