@@ -108,17 +108,24 @@ def recommendation(run_id: str, binding_id: str, nominal: SolveCandidate) -> Rec
         evidence={"source": "simulation", "uq": None})
 
 
+BINDINGS = tuple(f"bench-{i}" for i in range(10))  # record_solve writes go round these
+
+
+def record_solve_once(ledger: Ledger, binding_id: str, candidates: list[SolveCandidate]) -> float:
+    """One record_solve of the bench payload (a run + `candidates` + supersede + a recommendation
+    of the NOMINAL plan) for `binding_id`: seconds of the call alone (the rows are built before).
+    Shared with bench/bench_postgres.py."""
+    run = run_row(binding_id)
+    rec = recommendation(run["id"], binding_id, candidates[1])
+    t = time.perf_counter()
+    ledger.record_solve(run, candidates, "m" * 64, rec, run_status="succeeded", independent_cost=2.0,
+                        diagnostics={"iterations": 25}, evidence_source="simulation")
+    return time.perf_counter() - t
+
+
 def time_record_solve(ledger: Ledger, writes: int) -> list[float]:
     candidates = plan_candidates()
-    times = []
-    for i in range(writes):
-        run = run_row(f"bench-{i % 10}")
-        rec = recommendation(run["id"], run["binding_id"], candidates[1])
-        t = time.perf_counter()
-        ledger.record_solve(run, candidates, "m" * 64, rec, run_status="succeeded", independent_cost=2.0,
-                            diagnostics={"iterations": 25}, evidence_source="simulation")
-        times.append(time.perf_counter() - t)
-    return times
+    return [record_solve_once(ledger, BINDINGS[i % len(BINDINGS)], candidates) for i in range(writes)]
 
 
 def time_connect_close(ledger: Ledger, samples: int) -> list[float]:
