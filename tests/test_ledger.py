@@ -206,3 +206,22 @@ def test_recommendation_payload_reads_back_as_created(ledger):
     ledger.record_solve(run, candidates(), "m" * 64, rec, run_status="succeeded", independent_cost=2.0,
                         diagnostics={}, evidence_source="simulation")
     assert ledger.get_recommendation(rec.id).payload == rec.to_json_dict()
+
+
+def test_appending_overlapping_samples_stores_each_sample_once(ledger, binding_doc):
+    """Samples already stored are skipped, also a second time in the same transaction (PostgreSQL
+    stages the rows and moves them with ON CONFLICT DO NOTHING)."""
+    spec = binding_from_dict(binding_doc)  # tags v1, v2, y1, y2
+    frame = pd.DataFrame({"run_id": "r1", "timestamp": [1.0, 2.0, 3.0], "v1": [0.1, 0.2, 0.3], "v2": 1.0,
+                          "y1": [5.0, None, 7.0], "y2": 6.0})
+    upsert, added = ledger.ingest(spec, frame, "real")
+    assert added == 11  # 12 values, one missing (a missing value is no sample)
+    later = pd.DataFrame({"run_id": "r1", "timestamp": [3.0, 4.0], "v1": [0.3, 0.4], "v2": 1.0, "y1": [7.0, 8.0],
+                          "y2": 6.0})
+    assert ledger.append_samples(spec.id, later, spec.tags, "real") == 4
+    with ledger.backend.transaction() as tx:
+        assert ledger._append_samples(tx, spec.id, later, spec.tags, "real") == 0
+        assert ledger._append_samples(tx, spec.id, frame.assign(timestamp=[5.0, 6.0, 7.0]), spec.tags, "real") == 11
+    wide = ledger.history_frame(spec.id, spec.tags)
+    assert wide["timestamp"].tolist() == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]
+    assert wide["v1"].tolist() == [0.1, 0.2, 0.3, 0.4, 0.1, 0.2, 0.3]
