@@ -65,6 +65,7 @@ for _path in (ROOT, ROOT / "bench", ROOT / "tests"):
 
 from bench_ledger import BINDINGS, batch_candidates, plan_candidates, record_solve_once  # noqa: E402
 from ledger_helpers import ledger_at  # noqa: E402
+from quiet import add_quiet_arguments, wait_if_asked  # noqa: E402
 
 from optimizer_pipeline.contracts import binding_from_dict  # noqa: E402
 from optimizer_pipeline.ledger import Ledger, new_id  # noqa: E402
@@ -359,15 +360,9 @@ def main() -> None:
     parser.add_argument("--before", action="store_true",
                         help="also every PostgreSQL figure with the executemany insert from before COPY")
     parser.add_argument("--skip-duckdb-writers", action="store_true")
-    parser.add_argument("--max-load", type=float, default=None,
-                        help="first wait (at most --wait-max-s) for the 1-minute load average to drop below this")
-    parser.add_argument("--wait-max-s", type=float, default=600.0)
+    add_quiet_arguments(parser)
     args = parser.parse_args()
-    if args.max_load is not None:
-        from run import wait_for_quiet  # bench/run.py's wait, as its topics use it
-
-        quiet, waited = wait_for_quiet(args.max_load, args.wait_max_s)
-        print(f"waited {waited:.0f} s for the load average to drop below {args.max_load:g}: {quiet:.2f}", flush=True)
+    wait_if_asked(args)
 
     import psycopg
     import pytest

@@ -44,6 +44,7 @@ import bench_memory  # noqa: E402
 import bench_pool  # noqa: E402
 import bench_uq  # noqa: E402
 from optimizer_pipeline.solver.pool import SolverPool  # noqa: E402
+from quiet import load1, wait_for_quiet  # noqa: E402
 
 TOPICS = ("solver", "uq", "ledger", "pipeline", "memory")
 PACKAGES = ("numpy", "scipy", "osqp", "duckdb", "pandas", "pyarrow", "dagster", "cvxpy")
@@ -67,18 +68,6 @@ class Row:
     @property
     def median(self) -> float:
         return float(np.median(self.per_round))
-
-
-def load1() -> float:
-    return float(Path("/proc/loadavg").read_text().split()[0])
-
-
-def wait_for_quiet(max_load: float, max_wait_s: float) -> tuple[float, float]:
-    """Poll the 1-minute load every 10 s until it is below max_load or max_wait_s passed: (load, waited s)."""
-    started = time.monotonic()
-    while load1() >= max_load and time.monotonic() - started < max_wait_s:
-        time.sleep(10)
-    return load1(), time.monotonic() - started
 
 
 def p10_p90(samples: list[float], scale: float = 1.0) -> tuple[float, float]:
