@@ -1,11 +1,17 @@
-"""PostgreSQL restarted while a writer records solves (issue 14, faults): the writes in flight are
-retried (or refused with a clear message), nothing partial is left, every commit the writer
-reported is there, and the binding still has exactly one open recommendation."""
+"""PostgreSQL restarted while a writer records solves, and during a refresh (issue 14, faults): the
+writes in flight are retried (or refused with a clear message), nothing partial is left, every
+commit the writer reported is there, and each binding still has exactly one open recommendation."""
 
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import yaml
+
+from optimizer_pipeline.contracts import binding_from_dict
+from optimizer_pipeline.plants import get_plant
 
 from ledger_helpers import ledger_at
 from reliability_helpers import check_ledger_whole
@@ -57,3 +63,51 @@ def test_a_server_restart_mid_writes_leaves_only_whole_runs_and_loses_no_commit(
     ledger = ledger_at(url)
     assert check_ledger_whole(ledger, committed) >= len(committed)
     assert [r.status for r in ledger.list_recommendations("restart")].count("verified") == 1
+
+
+def test_a_server_restart_during_a_refresh_fails_or_retries_cleanly_and_the_next_refresh_completes(postgres,
+                                                                                                     tmp_path):
+    """`materialize --all` on a PostgreSQL ledger while the server restarts: the command ends with
+    exit 0, or exit 2 and one `error:` line naming the bindings whose writes were in flight (no
+    traceback); the ledger holds only whole runs; the next refresh gives every binding its one
+    open recommendation."""
+    url = postgres.new_database()
+    ledger = ledger_at(url)
+    plant = get_plant("heater")
+    bindings = [f"heater-{i}" for i in range(4)]
+    for binding_id in bindings:
+        ledger.ingest(binding_from_dict({**plant.binding_doc(), "id": binding_id}), plant.history(1).frame,
+                      "simulation")
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "settings.yaml").write_text(yaml.safe_dump({"ledger": {"url": url}}))
+    command = [sys.executable, "-m", "optimizer_pipeline.cli", "--home", str(home), "materialize", "--all"]
+    env = {k: v for k, v in os.environ.items() if k not in ("OPTIMIZER_HOME", "DAGSTER_HOME")}
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not ledger.list_recommendations(bindings[0]):  # the refresh is writing
+            assert proc.poll() is None, proc.stderr.read()[-3000:]
+            assert time.monotonic() < deadline, "no recommendation written after 300 s"
+            time.sleep(0.2)
+        postgres.restart()
+        out, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode in (0, 2), err[-3000:]
+    assert "Traceback" not in err
+    if proc.returncode == 2:
+        lines = err.strip().splitlines()
+        assert len(lines) == 1, err[-5000:]
+        [line] = lines
+        assert line.startswith("error: materialize: ") and "binding(s) failed" in line, line
+    check_ledger_whole(ledger, candidates_per_run=None)
+
+    again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    for binding_id in bindings:
+        statuses = [r.status for r in ledger.list_recommendations(binding_id)]
+        assert statuses.count("verified") == 1, (binding_id, statuses)
+    assert check_ledger_whole(ledger, candidates_per_run=None) >= len(bindings)

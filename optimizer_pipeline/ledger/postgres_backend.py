@@ -33,6 +33,10 @@ from optimizer_pipeline.ledger.schema import POSTGRES, apply_schema
 from optimizer_pipeline.settings import redact_url
 
 log = logging.getLogger(__name__)
+# the pool's own warnings (a connection discarded, a reconnect that failed while the server was
+# down) go to the application's logging when it has any, never bare to a CLI user's stderr: what a
+# user needs is in the ledger's one-line errors
+logging.getLogger("psycopg.pool").addHandler(logging.NullHandler())
 
 RETRY_SQLSTATES = {"40001": "serialization failure", "40P01": "deadlock"}
 # 23505 is retried only for the open-recommendation backstop: a concurrent writer published first
@@ -94,7 +98,10 @@ class PostgresBackend:
             # one direct connection first: an unreachable server or a bad login fails here at once,
             # with the driver's reason, instead of in the pool's background threads
             psycopg.connect(url, connect_timeout=int(connect_timeout_s)).close()
+            # check: a connection is tried before it is handed out, so that one left idle across a
+            # server restart is replaced instead of failing the next write
             self._pool = ConnectionPool(url, min_size=1, max_size=pool_max, open=True, timeout=connect_timeout_s,
+                                        check=ConnectionPool.check_connection,
                                         kwargs={"autocommit": False, "connect_timeout": int(connect_timeout_s)})
             self._pool.wait(timeout=connect_timeout_s)
         except (PoolTimeout, psycopg.Error) as exc:
@@ -119,12 +126,25 @@ class PostgresBackend:
         if self._session() is not None:
             yield
             return
-        with self._pooled() as conn:
-            self._sessions.current = _Session(conn)
-            try:
-                yield
-            finally:
-                self._sessions.current = None
+        session = _Session(self._take())
+        self._sessions.current = session
+        try:
+            yield
+        finally:
+            self._sessions.current = None
+            self._pool.putconn(session.conn)
+
+    def _take(self) -> psycopg.Connection:
+        try:
+            return self._pool.getconn()
+        except PoolTimeout:
+            raise LedgerBusyError(f"ledger {self.location}: no connection free within the timeout") from None
+
+    def _renewed(self, session: _Session) -> None:
+        """A session whose connection was lost (the server restarted) goes on with a new one; the
+        pool discards the broken connection."""
+        self._pool.putconn(session.conn)
+        session.conn = self._take()
 
     @contextmanager
     def _pooled(self) -> Iterator[psycopg.Connection]:
@@ -139,6 +159,8 @@ class PostgresBackend:
         """The session's connection, else a pooled one; reads run in their own short transaction."""
         session = self._session()
         if session is not None:
+            if session.conn.broken and not session.in_transaction:
+                self._renewed(session)
             yield _Transaction(session.conn)
             if not session.in_transaction:
                 session.conn.commit()
@@ -155,6 +177,8 @@ class PostgresBackend:
         if session is not None and session.in_transaction:
             raise LedgerError(f"ledger {self.location}: a transaction is already open in this session; "
                               f"run the work inside it instead of opening another")
+        if session is not None and session.conn.broken:
+            self._renewed(session)
         conn_context = self._reuse(session) if session is not None else self._pooled()
         with conn_context as conn:
             if session is not None:
@@ -170,13 +194,13 @@ class PostgresBackend:
 
     def retrying(self, call: Callable[[], Any], what: str) -> Any:
         """`call()` (one write, its own transaction), re-run from the start when PostgreSQL aborted
-        it for a reason a retry can fix, at most MAX_ATTEMPTS times with jittered back-off. Inside a
-        session a lost connection is not retried (the session's connection is gone)."""
+        it for a reason a retry can fix (a lost connection included: inside a session the retry
+        takes a new one), at most MAX_ATTEMPTS times with jittered back-off."""
         for attempt in range(1, MAX_ATTEMPTS + 1):
             try:
                 return call()
             except RetryableError as exc:
-                if attempt == MAX_ATTEMPTS or (self._session() is not None and exc.connection_lost):
+                if attempt == MAX_ATTEMPTS:
                     raise LedgerBusyError(f"{exc}; {what} gave up after {attempt} attempt(s), nothing of it "
                                           f"was written") from None
                 log.warning("%s; %s retried (attempt %d of %d)", exc, what, attempt + 1, MAX_ATTEMPTS)
