@@ -244,17 +244,16 @@ class PostgresBackend:
         columns, records = _records(rows)
         if not records:
             return
-        target = table
         with conn.conn.cursor() as cursor:
-            if skip_existing:
-                target = f"staged_{table}"  # a temporary table: this session's only, emptied at commit
-                cursor.execute(f"CREATE TEMP TABLE IF NOT EXISTS {target} (LIKE {table}) ON COMMIT DELETE ROWS")
-                cursor.execute(f"TRUNCATE {target}")  # an earlier insert of this transaction
-            with cursor.copy(f"COPY {target} FROM STDIN") as copy:
-                for record in records:
-                    copy.write_row(record)
-            if skip_existing:
-                cursor.execute(f"INSERT INTO {table} SELECT * FROM {target} ON CONFLICT DO NOTHING")
+            if not skip_existing:
+                _copy(cursor, table, records)
+                return
+            # a temporary table: this session's only, emptied at commit (and before each use, for an
+            # earlier insert of the same transaction)
+            cursor.execute(f"CREATE TEMP TABLE IF NOT EXISTS staged_{table} (LIKE {table}) ON COMMIT DELETE ROWS")
+            cursor.execute(f"TRUNCATE staged_{table}")
+            _copy(cursor, f"staged_{table}", records)
+            cursor.execute(f"INSERT INTO {table} SELECT * FROM staged_{table} ON CONFLICT DO NOTHING")
 
     @contextmanager
     def bulk(self, conn: Any) -> Iterator[None]:
@@ -281,6 +280,12 @@ class RetryableError(LedgerError):
     def __init__(self, message: str, connection_lost: bool = False):
         super().__init__(message)
         self.connection_lost = connection_lost
+
+
+def _copy(cursor: psycopg.Cursor, table: str, records: list[list[Any]]) -> None:
+    with cursor.copy(f"COPY {table} FROM STDIN") as copy:
+        for record in records:
+            copy.write_row(record)
 
 
 def _records(rows: Any) -> tuple[list[str], list[list[Any]]]:
