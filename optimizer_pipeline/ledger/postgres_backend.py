@@ -148,11 +148,11 @@ class PostgresBackend:
 
     @contextmanager
     def _pooled(self) -> Iterator[psycopg.Connection]:
+        conn = self._take()
         try:
-            with self._pool.connection() as conn:
-                yield conn
-        except PoolTimeout:
-            raise LedgerBusyError(f"ledger {self.location}: no connection free within the timeout") from None
+            yield conn
+        finally:
+            self._pool.putconn(conn)
 
     @contextmanager
     def connection(self) -> Iterator[_Transaction]:
@@ -277,10 +277,6 @@ def shared_backend(url: str) -> "PostgresBackend":
 class RetryableError(LedgerError):
     """A transaction PostgreSQL aborted for a reason a retry can fix; nothing of it was written."""
 
-    def __init__(self, message: str, connection_lost: bool = False):
-        super().__init__(message)
-        self.connection_lost = connection_lost
-
 
 def _copy(cursor: psycopg.Cursor, table: str, records: list[list[Any]]) -> None:
     with cursor.copy(f"COPY {table} FROM STDIN") as copy:
@@ -326,7 +322,7 @@ def _translated(exc: psycopg.Error, location: str) -> LedgerError:
         return RetryableError(f"ledger {location}: transaction aborted (another open recommendation of the "
                               f"binding was published concurrently)")
     if isinstance(exc, (psycopg.OperationalError, pg_errors.AdminShutdown)):
-        return RetryableError(f"ledger {location}: connection lost ({_reason(exc, '')})", connection_lost=True)
+        return RetryableError(f"ledger {location}: connection lost ({_reason(exc, '')})")
     return LedgerError(f"ledger {location}: {_reason(exc, '')}")
 
 
