@@ -1,7 +1,7 @@
 """The several-hosts ledger backend: PostgreSQL through psycopg 3, with a connection pool.
 
 Chosen by the setting `ledger.url` (`postgresql://user:password@host:port/db`). Transactions run
-at READ COMMITTED; `record_solve` locks the binding's row first (`lock_binding`: SELECT ... FOR
+at READ COMMITTED; `record_solve` and `upsert_binding` lock the binding's row (`lock_binding`: SELECT ... FOR
 UPDATE), and a partial unique index on the open recommendations of a binding is the backstop
 (schema v4). A transaction that PostgreSQL aborts for a serialization failure (40001), a deadlock
 (40P01) or the backstop (23505) is retried from the start, a bounded number of times with
@@ -232,6 +232,18 @@ class PostgresBackend:
     def lock_binding(conn: _Transaction, binding_id: str) -> None:
         """Serialise the writers of one binding (others go on): its row, locked until commit."""
         conn.execute("SELECT 1 FROM bindings WHERE id = ? FOR UPDATE", [binding_id])
+
+    @staticmethod
+    def locked_revision(conn: _Transaction, binding_id: str) -> int | None:
+        """`lock_binding`, then the binding's current revision (None: not in the ledger), both sent in
+        one round trip (a pipeline): the lock is held for less time. Two statements, not one: at READ
+        COMMITTED the read must take its snapshot after the lock was granted, so that it sees a
+        revision committed by the writer the lock waited for."""
+        with conn.conn.pipeline():
+            conn.conn.execute("SELECT 1 FROM bindings WHERE id = %s FOR UPDATE", [binding_id])
+            cursor = conn.conn.execute("SELECT max(revision) FROM binding_revisions WHERE binding_id = %s",
+                                       [binding_id])
+        return cursor.fetchone()[0]
 
     @staticmethod
     def insert_table(conn: _Transaction, table: str, rows: Any, *, skip_existing: bool = False) -> None:

@@ -108,6 +108,9 @@ class Ledger(EvidenceRows):
             return self._upsert_binding(tx, spec)
 
     def _upsert_binding(self, tx: Any, spec: BindingSpec) -> BindingUpsert:
+        # a solve publishing for this binding either commits first (its recommendation is then expired
+        # below) or reads the new revision after this commits (its recommendation is born expired)
+        self.backend.lock_binding(tx, spec.id)
         _, rows = self.backend.fetch(tx, """SELECT revision, spec_hash FROM binding_revisions WHERE binding_id = ?
                                             ORDER BY revision DESC LIMIT 1""", [spec.id])
         row, now = (rows[0] if rows else None), naive_now()
@@ -313,8 +316,9 @@ class Ledger(EvidenceRows):
         """Run (with its end status) + candidates + recommendation (superseding the binding's open
         one) in ONE transaction: nobody ever sees the run `running` or a run without its candidates.
 
-        The binding is locked first (PostgreSQL: its `bindings` row FOR UPDATE; DuckDB: the file
-        lock already serialises writers), then its revision is read again: a recommendation solved
+        Before publishing, the binding is locked (PostgreSQL: its `bindings` row FOR UPDATE, as
+        `upsert_binding` does; DuckDB: the file lock already serialises writers) and its revision
+        read again: a recommendation solved
         for a revision that changed while it was solving is recorded born `expired` (reason: the
         binding changed while solving) and supersedes nothing. So a binding has at most one open
         recommendation, and it is always for the binding's current revision."""
@@ -329,10 +333,7 @@ class Ledger(EvidenceRows):
         return run_id
 
     def _publish(self, tx: Any, rec: Recommendation, evidence_source: str, supersede: bool) -> None:
-        self.backend.lock_binding(tx, rec.binding_id)
-        _, rows = self.backend.fetch(tx, "SELECT max(revision) FROM binding_revisions WHERE binding_id = ?",
-                                     [rec.binding_id])
-        current = rows[0][0]
+        current = self.backend.locked_revision(tx, rec.binding_id)
         if current is not None and current != rec.binding_revision:
             self._insert_recommendation(tx, rec, evidence_source, expired_reason=(
                 f"binding {rec.binding_id} changed to revision {current} while solving revision "
