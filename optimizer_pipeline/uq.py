@@ -29,6 +29,7 @@ from optimizer_pipeline.contracts import (
 )
 from optimizer_pipeline.model.artifact import stack_for
 from optimizer_pipeline.model.arx import Orders, Stacked, rollout_windows, window_rows
+from optimizer_pipeline.model.statespace import disturbance_gain
 from optimizer_pipeline.validation import (
     AT_LEAST_ONE,
     OPEN_UNIT,
@@ -68,10 +69,11 @@ SETTLED_RESIDUAL = "settled_residual"
 SCORE_RULES = {
     MAX_RESIDUAL: "per CV: the largest |measured - predicted| over the h steps of an open-loop rollout from the "
                   "block's measured state, driven by the measured MVs / DVs",
-    SETTLED_RESIDUAL: "per CV: |measured - predicted - bias| at the last of the h steps of an open-loop rollout "
-                      "from the block's measured state, driven by the measured MVs / DVs, with h the model's "
-                      "settling horizon (model.statespace.settling_steps) and bias the mean one-step residual "
-                      "over the P rows before the block (the output bias a steady target is predicted with)",
+    SETTLED_RESIDUAL: "per CV: |measured - predicted| at the last of the h steps of an open-loop rollout "
+                      "from the block's measured state, driven by the measured MVs / DVs and the disturbance "
+                      "bias held (model.statespace), with h the model's settling horizon "
+                      "(model.statespace.settling_steps) and bias the mean one-step residual over the P rows "
+                      "before the block (the disturbance a steady target is predicted with)",
 }
 
 
@@ -121,7 +123,8 @@ def block_scores(artifact: ModelArtifact, runs: Sequence[RunSeries], h: int | No
         with np.errstate(invalid="ignore", over="ignore"):
             residual = np.subtract(measured, predicted, out=predicted)  # in place: ~1e6 samples are timed
             if settled:
-                scores = np.abs(residual[:, -1] - _bias_before(artifact, stacked, orders, rows))
+                held = _bias_before(artifact, stacked, orders, rows) @ disturbance_gain(artifact.state_space, h).T
+                scores = np.abs(residual[:, -1] - held)
             else:
                 scores = _max_over_steps(np.abs(residual, out=residual))
     else:
@@ -134,7 +137,7 @@ def block_scores(artifact: ModelArtifact, runs: Sequence[RunSeries], h: int | No
 
 def _bias_before(artifact: ModelArtifact, stacked: Stacked, orders: Orders, rows: np.ndarray) -> np.ndarray:
     """(m, ny): for each start row k, the mean one-step residual y[r + 1] - predicted over the P rows
-    r = k - P .. k - 1 (all of one run, with a measured state) - the output bias the model's
+    r = k - P .. k - 1 (all of one run, with a measured state) - the disturbance the model's
     `current_state` would give at row k."""
     window = artifact.horizon
     starts, _ = window_rows(stacked, orders.first_state_row, 1, 1)

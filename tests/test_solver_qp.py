@@ -21,9 +21,13 @@ def normalised_controls(problem, candidate):
 
 
 def predict(problem, u):
-    """Normalised CVs (N, ny) of the plan u (N, nu) by rollout (not the QP matrices)."""
+    """Normalised CVs (N, ny) of the plan u (N, nu) by rollout (not the QP matrices), the disturbance
+    bias folded into the model's f by hand (added to the rows C reads, the newest CV of each equation)."""
     d = np.tile(np.asarray(problem.d, float), (1, u.shape[0], 1))
-    return rollout(problem.model, np.asarray(problem.x0)[None], u[None], d)[0] + np.asarray(problem.bias)
+    f = np.asarray(problem.model.f, float).copy()
+    f[:len(problem.cv_tags)] += np.asarray(problem.bias)  # C = [I 0 ...] in the ARX realisation
+    assert np.array_equal(np.asarray(problem.model.C)[:, :len(problem.cv_tags)], np.eye(len(problem.cv_tags)))
+    return rollout(replace(problem.model, f=tuple(f)), np.asarray(problem.x0)[None], u[None], d)[0]
 
 
 def mpc_cost(problem, u, s=None):

@@ -167,9 +167,10 @@ def test_batch_verification_equals_verifying_each_candidate_alone(kw):
 
 # --------------------------------------------------------------------------- pinned by mutation testing (TESTING.md)
 #
-# One MV u, one CV y, one DV d, normalised = engineering units: x' = x / 2 + u + d / 2 + 1/4, y = x + bias
-# (bias 1/8), d = 1, x0 = 0. MPC plan (1, 0): x1 = 1 + 1/2 + 1/4 = 1.75, x2 = 0.875 + 0.75 = 1.625, so
-# y = (1.875, 1.75). Steady target u = 1: y = (u + d / 2 + 1/4) / (1 - 1/2) + bias = 3.625.
+# One MV u, one CV y, one DV d, normalised = engineering units: x' = x / 2 + u + d / 2 + 1/4 + bias, y = x
+# (the disturbance bias 1/8 held in every state update), d = 1, x0 = 0. MPC plan (1, 0):
+# x1 = 1 + 1/2 + 3/8 = 1.875, x2 = 0.9375 + 1/2 + 3/8 = 1.8125, so y = (1.875, 1.8125).
+# Steady target u = 1: y = (u + d / 2 + 1/4 + bias) / (1 - 1/2) = 3.75.
 
 from dataclasses import asdict
 
@@ -194,14 +195,14 @@ def candidate_of(controls, predicted) -> SolveCandidate:
                           predicted=predicted, cost=0.0, constraints={})
 
 
-def test_the_re_simulation_adds_the_dvs_the_offset_and_the_output_bias():
-    checked = verify_candidate(driven_problem(), candidate_of(((1.0,), (0.0,)), ((1.875,), (1.75,))), LOOSE_COST)
+def test_the_re_simulation_adds_the_dvs_the_offset_and_the_held_disturbance():
+    checked = verify_candidate(driven_problem(), candidate_of(((1.0,), (0.0,)), ((1.875,), (1.8125,))), LOOSE_COST)
     assert checked.verify_report["prediction_mismatch"] == 0.0 and checked.verified
 
 
-def test_the_steady_re_simulation_adds_the_dvs_the_offset_and_the_output_bias():
+def test_the_steady_re_simulation_adds_the_dvs_the_offset_and_the_held_disturbance():
     problem = driven_problem(Template.STEADY_RESPONSE)
-    checked = verify_candidate(problem, candidate_of(((1.0,),), ((3.625,),)), LOOSE_COST)
+    checked = verify_candidate(problem, candidate_of(((1.0,),), ((3.75,),)), LOOSE_COST)
     assert checked.verify_report["prediction_mismatch"] == 0.0 and checked.verified
 
 

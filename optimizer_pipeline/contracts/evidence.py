@@ -20,7 +20,8 @@ class BlockScores:
     run_ids (n_blocks,) str and starts (n_blocks,) int: the run and the local row k of the block's
     initial (measured) state; the block covers y[k+1 .. k+h]. scores (n_blocks, n_cv), by `score`
     (optimizer_pipeline.uq.SCORE_RULES): "max_residual", the max over the block of |measured -
-    predicted|, or "settled_residual", |measured - predicted - output bias| at the block's end.
+    predicted|, or "settled_residual", |measured - predicted| at the block's end, the prediction
+    holding the disturbance bias of the rows before the block.
     n_runs counts runs with at least one block.
     """
 

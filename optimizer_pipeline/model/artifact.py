@@ -1,6 +1,6 @@
 """The model artifact of one binding revision: `identify` (structure and ridge chosen by validation
 rollout, model/select.py; multi-step refinement of the free coefficients), quality gates G1..G4, the
-steady-state gain with its conditioning and uncertainty, and the measured state / output bias of a
+steady-state gain with its conditioning and uncertainty, and the measured state / disturbance bias of a
 run for the MPC (`current_state`).
 
 Gate rules (values are worst-CV NRMSE = RMSE / std of the measured CV, normalised units):
@@ -254,11 +254,11 @@ def stack_for(artifact: ModelArtifact, runs: Sequence[RunSeries]) -> Stacked:
 
 
 def current_state(artifact: ModelArtifact, run: RunSeries) -> tuple[np.ndarray, np.ndarray]:
-    """x0 (nx,) at the run's last row from measured data, and the output bias (ny,), normalised.
+    """x0 (nx,) at the run's last row from measured data, and the disturbance bias (ny,), normalised.
 
     bias = mean of (measured - one-step predicted) y over the last W = min(P, available) rows
-    (the MPC adds it to every predicted y: offset-free tracking). ContractError when the run is
-    too short for the state.
+    (the problem holds it in every state update: offset-free tracking, model/statespace.py).
+    ContractError when the run is too short for the state.
     """
     orders = Orders(artifact.na, artifact.nb, artifact.delay)
     return state_and_bias(artifact.state_space, orders, stack_for(artifact, [run]), artifact.horizon)

@@ -267,7 +267,7 @@ def rollout_nrmse(model: ArxModel, stacked: Stacked, h: int, max_windows: int = 
 
 
 def state_and_bias(ss: StateSpace, orders: Orders, stacked_run: Stacked, bias_window: int) -> tuple[np.ndarray, np.ndarray]:
-    """x0 (nx,) at the run's last row and the output bias (ny,), normalised units.
+    """x0 (nx,) at the run's last row and the disturbance bias (ny,), normalised units.
 
     bias = mean of (measured - one-step predicted) y over the last min(bias_window, available)
     rows that have a one-step prediction; zeros when none has one (logged).
@@ -281,7 +281,7 @@ def state_and_bias(ss: StateSpace, orders: Orders, stacked_run: Stacked, bias_wi
     available = n - 1 - first
     window = min(bias_window, available)
     if window <= 0:
-        log.warning("run %s: no row with a one-step prediction; output bias set to 0", stacked_run.run_ids[0])
+        log.warning("run %s: no row with a one-step prediction; disturbance bias set to 0", stacked_run.run_ids[0])
         return x0, np.zeros(stacked_run.y.shape[1])
     rows = np.arange(n - 1 - window, n - 1)
     predicted, measured = rollout_windows(ss, stacked_run, orders, rows, 1)

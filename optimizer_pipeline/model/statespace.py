@@ -1,5 +1,12 @@
-"""State-space arithmetic on the contract StateSpace: batched open-loop rollout, steady state and
-settling horizon.
+"""State-space arithmetic on the contract StateSpace: batched open-loop rollout, steady state,
+the response to a held disturbance and settling horizon.
+
+The disturbance: a constant `e` (ny,) added to the state rows the outputs read (`C' e`: in the ARX
+realisation of model/arx.py, to the equation of y[t+1] at every step) - the live state's mean
+one-step residual, held over the prediction. Held this way, a prediction from a plant at rest
+stays where the plant is measured, whatever the model's gain error, so a receding-horizon
+controller has no steady-state offset (an output bias added to C x instead keeps an offset of
+(1 - sum of the AR coefficients) of the gain error's effect).
 
 This is the one simulation path of the linear model; the QP builders use their own matrices and
 the verifier re-simulates with this module.
@@ -13,13 +20,17 @@ SETTLE_FRACTION = 0.05  # settled: every step response within 5 % of its output'
 MAX_SETTLING_STEPS = 2000  # a model that has not settled by then has no settling horizon
 
 
-def rollout(ss: StateSpace, x0: np.ndarray, u: np.ndarray, d: np.ndarray | None = None) -> np.ndarray:
+def rollout(ss: StateSpace, x0: np.ndarray, u: np.ndarray, d: np.ndarray | None = None,
+            disturbance: np.ndarray | None = None) -> np.ndarray:
     """Open-loop outputs of many start points at once, normalised units.
 
-    x0 (m, nx); u (m, k, nu); d (m, k, nd) or None (zeros). Returns y (m, k, ny) where y[:, j] is
-    the output at the end of step j (u[:, j] held during step j). Loops over the k steps only.
+    x0 (m, nx); u (m, k, nu); d (m, k, nd) or None (zeros); disturbance (ny,) held, or None (the
+    module docstring). Returns y (m, k, ny) where y[:, j] is the output at the end of step j
+    (u[:, j] held during step j). Loops over the k steps only.
     """
     A, B, E, f, C = ss.arrays()
+    if disturbance is not None:
+        f = f + C.T @ np.asarray(disturbance, float)
     x = np.asarray(x0, float)
     u = np.asarray(u, float)
     m, k, _ = u.shape
@@ -49,6 +60,20 @@ def steady_state(ss: StateSpace, rcond: float = 1e-8) -> tuple[np.ndarray, np.nd
     mapped = C @ sol
     nu, nd = B.shape[1], E.shape[1]
     return mapped[:, :nu], mapped[:, nu:nu + nd], mapped[:, nu + nd]
+
+
+def disturbance_gain(ss: StateSpace, steps: int | None = None, rcond: float = 1e-8) -> np.ndarray:
+    """(ny, ny): the outputs' response to a held disturbance (module docstring) of one unit per
+    output, from rest: after `steps` steps (C (I + A + ... + A^(steps-1)) C'), or at steady state
+    (None: C (I - A)^-1 C', least squares with `rcond` as in `steady_state`)."""
+    A, _, _, _, C = ss.arrays()
+    if steps is None:
+        return C @ np.linalg.lstsq(np.eye(A.shape[0]) - A, C.T, rcond=rcond)[0]
+    x, total = C.T, np.zeros_like(C.T)
+    for _ in range(steps):
+        total = total + x
+        x = A @ x
+    return C @ total
 
 
 def settling_steps(ss: StateSpace, fraction: float = SETTLE_FRACTION, cap: int = MAX_SETTLING_STEPS) -> int | None:

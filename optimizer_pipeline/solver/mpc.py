@@ -7,8 +7,8 @@ Everything is in normalised model units. With horizon N, the QP variable is
 and the problem (minimise 1/2 z'Pz + q'z, plus the constant `constant`, subject to l <= A z <= u) is
 
     sum_k sum_j w_j (y_kj - target_j)^2  +  move_weight * sum_k ||du_k||^2  +  slack_weight * sum_kj (s_kj + s_kj^2)
-    x_{k+1} = Ad x_k + Bd u_k + E d + f      (x_0 = current state, d held)
-    y_k     = C x_k + bias                   (output bias held: offset-free tracking)
+    x_{k+1} = Ad x_k + Bd u_k + E d + f + C' bias   (x_0 = current state; d and the disturbance bias held:
+    y_k     = C x_k                                    offset-free tracking, model/statespace.py)
     du_k    = u_k - u_{k-1},  u_{-1} = u_prev
     u_lo <= u_k <= u_hi,  |du_k| <= du_max   (hard)
     lo - s_k <= y_k <= hi + s_k,  s_k >= 0   (soft CV limits, one slack per step and CV)
@@ -87,8 +87,8 @@ def matrices(problem: ProblemIR) -> tuple[sparse.csc_matrix, sparse.csc_matrix]:
         [Ax, Bu, zs],          # dynamics (equality)
         [zx, Iu, zs],          # MV bounds
         [zx, D, zs],           # MV rates
-        [Cx, zu, Is],          # C x + s >= lo - bias
-        [Cx, zu, -Is],         # C x - s <= hi - bias
+        [Cx, zu, Is],          # C x + s >= lo
+        [Cx, zu, -Is],         # C x - s <= hi
         [zx, zu, Is],          # s >= 0
     ], format="csc")
     return P, A
@@ -102,9 +102,9 @@ def vectors(problem: ProblemIR, y_lo: np.ndarray, y_hi: np.ndarray) -> tuple[np.
     x0, u_prev, d = np.asarray(problem.x0), np.asarray(problem.u_prev), np.asarray(problem.d)
     bias, target, w = np.asarray(problem.bias), np.asarray(problem.y_target), np.asarray(problem.y_weight)
     mw, sw = problem.move_weight, problem.slack_weight
-    drive = E @ d + f if E.shape[1] else f
+    drive = (E @ d + f if E.shape[1] else f) + C.T @ bias
 
-    offset = bias - target  # y_k - target = C x_k + offset
+    offset = -target  # y_k - target = C x_k + offset
     e = np.zeros(N * nu)
     e[:nu] = u_prev
     q = np.concatenate([_tile(2 * C.T @ (w * offset), N), -2 * mw * e, np.full(N * ny, sw)])
@@ -121,9 +121,8 @@ def vectors(problem: ProblemIR, y_lo: np.ndarray, y_hi: np.ndarray) -> tuple[np.
 
 
 def _cv_limit_rows(problem: ProblemIR, y_lo: np.ndarray, y_hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The bounds lo - bias (rows "C x + s >= lo - bias") and hi - bias (rows "C x - s <= hi - bias"), (N*ny,) each."""
-    bias = np.asarray(problem.bias)
-    return _tile(y_lo - bias, problem.horizon), _tile(y_hi - bias, problem.horizon)
+    """The bounds lo (rows "C x + s >= lo") and hi (rows "C x - s <= hi"), (N*ny,) each."""
+    return _tile(np.asarray(y_lo, float), problem.horizon), _tile(np.asarray(y_hi, float), problem.horizon)
 
 
 def with_cv_limits(problem: ProblemIR, l: np.ndarray, u: np.ndarray, y_lo: np.ndarray,
@@ -138,13 +137,13 @@ def with_cv_limits(problem: ProblemIR, l: np.ndarray, u: np.ndarray, y_lo: np.nd
 
 
 def plan(problem: ProblemIR, z: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Split z into (u (N, nu), y (N, ny), s (N, ny)), normalised; y = C x + bias."""
+    """Split z into (u (N, nu), y (N, ny), s (N, ny)), normalised; y = C x."""
     _, Bd, _, _, C = _arrays(problem.model)
     N, nx, nu, ny = problem.horizon, C.shape[1], Bd.shape[1], C.shape[0]
     x = z[:N * nx].reshape(N, nx)
     u = z[N * nx:N * (nx + nu)].reshape(N, nu)
     s = z[N * (nx + nu):].reshape(N, ny)
-    return u, x @ C.T + np.asarray(problem.bias), s
+    return u, x @ C.T, s
 
 
 def hold_point(problem: ProblemIR, A: sparse.csc_matrix, l: np.ndarray, y_lo: np.ndarray,
@@ -163,6 +162,6 @@ def hold_point(problem: ProblemIR, A: sparse.csc_matrix, l: np.ndarray, y_lo: np
     Ax_lu, Bu = memo["dynamics"]
     u_hold = _tile(np.asarray(problem.u_prev, float), N)
     x = Ax_lu.solve(l[:N * nx] - Bu @ u_hold)
-    y = x.reshape(N, nx) @ C.T + np.asarray(problem.bias)
+    y = x.reshape(N, nx) @ C.T
     s = np.maximum(0.0, np.maximum(y_lo - y, y - y_hi))
     return np.concatenate([x, u_hold, s.reshape(-1)])

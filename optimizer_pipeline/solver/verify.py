@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from optimizer_pipeline.contracts import CandidateKind, ProblemIR, SolveCandidate, SolveResult, Template
-from optimizer_pipeline.model.statespace import rollout, steady_state
+from optimizer_pipeline.model.statespace import disturbance_gain, rollout, steady_state
 from optimizer_pipeline.problem import robust_limits
 from optimizer_pipeline.solver.steady import STEADY_MOVE_SCALE, move_limit
 
@@ -55,10 +55,10 @@ def _simulate(problem: ProblemIR, u: np.ndarray) -> np.ndarray:
     bias = np.asarray(problem.bias, float)
     if problem.template is Template.STEADY_RESPONSE:
         G, Gd, y0 = steady_state(problem.model)
-        return (u[:, :1] @ G.T + Gd @ d + y0 + bias)
+        return (u[:, :1] @ G.T + Gd @ d + y0 + disturbance_gain(problem.model) @ bias)
     m, rows = u.shape[:2]
     x0 = np.tile(np.asarray(problem.x0, float), (m, 1))
-    return rollout(problem.model, x0, u, np.tile(d, (m, rows, 1))) + bias
+    return rollout(problem.model, x0, u, np.tile(d, (m, rows, 1)), disturbance=bias)
 
 
 def _rows(problem: ProblemIR) -> int:
