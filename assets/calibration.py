@@ -9,6 +9,7 @@ from dagster import MetadataValue, TableColumn, TableRecord, TableSchema
 from optimizer_pipeline import pipeline, plots, uq
 from optimizer_pipeline.assets.batch import BindingInputs, Check, StageEnv, StageResult
 from optimizer_pipeline.contracts import HistorySplit, ModelArtifact, Scores, utc_now
+from optimizer_pipeline.model.step_response import step_response_table
 
 GATE_CHECKS = ("G1", "G2", "G3", "G4")
 
@@ -31,6 +32,13 @@ def fit_plot(figures: plots.FigureQueue, artifact: ModelArtifact, split: History
     title = f"{artifact.binding_id} r{artifact.binding_revision}: model vs test run {run.run_id}"
     return figures.add("measured vs rolled-out prediction", plots.model_fit_figure,
                        plots.model_fit_series(artifact, run), title)
+
+
+def step_response_plot(figures: plots.FigureQueue, artifact: ModelArtifact) -> Callable[[], str]:
+    """Markdown (when called): the step-response matrix, each response with its ±2 standard-error band
+    (`identify` records it in every artifact it makes)."""
+    title = f"{artifact.binding_id} r{artifact.binding_revision}: step responses (unit steps, engineering units)"
+    return figures.add("step-response matrix", plots.step_response_figure, dict(artifact.step_response), title)
 
 
 def coverage_rows(evidence: uq.UQEvidence, artifact: ModelArtifact) -> list[dict]:
@@ -69,9 +77,13 @@ def plant_history(env: StageEnv, inputs: BindingInputs) -> StageResult:
     })
 
 
-def _artifact_metadata(artifact: ModelArtifact, plot: Callable[[], str]) -> dict:
+def _artifact_metadata(artifact: ModelArtifact, plot: Callable[[], str], step_plot: Callable[[], str]) -> dict:
     return {
         "plot": plot,
+        # per (CV, input): the unit step response with its jackknife band, gain, dead time, settling time;
+        # the MV gain matrix's condition number and RGA (model/step_response.py)
+        "step_response_plot": step_plot,
+        "step_response": MetadataValue.md(step_response_table(artifact.step_response)),
         "artifact_hash": artifact.artifact_hash, "training_data_hash": artifact.training_data_hash,
         "binding_revision": artifact.binding_revision,
         "orders": f"na={artifact.na} nb={artifact.nb} delay={artifact.delay} P={artifact.horizon}",
@@ -112,7 +124,8 @@ def model_artifact(env: StageEnv, inputs: BindingInputs) -> StageResult:
     """Identify the model on the train runs (stored by content hash) with its gates as checks."""
     split = inputs.split()
     artifact = pipeline.identify_model(env.ledger, inputs.stored, split)
-    return StageResult(artifact, _artifact_metadata(artifact, fit_plot(env.figures, artifact, split)),
+    return StageResult(artifact, _artifact_metadata(artifact, fit_plot(env.figures, artifact, split),
+                                                    step_response_plot(env.figures, artifact)),
                        tuple(_gate_checks(artifact)))
 
 

@@ -35,7 +35,7 @@ from optimizer_pipeline.ledger import Ledger, StoredBinding  # noqa: E402
 from optimizer_pipeline.model import identify  # noqa: E402
 from optimizer_pipeline.model.arx import Orders, stack_runs  # noqa: E402
 from optimizer_pipeline.model.fit import RidgeProblem, Structure  # noqa: E402
-from optimizer_pipeline.model.artifact import (artifact_from_model, jackknife_gains, quality_gates,  # noqa: E402
+from optimizer_pipeline.model.artifact import (artifact_from_model, jackknife_models, quality_gates,  # noqa: E402
                                                steady_gain_record)
 from optimizer_pipeline.plants import demo_plants  # noqa: E402
 from optimizer_pipeline.settings import Settings  # noqa: E402
@@ -86,8 +86,8 @@ def reference_artifact(plant, split):
     structure = Structure.common(orders, len(spec.cvs), len(spec.mvs) + len(spec.dvs))
     return artifact_from_model(model, spec, 1, split.normalisation, gates=gates, training_data_hash=split.data_hash,
                                selection={"reference": "one-step least-squares ARX with given orders"},
-                               steady_gain=steady_gain_record(model, jackknife_gains(problem, structure,
-                                                                                     REFERENCE_RIDGE)))
+                               steady_gain=steady_gain_record(model, jackknife_models(problem, structure,
+                                                                                      REFERENCE_RIDGE)))
 
 
 def judge(plant, history, split, artifact, ledger: Ledger, cache: SolverCache) -> dict:

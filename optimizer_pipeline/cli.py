@@ -1,5 +1,5 @@
 """The `optimizer-pipeline` command line (docs/ARCHITECTURE.md, "Interfaces"): demo, ingest, materialize,
-recommendation, outcome, ledger, ui. Bad input: one specific line on stderr, exit code 2,
+recommendation, model, outcome, ledger, ui. Bad input: one specific line on stderr, exit code 2,
 nothing partial written. Dagster is imported only by the commands that run it.
 """
 
@@ -184,6 +184,30 @@ def cmd_recommendation(args: argparse.Namespace, home: Path) -> int:
         print(json.dumps(doc, indent=2))
     else:
         print(_describe(doc))
+    return 0
+
+
+def cmd_model(args: argparse.Namespace, home: Path) -> int:
+    from optimizer_pipeline.model.step_response import step_response_table
+
+    ledger = _existing_ledger(home)
+    stored = ledger.get_binding(args.binding_id)
+    artifact = ledger.latest_artifact(args.binding_id, stored.revision)
+    if artifact is None:
+        raise UserError(f"binding {args.binding_id!r} revision {stored.revision} has no model yet; run "
+                        f"`optimizer-pipeline materialize {args.binding_id}`")
+    if artifact.step_response is None:
+        raise UserError(f"binding {args.binding_id!r}: model artifact {artifact.artifact_hash[:12]} was identified "
+                        f"before step-response matrices were recorded; run "
+                        f"`optimizer-pipeline materialize {args.binding_id} --job recalibrate`")
+    doc = {"binding_id": artifact.binding_id, "binding_revision": artifact.binding_revision,
+           "artifact_hash": artifact.artifact_hash, "step_response": dict(artifact.step_response)}
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        print(f"binding {artifact.binding_id}@r{artifact.binding_revision}  model artifact "
+              f"{artifact.artifact_hash[:12]}: step-response matrix (unit steps, engineering units)\n")
+        print(step_response_table(artifact.step_response))
     return 0
 
 
@@ -414,6 +438,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("binding_id")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_recommendation)
+
+    p = sub.add_parser("model", help="the step-response matrix of a binding's latest model: gain, dead time and "
+                                     "settling time per CV and input, condition number and RGA")
+    p.add_argument("binding_id")
+    p.add_argument("--json", action="store_true", help="the JSON record, responses and their standard errors included")
+    p.set_defaults(func=cmd_model)
 
     p = sub.add_parser("outcome", help="record what the plant did after applying a recommendation; prints the verdict",
                        description="Record that a recommendation was applied and what the plant did; prints the "

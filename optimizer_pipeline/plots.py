@@ -17,7 +17,7 @@ import logging
 import multiprocessing
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -36,6 +36,7 @@ PANEL_HEIGHT_IN = 1.7
 HISTORY_HORIZONS = 3  # the recommendation plot shows the last 3 * P samples of the live run
 MODEL_FIT_BLOCKS = 12  # P-step blocks shown on the test run (longer runs are cut for readability)
 PNG_DATA_URI_PREFIX = "data:image/png;base64,"
+MARGINS_IN = (0.45, 0.5, 0.75, 0.15)  # top, bottom, left, right of every figure
 # A step drawing at least this many figures draws them in background processes: measured ~0.35 s of
 # matplotlib per binding (3 figures) against ~1 s to start a process. Two processes, because the
 # step mostly waits for its figures at its end (its own work per binding is shorter than theirs),
@@ -138,7 +139,7 @@ class FigureQueue:
 def _figure(n_panels: int, title: str, gap: float = 0.25) -> tuple[Figure, list]:
     """A column of panels with fixed margins (inches): measured, constrained layout doubled the
     render time, and these figures all have the same structure."""
-    top, bottom, left, right = 0.45, 0.5, 0.75, 0.15
+    top, bottom, left, right = MARGINS_IN
     height = top + bottom + PANEL_HEIGHT_IN * n_panels + gap * (n_panels - 1)
     fig = Figure(figsize=(WIDTH_IN, height), dpi=DPI)
     axes = fig.subplots(n_panels, 1, sharex=True, squeeze=False)[:, 0].tolist()
@@ -392,6 +393,54 @@ def draw_model_fit(s: FitSeries, title: str) -> Figure:
 def model_fit_figure(s: FitSeries, title: str) -> bytes:
     """PNG bytes of `draw_model_fit`."""
     return png_bytes(draw_model_fit(s, title))
+
+
+# --------------------------------------------------------------------------- step-response matrix
+
+
+def draw_step_response(record: Mapping[str, Any], title: str) -> Figure:
+    """The step-response matrix (model/step_response.py record, engineering units): one panel per
+    (CV, input), rows the CVs, columns the MVs then the DVs; each the unit step response from time 0
+    with its ±2 standard-error band shaded (when the record has one) and the gain dotted; gain ± se,
+    dead time and settling time in the panel title."""
+    cvs, inputs = record["cv_tags"], record["input_tags"]
+    period, steps = record["sample_period_s"], record["steps"]
+    scale, unit = _time_unit(period * steps)
+    t = period * np.arange(steps + 1) / scale  # response[k] at the end of step k; 0 at the step
+    width_in = max(WIDTH_IN, 2.4 * len(inputs))
+    (top, bottom, left, right), gap = MARGINS_IN, 0.5
+    height = top + bottom + PANEL_HEIGHT_IN * len(cvs) + gap * (len(cvs) - 1)
+    fig = Figure(figsize=(width_in, height), dpi=DPI)
+    grid = fig.subplots(len(cvs), len(inputs), sharex=True, squeeze=False)
+    fig.subplots_adjust(left=left / width_in, right=1 - right / width_in, bottom=bottom / height,
+                        top=1 - top / height, hspace=gap / PANEL_HEIGHT_IN, wspace=0.35)
+    fig.suptitle(title, fontsize=10)
+    for pair, ax in zip(record["pairs"], grid.ravel()):
+        response = np.concatenate([[0.0], pair["response"]])
+        ax.plot(t, response, color=PREDICTED, lw=1.4, label="step response")
+        if pair["response_se"] is not None:
+            se = np.concatenate([[0.0], pair["response_se"]])
+            ax.fill_between(t, response - 2 * se, response + 2 * se, color=PREDICTED, alpha=0.25, lw=0,
+                            label="±2 standard errors")
+        ax.axhline(pair["gain"], color="black", ls=":", lw=1, label="gain")
+        gain = f"K {pair['gain']:.3g}" + ("" if pair["gain_se"] is None else f"±{pair['gain_se']:.2g}")
+        dead = "-" if pair["dead_time_s"] is None else f"{pair['dead_time_s'] / scale:.3g}"
+        settle = "-" if pair["settling_s"] is None else f"{pair['settling_s'] / scale:.3g}"
+        source = pair["input"] + (" (DV)" if pair["kind"] == "dv" else "")
+        ax.set_title(f"{pair['cv']} / {source}: {gain}, θ {dead}, T95 {settle} {unit}", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(True, alpha=0.3)
+    for i, cv in enumerate(cvs):
+        grid[i, 0].set_ylabel(f"CV {cv}", fontsize=8)
+    for ax in grid[-1]:
+        ax.set_xlabel(f"time after the step [{unit}]", fontsize=8)
+    grid[0, 0].legend(fontsize=7, loc="lower right", framealpha=0.6)
+    return fig
+
+
+def step_response_figure(record: Mapping[str, Any], title: str) -> bytes:
+    """PNG bytes of `draw_step_response`."""
+    return png_bytes(draw_step_response(record, title))
 
 
 # --------------------------------------------------------------------------- outcomes

@@ -129,7 +129,7 @@ def block_scores(artifact: ModelArtifact, runs: Sequence[RunSeries], h: int | No
                 scores = _max_over_steps(np.abs(residual, out=residual))
     else:
         scores = np.empty((0, ny))
-    run_ids = np.asarray(stacked.run_ids, dtype=object)[which] if rows.size else np.empty(0, dtype=object)
+    run_ids = np.asarray(stacked.run_ids, dtype=object)[which]  # which is an int array, empty without blocks
     return BlockScores(cv_tags=tuple(artifact.cv_tags), h=h, run_ids=run_ids,
                        starts=rows - stacked.offsets[which], scores=scores,
                        n_unique_steps=int(rows.size * h), n_runs=int(np.unique(which).size), score=score)
@@ -154,7 +154,7 @@ def _bias_before(artifact: ModelArtifact, stacked: Stacked, orders: Orders, rows
 def _alpha(alpha: Any) -> Fraction:
     """alpha as an exact fraction of its decimal text (0.1 -> 1/10, not the binary float)."""
     try:
-        exact = Fraction(str(alpha)) if not isinstance(alpha, Fraction) else alpha
+        exact = Fraction(str(alpha))  # a Fraction round-trips through its text
     except (ValueError, ZeroDivisionError):
         refuse("uq", expectation("a number", OPEN_UNIT), alpha, name="alpha", error=UQInputError)
     if exact not in OPEN_UNIT:
@@ -191,7 +191,7 @@ def exchangeability_p(val: np.ndarray, test: np.ndarray, k: int) -> float:
     reference = np.sort(val, axis=0)[k - 1]
     exceed = np.sum(test > reference, axis=0)
     law = stats.betabinom(m, n + 1 - k, k)
-    p = np.minimum(1.0, 2.0 * np.minimum(law.cdf(exceed), law.sf(exceed - 1)))
+    p = 2.0 * np.minimum(law.cdf(exceed), law.sf(exceed - 1))  # capped at 1 once, after Bonferroni
     return float(min(1.0, val.shape[1] * np.min(p)))
 
 

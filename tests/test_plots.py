@@ -255,3 +255,40 @@ def test_calibration_shows_coverage_against_threshold_per_cv(materialized):
     assert [r["coverage"] for r in rows] == evidence["coverage_per_cv"]
     assert all(r["meets_threshold"] == (r["coverage"] >= evidence["coverage_threshold"]) for r in rows)
     assert metadata["status"].value == "passes the UQ gate"
+
+
+def test_step_response_figure_has_a_panel_per_cv_and_input_with_its_two_se_band():
+    from test_step_response import HAND_SPEC, hand_built
+
+    from optimizer_pipeline.model.step_response import step_response_record
+
+    ss, replicates, norm = hand_built()
+    record = step_response_record(ss, replicates, HAND_SPEC, norm)
+    axes = plots.draw_step_response(record, "t").axes
+    assert [ax.get_title() for ax in axes] == [
+        "y1 / u: K 1±0.12, θ 10, T95 60 s", "y1 / d (DV): K 4±0, θ 0, T95 140 s",
+        "y2 / u: K 2±0.23, θ 10, T95 60 s", "y2 / d (DV): K 0±0, θ -, T95 10 s"]
+    pair = record["pairs"][2]
+    response = lines(axes[2], "step response")[0]
+    np.testing.assert_allclose(response.get_xdata(), 10.0 * np.arange(23))  # 0 at the step, then each step's end
+    np.testing.assert_allclose(response.get_ydata(), [0.0, *pair["response"]])
+    band = next(c for c in axes[2].collections if isinstance(c, PolyCollection)).get_paths()[0].vertices
+    upper = np.asarray(pair["response"]) + 2 * np.asarray(pair["response_se"])
+    assert band[:, 1].max() == pytest.approx(upper.max())
+    assert [line.get_ydata()[0] for line in lines(axes[2], "gain")] == [pytest.approx(2.0)]
+    assert decode(plots.step_response_figure(record, "t")).shape[:2] == (round((0.95 + 2 * 1.7 + 0.5) * plots.DPI),
+                                                                           round(plots.WIDTH_IN * plots.DPI))
+
+
+def test_model_artifact_materialization_shows_the_step_response_matrix_and_its_table(materialized):
+    metadata = metadata_of(materialized, "model_artifact")
+    match = DATA_URI_IMAGE.fullmatch(metadata["step_response_plot"].value)
+    assert match is not None and match.group(1) == "step-response matrix"
+    assert decode(base64.b64decode(match.group(2))).shape[:2] == (round((0.95 + 2 * 1.7 + 0.5) * plots.DPI),
+                                                                  round(plots.WIDTH_IN * plots.DPI))  # 2 CVs x 2 MVs
+    table = metadata["step_response"].value
+    for cv in ("y1", "y2"):
+        for mv in ("v1", "v2"):
+            assert f"| {cv} | {mv} (MV) | " in table
+    assert "Condition number of the MV gain matrix (engineering units): " in table
+    assert "Relative gain array, G .* inv(G)^T:" in table

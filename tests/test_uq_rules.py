@@ -1,6 +1,7 @@
 """docs/ARCHITECTURE.md, "UQ evidence rules" as a rule table: one test per branch and boundary."""
 
 import math
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 import numpy as np
@@ -9,10 +10,10 @@ from model_helpers import binding
 
 from optimizer_pipeline.contracts import Normalisation, canonical_json
 from optimizer_pipeline.model import ArxModel, Orders, artifact_from_model
-from optimizer_pipeline.uq import (EMPIRICAL_MAX, SPLIT_CONFORMAL, BlockScores, UQEvidence, UQInputError,
-                                   band_engineering, clopper_pearson_lower, compute_block_uq, conformal_rank,
-                                   coverage_threshold, exchangeability_p, gate_failures, gate_passes,
-                                   input_distance, is_fresh)
+from optimizer_pipeline.uq import (EMPIRICAL_MAX, EXCHANGEABILITY_TEST, SPLIT_CONFORMAL, BlockScores, UQEvidence,
+                                   UQInputError, band_engineering, clopper_pearson_lower, compute_block_uq,
+                                   conformal_rank, coverage_threshold, exchangeability_p, gate_checks, gate_failures,
+                                   gate_passes, input_distance, is_fresh)
 
 
 def blocks(values, n_runs: int, h: int = 10, n_unique: int | None = None, tags=("y0",)) -> BlockScores:
@@ -357,3 +358,134 @@ def test_block_scores_without_blocks_keep_their_cvs_and_have_no_run_ids():
 
     scores = block_scores(artifact_with(), [])
     assert scores.cv_tags == ("y0",) and scores.run_ids.shape == (0,) and scores.run_ids.dtype == object
+
+
+# ---------------------------------------------------------------- the texts and fields a reader sees (mutation kills)
+
+
+def test_the_seed_gate_as_conditions_with_values_limits_and_reasons():
+    evidence = replace(compute_block_uq(VAL9, good_test()), coverage=0.123456, coverage_threshold=0.8)
+    table = [(c.name, c.value, c.limit, c.holds, c.reason) for c in gate_checks(evidence)]  # default gate: seed
+    assert table == [
+        ("UQ evidence", "split_conformal", "split_conformal or empirical_max", True, ""),
+        ("test coverage (worst CV)", "0.1235", ">= 0.8", False, "test coverage 0.123 < threshold 0.800")]
+
+
+def test_the_strict_gate_adds_the_lower_bound_and_the_exchangeability_conditions():
+    evidence = replace(compute_block_uq(VAL9, good_test()), coverage=0.85, coverage_threshold=0.8,
+                       coverage_lower_95=0.79, exchangeability_p=0.0099)
+    table = [(c.name, c.value, c.limit, c.holds, c.reason) for c in gate_checks(evidence, "strict")]
+    assert table == [
+        ("UQ evidence", "split_conformal", "split_conformal or empirical_max", True, ""),
+        ("test coverage (worst CV)", "0.85", ">= 0.8", True, "test coverage 0.850 < threshold 0.800"),
+        ("coverage 95% lower bound", "0.79", ">= 0.8", False, "coverage 95% lower bound 0.790 < 0.8"),
+        ("val/test exchangeability p", "0.0099", ">= 0.01", False, "val/test exchangeability p = 0.0099 < 0.01")]
+
+
+def test_without_evidence_the_gate_is_one_failed_condition_listing_every_reason():
+    evidence = compute_block_uq(blocks([1.0], n_runs=1), blocks(np.zeros(20), n_runs=1))
+    why = ("1 val block(s) of 10 steps; at least 2 are needed (9 from >= 2 runs for split conformal); "
+           "1 test run(s) with a block; at least 2 are needed")
+    for gate in ("seed", "strict"):
+        assert [(c.name, c.value, c.limit, c.holds, c.reason) for c in gate_checks(evidence, gate)] == [
+            ("UQ evidence", "none: " + why, "split_conformal or empirical_max", False, "no UQ evidence: " + why)]
+
+
+def test_an_unknown_gate_setting_is_refused_naming_the_setting_and_the_known_ones():
+    with pytest.raises(UQInputError) as refused:
+        gate_checks(compute_block_uq(VAL9, good_test()), "lenient")
+    assert str(refused.value) == "uq gate: unknown setting 'lenient' (known: seed, strict)"
+
+
+@pytest.mark.parametrize("alpha, message", [
+    ("ten percent", "uq: alpha must be a number in (0, 1), got 'ten percent'"),
+    (1.5, "uq: alpha must be in (0, 1), got 1.5"),
+])
+def test_a_bad_alpha_is_refused_with_the_rule(alpha, message):
+    with pytest.raises(UQInputError) as refused:
+        conformal_rank(9, alpha)
+    assert str(refused.value) == message
+
+
+def test_an_exact_fraction_alpha_is_taken_as_it_is():
+    from fractions import Fraction
+
+    assert conformal_rank(9, Fraction(3, 10)) == 7 and conformal_rank(19, Fraction(1, 20)) == 19
+
+
+def test_evidence_without_a_method_records_what_it_was_computed_from_and_why_not():
+    evidence = compute_block_uq(blocks([1.0], n_runs=1), good_test(), alpha=0.2, calibrated_at="2026-12-01T00:00:00Z")
+    doc = evidence.to_dict()
+    assert {k: doc[k] for k in ("method", "rank_k", "alpha", "block_length", "cv_tags", "n_val_blocks", "n_val_runs",
+                                "n_test_blocks", "n_test_runs", "n_unique_test_steps", "calibrated_at")} == {
+        "method": None, "rank_k": None, "alpha": 0.2, "block_length": 10, "cv_tags": ["y0"], "n_val_blocks": 1,
+        "n_val_runs": 1, "n_test_blocks": 20, "n_test_runs": 2, "n_unique_test_steps": 200,
+        "calibrated_at": "2026-12-01T00:00:00Z"}
+    assert doc["exchangeability_test"] == EXCHANGEABILITY_TEST
+    assert evidence.reasons == ("1 val block(s) of 10 steps; at least 2 are needed (9 from >= 2 runs for split "
+                                "conformal)",)
+
+
+def test_evidence_with_a_method_records_what_it_was_computed_from():
+    evidence = compute_block_uq(blocks(np.arange(1.0, 4.0), n_runs=2, h=12), blocks(np.zeros(15), n_runs=3, h=12),
+                                alpha=0.25, calibrated_at="2026-11-30T12:00:00Z")
+    assert (evidence.method, evidence.rank_k, evidence.alpha, evidence.block_length, evidence.cv_tags) == (
+        EMPIRICAL_MAX, None, 0.25, 12, ("y0",))
+    assert (evidence.n_val_blocks, evidence.n_val_runs, evidence.n_test_blocks, evidence.n_test_runs,
+            evidence.n_unique_test_steps) == (3, 2, 15, 3, 180)
+    assert (evidence.calibrated_at, evidence.reasons, evidence.exchangeability_test) == (
+        "2026-11-30T12:00:00Z", (), EXCHANGEABILITY_TEST)
+
+
+def test_non_finite_val_scores_of_two_cvs_are_both_named():
+    values = np.ones((12, 3))
+    values[0, 0], values[5, 2] = np.nan, -np.inf
+    tags = ("flow", "level", "temp")
+    evidence = compute_block_uq(blocks(values, n_runs=2, tags=tags), blocks(np.zeros((20, 3)), n_runs=2, tags=tags))
+    assert evidence.reasons == ("non-finite val score for CV flow, temp",)
+
+
+def test_no_evidence_is_logged_with_every_reason(caplog):
+    with caplog.at_level("INFO", logger="optimizer_pipeline.uq"):
+        compute_block_uq(VAL9, blocks(np.zeros(20), n_runs=1, n_unique=100))
+    assert caplog.messages == ["no UQ evidence: 100 unique test steps; at least 120 are needed; "
+                               "1 test run(s) with a block; at least 2 are needed"]
+
+
+def test_exchangeability_p_takes_each_cvs_own_reference_and_count():
+    # CV a: val 101..109, k = n = 9: reference 109; 60 test blocks at 50: X = 0, P(X <= 0) = n / (n + m) = 9 / 69
+    # CV b: val 1..9: reference 9; one of 60 test blocks above it: X = 1, P(X = 1) = m n / ((n + m)(n + m - 1)),
+    #   P(X <= 1) = 9 / 69 + 540 / 4692 = 1152 / 4692; P(X >= 1) = 60 / 69
+    # p = (2 x 9 / 69, 2 x 1152 / 4692); Bonferroni: 2 x min = 36 / 69
+    val = np.column_stack([np.arange(101.0, 110.0), np.arange(1.0, 10.0)])
+    test = np.column_stack([np.full(60, 50.0), np.r_[np.zeros(59), 10.0]])
+    assert exchangeability_p(val, test, k=9) == pytest.approx(36 / 69, rel=1e-9)
+
+
+def test_input_distance_of_a_non_numeric_cv_value_is_none():
+    artifact = artifact_with()
+    assert input_distance(artifact, [0.0], ["high"]) is None
+    assert input_distance(artifact, ["high"], [0.0]) is None
+
+
+def test_naive_datetimes_are_utc_and_aware_ones_keep_their_offset():
+    utc_plus_2 = timezone(timedelta(hours=2))
+    assert is_fresh(datetime(2026, 3, 1), datetime(2026, 3, 2, tzinfo=timezone.utc), fresh_days=1)
+    assert is_fresh(datetime(2026, 3, 1, tzinfo=timezone.utc), datetime(2026, 3, 2), fresh_days=1)
+    # 00:00 at +02:00 is 22:00 UTC the day before: 25 h before 23:00 UTC
+    assert not is_fresh(datetime(2026, 3, 1, tzinfo=utc_plus_2), datetime(2026, 3, 1, 23, tzinfo=timezone.utc),
+                        fresh_days=1)
+    assert is_fresh(datetime(2026, 3, 1, 1, tzinfo=utc_plus_2), datetime(2026, 3, 1, 23, tzinfo=timezone.utc),
+                    fresh_days=1)
+
+
+@pytest.mark.parametrize("calibrated_at, now, message", [
+    ("last tuesday", "2026-03-02T00:00:00Z", "calibrated_at: expected an ISO 8601 timestamp, got 'last tuesday'"),
+    ("2026-03-01T00:00:00Z", "soon", "now: expected an ISO 8601 timestamp, got 'soon'"),
+    (5, "2026-03-02T00:00:00Z", "calibrated_at: expected a datetime or ISO 8601 text, got 5"),
+    ("2026-03-01T00:00:00Z", 1.5, "now: expected a datetime or ISO 8601 text, got 1.5"),
+])
+def test_a_bad_timestamp_is_refused_naming_the_field(calibrated_at, now, message):
+    with pytest.raises(UQInputError) as refused:
+        is_fresh(calibrated_at, now)
+    assert str(refused.value) == message

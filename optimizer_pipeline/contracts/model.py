@@ -95,13 +95,19 @@ class ModelArtifact:
     # steady-state MV gain G (normalised units): gain, singular_values, condition, ill_conditioned and
     # uncertainty (method, replicates, cov per CV row, std) or None (model.artifact.steady_gain_record)
     steady_gain: Mapping[str, Any] = field(default_factory=dict)
+    # the step-response matrix in engineering units (model.step_response.step_response_record); None
+    # for an artifact identified before it was recorded, whose JSON and hash then stay as they were
+    step_response: Mapping[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return json.loads(canonical_json(self))
+        doc = json.loads(canonical_json(self))
+        if self.step_response is None:
+            del doc["step_response"]
+        return doc
 
     @property
     def artifact_hash(self) -> str:
-        return content_hash(self)
+        return content_hash(self if self.step_response is not None else self.to_dict())
 
     @property
     def gates_passed(self) -> bool:
@@ -121,5 +127,5 @@ class ModelArtifact:
             gates=tuple(Gate(**g) for g in doc["gates"]),
             splits={k: tuple(v) for k, v in doc["splits"].items()},
             training_data_hash=doc["training_data_hash"], selection=doc.get("selection", {}),
-            steady_gain=doc.get("steady_gain", {}),
+            steady_gain=doc.get("steady_gain", {}), step_response=doc.get("step_response"),
         )

@@ -4,7 +4,7 @@ Public entry points: `identify(split, binding, revision) -> ModelArtifact`, `cur
 run) -> (x0, bias)`, `arx_of(artifact)`, `stack_for(artifact, runs)`; arrays-level tools in
 `model.arx`, the regression by structure and the multi-step refinement in `model.fit`, the choice of
 structure (one delay, or a delay per channel) in `model.select`, simulation and settling horizon in
-`model.statespace`.
+`model.statespace`, the step-response matrix an artifact records in `model.step_response`.
 
 The identification names are imported on first use (PEP 562): the solver worker imports
 `model.statespace` and must not pay for scipy.optimize at start.

@@ -1,7 +1,7 @@
 """The model artifact of one binding revision: `identify` (structure and ridge chosen by validation
 rollout, model/select.py; multi-step refinement of the free coefficients), quality gates G1..G4, the
-steady-state gain with its conditioning and uncertainty, and the measured state / disturbance bias of a
-run for the MPC (`current_state`).
+steady-state gain with its conditioning and uncertainty, the step-response matrix (model/step_response.py)
+and the measured state / disturbance bias of a run for the MPC (`current_state`).
 
 Gate rules (values are worst-CV NRMSE = RMSE / std of the measured CV, normalised units):
   G1 one-step NRMSE on the test runs        <= G1_MAX
@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from optimizer_pipeline.contracts import (BindingSpec, ContractError, Gate, HistorySplit, ModelArtifact, Normalisation,
-                                          RunSeries)
+                                          RunSeries, StateSpace)
 from optimizer_pipeline.model.arx import (ArxModel, Orders, Stacked, nrmse, rollout_nrmse, rollout_windows, stack_runs,
                                           state_and_bias, stride_for, window_rows)
 from optimizer_pipeline.model.fit import RidgeProblem, Structure, free_mask, refine_multistep
@@ -26,6 +26,7 @@ from optimizer_pipeline.model.select import (FIR_NA, MAX_CHANNEL_DELAY, ORDER_ST
                                              RIDGE_STAGE_ORDERS, SELECTION_WINDOWS, Selector, best, candidates,
                                              finite_or_none, per_channel, window_lag)
 from optimizer_pipeline.model.statespace import settling_steps, steady_state
+from optimizer_pipeline.model.step_response import gain_condition, jackknife_deviations, step_response_record
 
 log = logging.getLogger(__name__)
 
@@ -42,33 +43,32 @@ GAIN_JACKKNIFE = ("jackknife over the train runs: the chosen structure refitted 
                   "per CV over its MV gains g, normalised units")
 
 
-def steady_gain_record(model: ArxModel, replicates: Sequence[np.ndarray] = ()) -> dict[str, Any]:
+def steady_gain_record(model: ArxModel, replicates: Sequence[StateSpace] = ()) -> dict[str, Any]:
     """Steady-state gain G (ny, nu) of the MVs (normalised units), its singular values, condition
-    number and, from K >= 2 jackknife `replicates` (K gain matrices), its uncertainty: per CV the
-    covariance of its row of G (ny, nu, nu) and the standard errors (ny, nu).
+    number and, from K >= 2 jackknife `replicates` (the refitted models' realisations), its
+    uncertainty: per CV the covariance of its row of G (ny, nu, nu) and the standard errors (ny, nu).
 
     condition None = singular; `ill_conditioned` flags condition > GAIN_CONDITION_WARN (the steady
     targets along the weak direction are then unreliable). uncertainty None: fewer than 2 replicates.
     """
     gain = steady_state(model.realise())[0]
-    sv = np.linalg.svd(gain, compute_uv=False)
-    condition = float(sv[0] / sv[-1]) if sv.size and sv[-1] > 0 else None
+    condition = gain_condition(gain)
     uncertainty = None
     if len(replicates) >= 2:
-        k = len(replicates)
-        spread = np.asarray(replicates) - np.mean(replicates, axis=0)  # (K, ny, nu)
-        cov = (k - 1) / k * np.einsum("kia,kib->iab", spread, spread)
-        uncertainty = {"method": GAIN_JACKKNIFE, "replicates": k, "cov": cov.tolist(),
+        spread = jackknife_deviations([steady_state(r)[0] for r in replicates])  # (K, ny, nu)
+        cov = np.einsum("kia,kib->iab", spread, spread)
+        uncertainty = {"method": GAIN_JACKKNIFE, "replicates": len(replicates), "cov": cov.tolist(),
                        "std": np.sqrt(np.einsum("iaa->ia", cov)).tolist()}
-    return {"gain": gain.tolist(), "singular_values": sv.tolist(), "condition": condition,
-            "ill_conditioned": condition is None or condition > GAIN_CONDITION_WARN, "uncertainty": uncertainty}
+    return {"gain": gain.tolist(), "singular_values": np.linalg.svd(gain, compute_uv=False).tolist(),
+            "condition": condition, "ill_conditioned": condition is None or condition > GAIN_CONDITION_WARN,
+            "uncertainty": uncertainty}
 
 
-def jackknife_gains(problem: RidgeProblem, structure: Structure, ridge: float) -> list[np.ndarray]:
-    """The steady-state MV gain of `structure` fitted without each train run in turn ([] with < 2 runs)."""
+def jackknife_models(problem: RidgeProblem, structure: Structure, ridge: float) -> list[StateSpace]:
+    """`structure` fitted without each train run in turn, realised ([] with < 2 runs)."""
     if problem.n_runs < 2:
         return []
-    return [steady_state(problem.fit(structure, ridge, without=r).realise())[0] for r in range(problem.n_runs)]
+    return [problem.fit(structure, ridge, without=r).realise() for r in range(problem.n_runs)]
 
 
 def _worst(values: np.ndarray) -> float | None:
@@ -136,7 +136,8 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
     delay unset, a delay per channel) and the ridge are chosen by the val P-step rollout NRMSE (train
     rollouts when there are no val runs, recorded). The chosen model's free coefficients are then
     refined for the P-step simulation error and kept only when the val score improves and stability
-    is not lost. The steady-state gain is recorded with its jackknife uncertainty over the train runs.
+    is not lost. The steady-state gain and the step-response matrix are recorded with their jackknife
+    uncertainty over the train runs (one set of replicate models for both).
     """
     started = time.perf_counter()
     tags = (binding.mv_tags, binding.cv_tags, binding.dv_tags)
@@ -189,7 +190,8 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
     else:
         refinement["kept"] = False
     model = final.model
-    gain = steady_gain_record(model, jackknife_gains(problem, final.structure, final.ridge))
+    replicates = jackknife_models(problem, final.structure, final.ridge)
+    gain = steady_gain_record(model, replicates)
     if gain["ill_conditioned"]:
         log.warning("binding %s: ill-conditioned steady-state gain (condition %s)", binding.id, gain["condition"])
     selection = {
@@ -218,7 +220,8 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
         splits={"train": tuple(r.run_id for r in split.train), "val": tuple(r.run_id for r in split.val),
                 "test": tuple(r.run_id for r in split.test),
                 "live": () if split.live is None else (split.live.run_id,)},
-        training_data_hash=split.data_hash, selection=selection, steady_gain=gain)
+        training_data_hash=split.data_hash, selection=selection, steady_gain=gain,
+        step_response=step_response_record(model.realise(), replicates, binding, split.normalisation))
     log.info("binding %s rev %d: ARX %s ridge=%g, val score %.4f, gates %s, %.3f s", binding.id, binding_revision,
              final.structure.record(), final.ridge, final.score,
              "".join("P" if g.passed else "F" for g in artifact.gates), selection["seconds"])
@@ -228,9 +231,11 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
 def artifact_from_model(model: ArxModel, binding: BindingSpec, binding_revision: int, normalisation: Normalisation,
                         gates: tuple[Gate, ...] = (), splits: Mapping[str, tuple[str, ...]] | None = None,
                         training_data_hash: str = "", selection: Mapping[str, Any] | None = None,
-                        steady_gain: Mapping[str, Any] | None = None) -> ModelArtifact:
+                        steady_gain: Mapping[str, Any] | None = None,
+                        step_response: Mapping[str, Any] | None = None) -> ModelArtifact:
     """A ModelArtifact for `model` (tags, P and sample period from the binding; orders from the model;
-    steady_gain defaults to the model's gain record without uncertainty)."""
+    steady_gain defaults to the model's gain record without uncertainty; step_response, the record of
+    model/step_response.py, to none)."""
     return ModelArtifact(
         binding_id=binding.id, binding_revision=binding_revision,
         mv_tags=binding.mv_tags, cv_tags=binding.cv_tags, dv_tags=binding.dv_tags,
@@ -239,7 +244,8 @@ def artifact_from_model(model: ArxModel, binding: BindingSpec, binding_revision:
         normalisation=normalisation, gates=gates,
         splits=dict(splits) if splits is not None else {"train": (), "val": (), "test": (), "live": ()},
         training_data_hash=training_data_hash, selection=dict(selection or {}),
-        steady_gain=dict(steady_gain_record(model) if steady_gain is None else steady_gain))
+        steady_gain=dict(steady_gain_record(model) if steady_gain is None else steady_gain),
+        step_response=None if step_response is None else dict(step_response))
 
 
 def arx_of(artifact: ModelArtifact) -> ArxModel:

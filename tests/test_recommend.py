@@ -1,0 +1,387 @@
+"""recommend.py called directly (no ledger, no solver): the candidate chosen, every condition's value /
+limit / holds / reason text, the steady-gain condition on a two-MV / two-CV binding, band_steps and
+the recommendation's fields. test_decision_matrix.py checks the same rules end to end through
+pipeline.recommend and the ledger; this file is what `make mutation MUTATION_MODULES=recommend` runs
+(milliseconds per mutant instead of a DuckDB ledger per test). Every expected value is worked out by
+hand in the comments.
+"""
+
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+
+import numpy as np
+import pytest
+from model_helpers import binding
+
+from optimizer_pipeline.contracts import (
+    CandidateKind,
+    Condition,
+    EvidenceSnapshot,
+    Gate,
+    Normalisation,
+    RecommendationStatus,
+    SolveCandidate,
+    SolveResult,
+    Template,
+    iso_utc,
+)
+from optimizer_pipeline.model import ArxModel, Orders, artifact_from_model
+from optimizer_pipeline.model.artifact import steady_gain_record
+from optimizer_pipeline.problem import compile_problem
+from optimizer_pipeline.recommend import (
+    _duration,
+    band_steps,
+    choose_candidate,
+    conditions,
+    decide,
+    gain_conditions,
+    max_live_age_s,
+)
+
+NOW = datetime(2027, 3, 1, 12, 0, tzinfo=timezone.utc)
+SPEC = binding(n_mv=2, n_cv=2, na=1, nb=1, delay=1, horizon=4)  # u0, u1 / y0, y1; 1 s; valid for 3600 s
+STEADY = replace(SPEC, profile=replace(SPEC.profile, template=Template.STEADY_RESPONSE))
+# MV means (1, -2), stds (2, 4); CV stds 2 (y0) and 3 (y1)
+NORMALISATION = Normalisation(("u0", "u1", "y0", "y1"), (1.0, -2.0, 10.0, 0.0), (2.0, 4.0, 2.0, 3.0))
+MODEL = ArxModel(Orders(1, 1, 1), np.zeros((1, 2, 2)), np.full((1, 2, 2), 0.5), np.zeros((1, 2, 0)), np.zeros(2))
+# gain covariance per CV (normalised): y0 only along u0, y1 only along u1
+COV = [[[1 / 64, 0.0], [0.0, 0.0]], [[0.0, 0.0], [0.0, 1 / 16]]]
+GATES = (Gate("G1", "one-step fit R2", 0.9, 0.5, True), Gate("G2", "free-run fit R2", 0.123456, 0.3, False))
+U_NOW = (3.0, 2.0)  # normalised: ((3 - 1) / 2, (2 + 2) / 4) = (1, 1)
+# the plan's last MVs (7, 10): normalised ((7 - 1) / 2, (10 + 2) / 4) = (3, 3), a move of (2, 2)
+CONTROLS = ((5.0, 6.0), (6.0, 8.0), (7.0, 9.0), (7.0, 10.0))
+PREDICTED = ((11.0, 1.0),) * 4
+
+
+def artifact(cov=COV, gates=GATES):
+    gain = steady_gain_record(MODEL)
+    gain["uncertainty"] = None if cov is None else {"method": "given", "replicates": 8, "cov": cov}
+    return artifact_from_model(MODEL, SPEC, 3, NORMALISATION, gates=gates, steady_gain=gain)
+
+
+ARTIFACT = artifact()
+PROBLEM = compile_problem(SPEC, ARTIFACT, np.zeros(2), np.zeros(2), np.array(U_NOW), np.zeros(0), np.ones(2))
+
+
+def cand(kind: CandidateKind, seq: int, feasible: bool = True, verified: bool = True, controls=CONTROLS,
+         report=None, cost: float = 1.5, independent: float = 1.25) -> SolveCandidate:
+    return SolveCandidate(seq=seq, kind=kind, solver_status="solved", controls=controls,
+                          predicted=PREDICTED if controls else (), cost=cost, constraints={}, feasible=feasible,
+                          verified=verified, independent_cost=independent,
+                          verify_report={"reasons": []} if report is None else report)
+
+
+HOLD, NOMINAL, ROBUST = (cand(CandidateKind.HOLD, 0), cand(CandidateKind.NOMINAL, 1, cost=2.0),
+                         cand(CandidateKind.ROBUST, 2))
+
+
+def result(*candidates: SolveCandidate, ok: bool = True, code=None, message=None) -> SolveResult:
+    return SolveResult(PROBLEM.hash, ok, candidates or (HOLD, NOMINAL, ROBUST), {}, code, message)
+
+
+UQ = {"method": "split_conformal", "qhat": [1.0, 1.0], "block_length": 10, "coverage_threshold": 0.8}
+
+
+def snapshot(**changes) -> EvidenceSnapshot:
+    """Evidence in which every condition holds: calibrated 1.5 days ago (fresh for 7.5), input distance
+    1, live sample 30 s old against a 300 s limit."""
+    base = dict(source="real", has_evidence=True, uq=UQ, uq_checks=(), calibrated_at=iso_utc(NOW - timedelta(days=1.5)),
+                calibration_fresh=True, fresh_days=7.5, input_distance=1.0,
+                live_sample_at=iso_utc(NOW - timedelta(seconds=30)), live_age_s=30.0, live_max_age_s=300.0)
+    return EvidenceSnapshot(**{**base, **changes})
+
+
+def by_name(found: list[Condition]) -> dict[str, Condition]:
+    return {c.name: c for c in found}
+
+
+# ---------------------------------------------------------------------------- live age and its text
+
+
+def test_the_default_live_age_limit_is_ten_periods_and_at_least_300_s():
+    assert max_live_age_s(None, 29.5) == 300.0  # 295 s -> the floor
+    assert max_live_age_s(None, 30.5) == 305.0
+    assert max_live_age_s(12, 600) == 12.0 and isinstance(max_live_age_s(12, 600), float)
+
+
+@pytest.mark.parametrize("seconds, text", [
+    (0.0, "0 s"), (7199.5, "7199.5 s"), (-7199.0, "-7199 s"),
+    (7200.0, "2 h"), (9000.0, "2.5 h"), (-7200.0, "-2 h"), (172799.0, "48 h"), (-172799.0, "-48 h"),
+    (172800.0, "2 days"), (302400.0, "3.5 days"), (-172800.0, "-2 days"),
+    # just past a rounding edge: 148536 s = 41.26 h -> 41.3; 8683286.4 s = 100.501 days -> 101
+    (148536.0, "41.3 h"), (8683286.4, "101 days"),
+])
+def test_a_duration_is_seconds_below_2_h_hours_below_2_days_then_days(seconds, text):
+    assert _duration(seconds) == text
+
+
+# ---------------------------------------------------------------------------- the candidate
+
+
+def test_the_robust_candidate_first_then_the_nominal_one_never_the_hold():
+    assert choose_candidate(result(HOLD, NOMINAL, ROBUST)) is ROBUST
+    assert choose_candidate(result(ROBUST, NOMINAL, HOLD)) is ROBUST  # by kind, not by position
+    infeasible = replace(ROBUST, feasible=False)
+    assert choose_candidate(result(HOLD, NOMINAL, infeasible)) is NOMINAL
+    assert choose_candidate(result(HOLD, NOMINAL, replace(ROBUST, controls=()))) is NOMINAL
+    assert choose_candidate(result(HOLD, replace(NOMINAL, feasible=False), infeasible)) is None
+    assert choose_candidate(result(HOLD, replace(NOMINAL, controls=()), replace(ROBUST, controls=()))) is None
+    assert choose_candidate(result(HOLD)) is None
+    # feasible without a plan, or with a plan but infeasible: neither is published
+    assert choose_candidate(result(HOLD, replace(NOMINAL, controls=()), infeasible)) is None
+
+
+# ---------------------------------------------------------------------------- conditions
+
+
+def test_every_condition_holds_with_its_value_and_limit():
+    found = conditions(ARTIFACT, snapshot(), ROBUST, 4.0, NOW)
+    assert [(c.name, c.value, c.limit, c.holds) for c in found] == [
+        ("feasible candidate", "robust (seq 2)", "robust, else nominal, feasible", True),
+        ("calibration fresh", f"calibrated {iso_utc(NOW - timedelta(days=1.5))} (1.5 days before)", "<= 7.5 days",
+         True),
+        ("input distance (max |z| of current MVs, CVs)", "1", "<= 4", True),
+        ("live state age", f"30 s (last sample {iso_utc(NOW - timedelta(seconds=30))})",
+         "<= 300 s (live.max_age_s)", True),
+        ("model gate G1", "0.9", "one-step fit R2", True),
+        ("model gate G2", "0.1235", "free-run fit R2", False),  # 0.123456 to 4 significant digits
+        ("candidate verified independently", "cost 1.5, independent 1.25", "feasible and costs agree", True)]
+    assert [c.reason for c in found if not c.holds] == [
+        "model gate G2 failed: free-run fit R2 = 0.1235 (threshold 0.3)"]
+
+
+def test_without_a_candidate_the_first_condition_fails_and_there_is_no_verifier_condition():
+    found = conditions(ARTIFACT, snapshot(), None, 4.0, NOW)
+    first = found[0]
+    assert (first.name, first.value, first.holds, first.reason) == (
+        "feasible candidate", "none", False, "no feasible candidate")
+    assert found[-1].name == "model gate G2"
+
+
+def test_the_uq_checks_keep_their_texts_and_gate_failures_are_prefixed():
+    checks = (Condition("UQ evidence", "none", "split_conformal or empirical_max", False, "no UQ evidence: few blocks"),
+              Condition("test coverage (worst CV)", "0.7", ">= 0.8", False, "coverage 0.7 < 0.8"),
+              Condition("coverage 95% lower bound", "0.9", ">= 0.8", True, "unused"))
+    found = conditions(ARTIFACT, snapshot(uq_checks=checks), ROBUST, 4.0, NOW)
+    assert [(c.name, c.value, c.limit, c.holds) for c in found[1:4]] == [
+        (c.name, c.value, c.limit, c.holds) for c in checks]
+    assert [c.reason for c in found[1:4]] == [
+        "no UQ evidence: few blocks", "UQ gate: coverage 0.7 < 0.8", "UQ gate: unused"]
+
+
+def test_the_calibration_age_is_in_days():
+    # 100.501 days (8 683 286.4 s) to 3 significant digits: 101
+    at = iso_utc(NOW - timedelta(days=100.501))
+    c = by_name(conditions(ARTIFACT, snapshot(calibrated_at=at, calibration_fresh=False), ROBUST, 4.0,
+                           NOW))["calibration fresh"]
+    assert c.value == f"calibrated {at} (101 days before)"
+
+
+def test_calibration_freshness_is_judged_only_with_evidence():
+    assert "calibration fresh" not in by_name(conditions(ARTIFACT, snapshot(has_evidence=False), ROBUST, 4.0, NOW))
+    stale = by_name(conditions(ARTIFACT, snapshot(calibration_fresh=False), ROBUST, 4.0, NOW))["calibration fresh"]
+    assert (stale.holds, stale.reason) == (False, "calibration is not fresh")
+    unknown = by_name(conditions(ARTIFACT, snapshot(calibrated_at=None, calibration_fresh=False), ROBUST, 4.0, NOW))
+    assert (unknown["calibration fresh"].value, unknown["calibration fresh"].holds) == (
+        "calibration time unknown", False)
+
+
+@pytest.mark.parametrize("distance, holds, value, reason", [
+    (4.0, True, "4", None),  # exactly the maximum
+    (4.5, False, "4.5", "input distance 4.5 exceeds 4"),
+    (4.123456, False, "4.123", "input distance 4.12 exceeds 4"),  # value 4 digits, reason 3
+    (None, False, "n/a", "input distance unknown (missing or non-finite current values)"),
+])
+def test_input_distance(distance, holds, value, reason):
+    found = by_name(conditions(ARTIFACT, snapshot(input_distance=distance), ROBUST, 4.0, NOW))
+    c = found["input distance (max |z| of current MVs, CVs)"]
+    assert (c.value, c.limit, c.holds) == (value, "<= 4", holds)
+    if reason is not None:
+        assert c.reason == reason
+
+
+def test_input_distance_limit_text_keeps_its_fraction():
+    found = by_name(conditions(ARTIFACT, snapshot(input_distance=3.0), ROBUST, 2.5, NOW))
+    c = found["input distance (max |z| of current MVs, CVs)"]
+    assert (c.limit, c.holds, c.reason) == ("<= 2.5", False, "input distance 3 exceeds 2.5")
+
+
+@pytest.mark.parametrize("age, limit, holds", [(300.0, 300.0, True), (300.5, 300.0, False), (0.0, None, False)])
+def test_live_state_age_against_its_limit(age, limit, holds):
+    sample = iso_utc(NOW - timedelta(seconds=age))
+    c = by_name(conditions(ARTIFACT, snapshot(live_age_s=age, live_max_age_s=limit, live_sample_at=sample), ROBUST,
+                           4.0, NOW))["live state age"]
+    assert c.holds is holds
+    if not holds:
+        allowed = "300" if limit is not None else "n/a"
+        assert c.reason == (f"live state is {age:g} s old (last sample {sample}); live.max_age_s allows {allowed} s")
+
+
+def test_live_state_age_in_hours_and_unknown():
+    sample = iso_utc(NOW - timedelta(hours=3))
+    c = by_name(conditions(ARTIFACT, snapshot(live_age_s=10800.0, live_max_age_s=60.5, live_sample_at=sample),
+                           ROBUST, 4.0, NOW))["live state age"]
+    assert (c.value, c.limit, c.holds) == (f"3 h (last sample {sample})", "<= 60.5 s (live.max_age_s)", False)
+    assert c.reason == f"live state is 3 h old (last sample {sample}); live.max_age_s allows 60.5 s"
+    c = by_name(conditions(ARTIFACT, snapshot(live_age_s=None, live_sample_at=None), ROBUST, 4.0,
+                           NOW))["live state age"]
+    assert (c.value, c.holds, c.reason) == ("unknown", False, "live state age unknown")
+
+
+def test_a_gate_without_a_value_fails_with_n_a():
+    gates = (Gate("G3", "step response sign", None, 1.0, False),)
+    c = by_name(conditions(artifact(gates=gates), snapshot(), ROBUST, 4.0, NOW))["model gate G3"]
+    assert (c.value, c.limit, c.holds, c.reason) == (
+        "n/a", "step response sign", False, "model gate G3 failed: step response sign = n/a (threshold 1)")
+
+
+def test_the_verifier_condition_lists_its_reasons_or_says_it_disagrees():
+    def verifier(candidate):
+        return by_name(conditions(ARTIFACT, snapshot(), candidate, 4.0, NOW))["candidate verified independently"]
+
+    c = verifier(replace(ROBUST, verified=False, verify_report={"reasons": ["cost off", 3]}))
+    assert (c.holds, c.reason) == (False, "candidate not verified: cost off; 3")
+    c = verifier(replace(ROBUST, verified=False, verify_report={}))
+    assert (c.holds, c.reason) == (False, "candidate not verified: independent check disagrees")
+    c = verifier(replace(ROBUST, cost=None, independent_cost=None))
+    assert (c.value, c.holds) == ("cost n/a, independent n/a", True)
+
+
+# ---------------------------------------------------------------------------- steady-gain uncertainty
+
+GAIN = "steady-gain uncertainty along the planned move"
+
+
+def gain(qhat, candidate=ROBUST, art=ARTIFACT, **changes):
+    return gain_conditions(art, PROBLEM, snapshot(uq={**UQ, "qhat": qhat}, **changes), candidate)
+
+
+def test_gain_uncertainty_exactly_on_the_band_holds():
+    # move (2, 2): y0 2 * sqrt(4 / 64) = 0.5, y1 2 * sqrt(4 / 16) = 1.0; against qhat (1, 1) the worst
+    # ratio is y1's 1.0, engineering 1.0 x 3 = 3 against band 1 x 3 = 3
+    [c] = gain([1.0, 1.0])
+    assert (c.name, c.value, c.limit, c.holds) == (GAIN, "y1: 3 against band 3", "<= band (2 standard errors)", True)
+
+
+def test_gain_uncertainty_beyond_the_band_fails_on_the_worst_cv():
+    [c] = gain([1.0, 0.8])  # y1: 1.0 > 0.8; band 0.8 x 3 = 2.4
+    assert (c.value, c.holds) == ("y1: 3 against band 2.4", False)
+    assert c.reason == ("steady-gain uncertainty: along the planned move a settled y1 error of up to 3 "
+                        "(2 standard errors of the gain) exceeds the band 2.4")
+
+
+def test_the_worst_cv_is_the_one_with_the_largest_spread_over_band_not_the_largest_spread():
+    # ratios y0 0.5 / 0.25 = 2, y1 1.0 / 4 = 0.25: y0 is worst, engineering 0.5 x 2 = 1 against 0.25 x 2 = 0.5
+    [c] = gain([0.25, 4.0])
+    assert (c.value, c.holds) == ("y0: 1 against band 0.5", False)
+    # a zero band: any spread is infinitely worse (y0), even beside a larger ratio-1 spread (y1)
+    [c] = gain([0.0, 1.0])
+    assert (c.value, c.holds) == ("y0: 1 against band 0", False)
+
+
+def test_gain_uncertainty_of_a_move_along_one_mv_only():
+    # plan end (7, 2): move (2, 0): y0 spread 0.5, y1 0; qhat (0.5, 0.5): y0 exactly on the band
+    end = CONTROLS[:-1] + ((7.0, 2.0),)
+    [c] = gain([0.5, 0.5], candidate=replace(ROBUST, controls=end))
+    assert (c.value, c.holds) == ("y0: 1 against band 1", True)
+    # plan end (1, 10): move (-1, 2): y0 2 * sqrt(1 / 64) = 0.25, y1 1.0
+    end = CONTROLS[:-1] + ((1.0, 10.0),)
+    [c] = gain([0.25, 2.0], candidate=replace(ROBUST, controls=end))
+    assert (c.value, c.holds) == ("y0: 0.5 against band 0.5", True)
+
+
+def test_no_gain_condition_without_a_candidate_or_without_evidence():
+    assert gain([1.0, 1.0], candidate=None) == []
+    assert gain([1.0, 1.0], has_evidence=False) == []
+
+
+def test_unknown_gain_uncertainty_fails():
+    [c] = gain([1.0, 1.0], art=artifact(cov=None))
+    assert (c.name, c.value, c.limit, c.holds, c.reason) == (
+        GAIN, "unknown", "<= band (2 standard errors)", False,
+        "steady-gain uncertainty unknown (the model records none: fewer than 2 train runs)")
+
+
+# ---------------------------------------------------------------------------- band_steps
+
+
+def test_band_steps():
+    assert band_steps(SPEC, snapshot(), ROBUST) == 4  # min(block length 10, 4 plan steps)
+    assert band_steps(SPEC, snapshot(uq={**UQ, "block_length": 3}), ROBUST) == 3
+    assert band_steps(STEADY, snapshot(), ROBUST) == 1
+    assert band_steps(SPEC, snapshot(), None) is None
+    assert band_steps(SPEC, snapshot(has_evidence=False), ROBUST) is None
+    assert band_steps(STEADY, snapshot(has_evidence=False), ROBUST) is None
+
+
+# ---------------------------------------------------------------------------- decide
+
+
+def run_decide(res=None, evidence=None, extra=(), spec=SPEC, band=(3.0, 3.0)):
+    return decide(spec, 7, ARTIFACT, PROBLEM, res or result(), evidence or snapshot(), band, 4.0, "or-abc123", NOW,
+                  extra)
+
+
+def test_a_verified_recommendation_and_its_fields():
+    evidence = snapshot(input_distance=0.5, live_age_s=12.0, live_max_age_s=60.0, live_sample_at="2027-03-01T11:59:48Z")
+    art = artifact(gates=GATES[:1])  # G1 only: every condition holds
+    decision = decide(SPEC, 7, art, PROBLEM, result(), evidence, (3.0, None), 4.0, "or-abc123", NOW,
+                      (Condition("extra", "x", "y", True, "never"),))
+    rec = decision.recommendation
+    assert decision.chosen is ROBUST
+    assert [c.name for c in decision.conditions][-2:] == [GAIN, "extra"]
+    assert (rec.status, rec.reasons) == (RecommendationStatus.VERIFIED, ())
+    assert rec.id.startswith("rec-") and len(rec.id) == 20
+    assert (rec.binding_id, rec.binding_revision, rec.run_id, rec.candidate_id) == ("arx-test", 7, "or-abc123",
+                                                                                  "oc-abc123-2")
+    assert rec.template is Template.LINEAR_MPC
+    assert (rec.created_at, rec.valid_until) == (iso_utc(NOW), iso_utc(NOW + timedelta(hours=1)))
+    assert (rec.mv_tags, rec.cv_tags) == (("u0", "u1"), ("y0", "y1"))
+    assert (rec.controls, rec.predicted, rec.band, rec.band_steps) == (CONTROLS, PREDICTED, (3.0, None), 4)
+    assert (rec.cost, rec.independent_cost) == (1.5, 1.25)
+    assert (rec.problem_ir_hash, rec.model_artifact_hash) == (PROBLEM.hash, art.artifact_hash)
+    assert rec.evidence == {"source": "real", "uq": UQ, "input_distance": 0.5, "calibration_fresh": True,
+                            "coverage_threshold": 0.8,
+                            "live_state": {"last_sample_at": "2027-03-01T11:59:48Z", "age_s": 12.0, "max_age_s": 60.0}}
+
+
+def test_an_unverified_recommendation_lists_every_failing_condition_in_order():
+    evidence = snapshot(calibration_fresh=False, input_distance=5.0)
+    decision = run_decide(evidence=evidence, extra=(Condition("extra", "x", "y", False, "the extra one"),))
+    rec = decision.recommendation
+    assert (rec.status, rec.reasons) == (RecommendationStatus.UNVERIFIED, (
+        "calibration is not fresh", "input distance 5 exceeds 4",
+        "model gate G2 failed: free-run fit R2 = 0.1235 (threshold 0.3)", "the extra one"))
+    assert rec.candidate_id == "oc-abc123-2"
+
+
+def test_a_nominal_candidate_is_published_with_its_own_cost():
+    rec = run_decide(res=result(HOLD, NOMINAL, replace(ROBUST, feasible=False))).recommendation
+    assert (rec.candidate_id, rec.cost) == ("oc-abc123-1", 2.0)
+
+
+def test_without_a_feasible_candidate_the_recommendation_is_rejected_and_empty():
+    infeasible = tuple(replace(c, feasible=False) for c in (HOLD, NOMINAL, ROBUST))
+    decision = run_decide(res=result(*infeasible))
+    rec = decision.recommendation
+    assert decision.chosen is None
+    assert (rec.status, rec.reasons) == (RecommendationStatus.REJECTED, (
+        "no feasible candidate", "model gate G2 failed: free-run fit R2 = 0.1235 (threshold 0.3)"))
+    assert (rec.candidate_id, rec.controls, rec.predicted, rec.cost, rec.independent_cost, rec.band_steps) == (
+        None, (), (), None, None, None)
+
+
+def test_a_failed_solve_is_rejected_even_with_candidates_and_names_the_error_first():
+    decision = run_decide(res=result(HOLD, NOMINAL, ROBUST, ok=False, code="SOLVE_TIMEOUT", message="late"))
+    rec = decision.recommendation
+    assert decision.chosen is None and rec.status is RecommendationStatus.REJECTED
+    first = decision.conditions[0]
+    assert (first.name, first.value, first.limit, first.holds) == ("solver", "SOLVE_TIMEOUT", "a result", False)
+    assert rec.reasons[:2] == ("solver error SOLVE_TIMEOUT: late", "no feasible candidate")
+
+
+def test_without_evidence_the_source_is_unassessed():
+    rec = run_decide(evidence=snapshot(has_evidence=False, uq=None), band=(None, None)).recommendation
+    assert (rec.evidence["source"], rec.evidence["coverage_threshold"], rec.band_steps) == ("unassessed", None, None)
+    rec = run_decide(evidence=snapshot(uq={**UQ, "coverage_threshold": 1.0})).recommendation
+    assert (rec.evidence["source"], rec.evidence["coverage_threshold"]) == ("real", 1.0)
