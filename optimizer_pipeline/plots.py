@@ -416,10 +416,10 @@ def draw_step_response(record: Mapping[str, Any], title: str) -> Figure:
                         top=1 - top / height, hspace=gap / PANEL_HEIGHT_IN, wspace=0.35)
     fig.suptitle(title, fontsize=10)
     for pair, ax in zip(record["pairs"], grid.ravel()):
-        response = np.concatenate([[0.0], pair["response"]])
+        response = np.concatenate([[0.0], np.asarray(pair["response"], float)])  # None (overflow): not drawn
         ax.plot(t, response, color=PREDICTED, lw=1.4, label="step response")
         if pair["response_se"] is not None:
-            se = np.concatenate([[0.0], pair["response_se"]])
+            se = np.concatenate([[0.0], np.asarray(pair["response_se"], float)])
             ax.fill_between(t, response - 2 * se, response + 2 * se, color=PREDICTED, alpha=0.25, lw=0,
                             label="±2 standard errors")
         ax.axhline(pair["gain"], color="black", ls=":", lw=1, label="gain")

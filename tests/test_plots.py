@@ -292,3 +292,18 @@ def test_model_artifact_materialization_shows_the_step_response_matrix_and_its_t
             assert f"| {cv} | {mv} (MV) | " in table
     assert "Condition number of the MV gain matrix (engineering units): " in table
     assert "Relative gain array, G .* inv(G)^T:" in table
+
+
+def test_step_response_figure_of_an_unstable_model_draws_what_did_not_overflow():
+    from test_step_response import HAND_DOC
+
+    from optimizer_pipeline.contracts import Normalisation, StateSpace, binding_from_dict
+    from optimizer_pipeline.model.step_response import step_response_record
+
+    spec = binding_from_dict({**HAND_DOC, "dvs": [], "cvs": HAND_DOC["cvs"][:1]})
+    ss = StateSpace.of([[20.0]], [[1.0]], np.zeros((1, 0)), [0.0], [[1.0]])
+    record = step_response_record(ss, [], spec, Normalisation(("u", "y1"), (0.0, 0.0), (1.0, 1.0)))
+    (ax,) = plots.draw_step_response(record, "t").axes
+    assert ax.get_title() == "y1 / u: K -0.0526, θ -, T95 - min"  # no dead time of a response that overflowed
+    assert lines(ax, "step response")[0].get_ydata()[:3].tolist() == [0.0, 1.0, 21.0]
+    assert plots.step_response_figure(record, "t").startswith(PNG_SIGNATURE)

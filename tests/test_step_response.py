@@ -10,8 +10,9 @@ import pytest
 
 from optimizer_pipeline import pipeline
 from optimizer_pipeline.cli import main
-from optimizer_pipeline.contracts import ModelArtifact, Normalisation, StateSpace, binding_from_dict, content_hash
-from optimizer_pipeline.model.step_response import (INVERSE, PSEUDO_INVERSE, dead_time_steps, gain_condition,
+from optimizer_pipeline.contracts import (ModelArtifact, Normalisation, StateSpace, binding_from_dict, canonical_json,
+                                          content_hash)
+from optimizer_pipeline.model.step_response import (INVERSE, MAX_STEPS, PSEUDO_INVERSE, dead_time_steps, gain_condition,
                                                     relative_gain_array, step_response_record)
 from optimizer_pipeline.plants import QuadrupleTank, demo_plants
 
@@ -135,10 +136,11 @@ def test_the_responses_settle_on_their_gains_and_the_quadruple_tank_rga_is_johan
 # --------------------------------------------------------------------------- a hand-built model
 
 
-HAND_SPEC = binding_from_dict({
+HAND_DOC = {
     "id": "hand", "sample_period_s": 10, "mvs": [{"tag": "u", "lo": -10, "hi": 10, "max_move": 1}],
     "cvs": [{"tag": "y1", "lo": -10, "hi": 10, "target": 0}, {"tag": "y2", "lo": -10, "hi": 10, "target": 0}],
-    "dvs": [{"tag": "d"}], "model": {"horizon": 5}, "profile": {"id": "p", "template": "linear_mpc_quadratic@1"}})
+    "dvs": [{"tag": "d"}], "model": {"horizon": 5}, "profile": {"id": "p", "template": "linear_mpc_quadratic@1"}}
+HAND_SPEC = binding_from_dict(HAND_DOC)
 
 
 def hand_built() -> tuple[StateSpace, list[StateSpace], Normalisation]:
@@ -291,3 +293,15 @@ def test_model_command_on_an_artifact_from_before_step_responses_says_to_recalib
     assert (code, out) == (2, "")
     assert "was identified before step-response matrices were recorded" in err and err.count("\n") == 1
     assert f"materialize {plant.spec.id} --job recalibrate" in err
+
+
+def test_an_unstable_model_still_gives_a_json_record_over_the_capped_horizon():
+    """x+ = 20 x + u: the response overflows within the 300 steps; the record says None there."""
+    spec = binding_from_dict({**HAND_DOC, "dvs": [], "cvs": HAND_DOC["cvs"][:1]})
+    norm = Normalisation(("u", "y1"), (0.0, 0.0), (1.0, 1.0))
+    record = step_response_record(StateSpace.of([[20.0]], [[1.0]], np.zeros((1, 0)), [0.0], [[1.0]]), [], spec, norm)
+    assert (record["model_settling_steps"], record["steps"]) == (None, MAX_STEPS)
+    (pair,) = record["pairs"]
+    assert pair["response"][:3] == [1.0, 21.0, 421.0] and pair["response"][-1] is None
+    assert pair["gain"] == pytest.approx(-1 / 19) and pair["settling_steps"] is pair["dead_time_steps"] is None
+    canonical_json(record)  # storable: no NaN or inf

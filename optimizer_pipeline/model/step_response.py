@@ -17,7 +17,8 @@ k + 1 sample periods after the step, the statespace.rollout convention):
                 0 for a first-order lag, D for a first-order lag behind a transport delay of D
                 samples; a channel whose ARX delay is d (model/fit.py, Structure.delays) responds
                 exactly 0 for d - 1 samples, so its dead time is at least d - 1. Fractional for
-                higher-order lags (their apparent dead time). None when the response is 0.
+                higher-order lags (their apparent dead time). None when the response is 0 or
+                overflows within the horizon (an unstable model; its overflowed steps are None too).
   settling time statespace.settling_steps of the pair alone: the response stays within 5 % of its
                 gain from `response[settling_steps - 1]` on (seconds = steps x sample period);
                 None when it does not within MAX_SETTLING_STEPS (slow, integrating or unstable).
@@ -98,14 +99,21 @@ def dead_time_steps(response: np.ndarray) -> np.ndarray:
     return np.where(steepest > 0, crossing, np.nan)[..., 0]
 
 
+def _settling(ss: StateSpace) -> int | None:
+    """statespace.settling_steps; an unstable model's overflow there just means "does not settle"."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return settling_steps(ss)
+
+
 def _pair_settling(ss: StateSpace, cv: int, column: int) -> int | None:
-    """statespace.settling_steps of CV `cv` to input `column` (MVs, then DVs) alone."""
+    """The settling horizon of CV `cv` to input `column` (MVs, then DVs) alone."""
     A, B, E, f, C = ss.arrays()
-    return settling_steps(StateSpace.of(A, np.hstack([B, E])[:, column], np.zeros((A.shape[0], 0)), f, C[cv]))
+    return _settling(StateSpace.of(A, np.hstack([B, E])[:, column], np.zeros((A.shape[0], 0)), f, C[cv]))
 
 
 def _optional(value: float) -> float | None:
-    return None if np.isnan(value) else float(value)
+    """A number of the record; None where it is undefined (NaN) or overflowed (an unstable model)."""
+    return float(value) if np.isfinite(value) else None
 
 
 def step_response_record(ss: StateSpace, replicates: Sequence[StateSpace], binding: BindingSpec,
@@ -115,20 +123,21 @@ def step_response_record(ss: StateSpace, replicates: Sequence[StateSpace], bindi
     _, cv_std = normalisation.of(binding.cv_tags)
     inputs = binding.mv_tags + binding.dv_tags
     scale = cv_std[:, None] / normalisation.of(inputs)[1][None, :]  # (ny, n_in): normalised -> engineering
-    settle = settling_steps(ss)
+    settle = _settling(ss)
     steps = MAX_STEPS if settle is None else min(MAX_STEPS, HORIZON_FACTOR * settle)
 
     def engineering(model: StateSpace) -> tuple[np.ndarray, np.ndarray]:
         G, Gd, _ = steady_state(model)
         return unit_step_responses(model, steps) * scale[..., None], np.hstack([G, Gd]) * scale
 
-    response, gain = engineering(ss)
-    dead = dead_time_steps(response)
-    se = None
-    if len(replicates) >= 2:
-        responses, gains = (np.asarray(x) for x in zip(*map(engineering, replicates)))
-        se = {name: np.sqrt(np.sum(jackknife_deviations(values) ** 2, axis=0))
-              for name, values in (("response", responses), ("gain", gains), ("dead_time", dead_time_steps(responses)))}
+    with np.errstate(over="ignore", invalid="ignore"):  # an unstable model's responses overflow: None below
+        response, gain = engineering(ss)
+        dead = dead_time_steps(response)
+        se = None
+        if len(replicates) >= 2:
+            responses, gains = (np.asarray(x) for x in zip(*map(engineering, replicates)))
+            se = {name: np.sqrt(np.sum(jackknife_deviations(values) ** 2, axis=0)) for name, values in
+                  (("response", responses), ("gain", gains), ("dead_time", dead_time_steps(responses)))}
     period = binding.sample_period_s
     kinds = ("mv",) * len(binding.mv_tags) + ("dv",) * len(binding.dv_tags)
     pairs = []
@@ -137,12 +146,12 @@ def step_response_record(ss: StateSpace, replicates: Sequence[StateSpace], bindi
             settling = _pair_settling(ss, i, j)
             pairs.append({
                 "cv": cv, "input": tag, "kind": kind,
-                "gain": float(gain[i, j]), "gain_se": None if se is None else float(se["gain"][i, j]),
+                "gain": float(gain[i, j]), "gain_se": None if se is None else _optional(se["gain"][i, j]),
                 "dead_time_steps": _optional(dead[i, j]), "dead_time_s": _optional(dead[i, j] * period),
                 "dead_time_se_steps": None if se is None else _optional(se["dead_time"][i, j]),
                 "settling_steps": settling, "settling_s": None if settling is None else float(settling * period),
-                "response": response[i, j].tolist(),
-                "response_se": None if se is None else se["response"][i, j].tolist(),
+                "response": [_optional(v) for v in response[i, j]],
+                "response_se": None if se is None else [_optional(v) for v in se["response"][i, j]],
             })
     nu = len(binding.mv_tags)
     rga, rga_method = relative_gain_array(gain[:, :nu])
