@@ -16,12 +16,13 @@ from optimizer_pipeline.model.step_response import (INVERSE, MAX_STEPS, PSEUDO_I
                                                     relative_gain_array, step_response_record)
 from optimizer_pipeline.plants import QuadrupleTank, demo_plants
 
-from pipeline_fixtures import SEED, seed_home
+from pipeline_fixtures import seed_home
 
 
 @pytest.fixture(scope="module")
 def identified(tmp_path_factory):
-    """The demo plants' histories (seed SEED) in a real DuckDB ledger, each identified by the pipeline stage."""
+    """The demo plants' histories (pipeline_fixtures.SEED) in a real DuckDB ledger, each identified by the
+    pipeline stage: (home, ledger, {binding id: (plant, split, artifact)})."""
     home = tmp_path_factory.mktemp("home")
     ledger = seed_home(home)
     models = {}
@@ -30,6 +31,11 @@ def identified(tmp_path_factory):
         split = pipeline.prepare_split(ledger, stored)
         models[plant.spec.id] = plant, split, pipeline.identify_model(ledger, stored, split)
     return home, ledger, models
+
+
+@pytest.fixture(scope="module")
+def models(identified):
+    return identified[2]
 
 
 def operating_point(plant, split):
@@ -70,8 +76,8 @@ def true_step_responses(plant, split, steps: int) -> np.ndarray:
 # --------------------------------------------------------------------------- the demo plants
 
 
-def test_the_matrix_recovers_the_simulators_gains_within_two_standard_errors(identified):
-    for plant, split, artifact in identified[2].values():
+def test_the_matrix_recovers_the_simulators_gains_within_two_standard_errors(models):
+    for plant, split, artifact in models.values():
         record = artifact.step_response
         truth = true_gains(plant, split)
         assert record["input_tags"] == list(plant.spec.mv_tags + plant.spec.dv_tags)
@@ -81,28 +87,28 @@ def test_the_matrix_recovers_the_simulators_gains_within_two_standard_errors(ide
             assert abs(p["gain"] - g) <= 2 * p["gain_se"], (plant.name, p["cv"], p["input"], p["gain"], g)
 
 
-def test_the_matrix_recovers_the_simulators_dead_times(identified):
+def test_the_matrix_recovers_the_simulators_dead_times(models):
     """Heater: its 4-sample pipe behind a first-order tank (power and inlet temperature both pass it).
     The others have no transport delay; a higher-order lag (the quadruple tank's cross channels, through
     an upper tank) has an apparent dead time, which is compared with the simulator's by the same rule.
     Allowance: 2 standard errors plus half a sample (the ARX(2, 2) model of a 4-tank plant
     approximates the cross channels' first samples)."""
-    plant, split, artifact = identified[2]["heater-1"]
+    plant, split, artifact = models["heater-1"]
     for p in artifact.step_response["pairs"]:
         assert abs(p["dead_time_steps"] - plant.delay_samples) <= 2 * p["dead_time_se_steps"] + 1e-9
         assert p["dead_time_s"] == pytest.approx(p["dead_time_steps"] * plant.sample_period_s)
-    for plant, split, artifact in identified[2].values():
+    for plant, split, artifact in models.values():
         record = artifact.step_response
         truth = dead_time_steps(true_step_responses(plant, split, record["steps"]))
         for p, theta in zip(record["pairs"], truth.ravel()):
             assert abs(p["dead_time_steps"] - theta) <= 2 * p["dead_time_se_steps"] + 0.5, \
                 (plant.name, p["cv"], p["input"], p["dead_time_steps"], theta)
-    heater, split, _ = identified[2]["heater-1"]  # the rule gives the simulator's own pipe
+    heater, split, _ = models["heater-1"]  # the rule gives the simulator's own pipe
     np.testing.assert_allclose(dead_time_steps(true_step_responses(heater, split, 30)), [[4.0, 4.0]], atol=0.05)
 
 
-def test_mv_gains_and_their_standard_errors_are_the_steady_gain_record_in_engineering_units(identified):
-    for plant, split, artifact in identified[2].values():
+def test_mv_gains_and_their_standard_errors_are_the_steady_gain_record_in_engineering_units(models):
+    for plant, split, artifact in models.values():
         record, steady = artifact.step_response, artifact.steady_gain
         _, su = split.normalisation.of(plant.spec.mv_tags)
         _, sy = split.normalisation.of(plant.spec.cv_tags)
@@ -115,10 +121,10 @@ def test_mv_gains_and_their_standard_errors_are_the_steady_gain_record_in_engine
         np.testing.assert_allclose(record["mv_gain"]["gain"], gain, rtol=1e-12)
 
 
-def test_the_responses_settle_on_their_gains_and_the_quadruple_tank_rga_is_johanssons(identified):
-    for plant, split, artifact in identified[2].values():
+def test_the_responses_settle_on_their_gains_and_the_quadruple_tank_rga_is_johanssons(models):
+    for plant, split, artifact in models.values():
         record = artifact.step_response
-        assert record["steps"] == min(300, 2 * record["model_settling_steps"])
+        assert record["steps"] == min(MAX_STEPS, 2 * record["model_settling_steps"])
         for p in record["pairs"]:
             tail = np.asarray(p["response"][p["settling_steps"] - 1:])
             assert np.all(np.abs(tail - p["gain"]) <= 0.05 * abs(p["gain"]))
@@ -126,10 +132,11 @@ def test_the_responses_settle_on_their_gains_and_the_quadruple_tank_rga_is_johan
             assert len(p["response"]) == len(p["response_se"]) == record["steps"]
     # Johansson (2000): the minimum-phase quadruple tank's RGA lambda = g1 g2 / (g1 + g2 - 1)
     g1, g2 = QuadrupleTank.gamma
-    plant, split, artifact = identified[2]["tanks-1"]
-    assert relative_gain_array(true_gains(plant, split))[0][0, 0] == pytest.approx(g1 * g2 / (g1 + g2 - 1))
+    lam = g1 * g2 / (g1 + g2 - 1)  # 1.4
+    plant, split, artifact = models["tanks-1"]
+    assert relative_gain_array(true_gains(plant, split))[0][0, 0] == pytest.approx(lam)
     rga = np.asarray(artifact.step_response["mv_gain"]["rga"])
-    np.testing.assert_allclose(rga, [[1.4, -0.4], [-0.4, 1.4]], atol=0.05)
+    np.testing.assert_allclose(rga, [[lam, 1 - lam], [1 - lam, lam]], atol=0.05)
     assert artifact.step_response["mv_gain"]["rga_method"] == INVERSE
 
 
@@ -235,8 +242,8 @@ def test_rga_of_a_non_square_or_singular_gain_uses_the_pseudo_inverse():
 # --------------------------------------------------------------------------- the artifact field
 
 
-def test_an_artifact_stored_before_step_responses_keeps_its_json_and_hash(identified):
-    _, _, artifact = identified[2]["tanks-1"]
+def test_an_artifact_stored_before_step_responses_keeps_its_json_and_hash(models):
+    _, _, artifact = models["tanks-1"]
     old = artifact.to_dict()
     del old["step_response"]
     loaded = ModelArtifact.from_dict(old)
@@ -255,7 +262,7 @@ def run_cli(capsys, home, *args) -> tuple[int, str, str]:
 
 
 def test_model_command_prints_the_latest_artifacts_step_response_matrix(identified, capsys):
-    home, ledger, models = identified
+    home, _, models = identified
     _, _, artifact = models["tanks-1"]
     code, out, err = run_cli(capsys, home, "model", "tanks-1", "--json")
     assert (code, err) == (0, "")
