@@ -15,8 +15,11 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/optimizer-pipeline demo
 
+# two test processes (pytest-xdist), each taking whole files, the longest first (tests/conftest.py):
+# most tests wait on subprocesses and servers. TEST_WORKERS=0 runs them in this one process.
+TEST_WORKERS ?= 2
 test: $(STAMP) browser servers
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # headless Chromium + chromedriver for the UI test (Debian packages; installed when missing)
 browser:
@@ -49,17 +52,13 @@ MUT_verify := optimizer_pipeline/solver/verify.py
 MUT_verify_TESTS := tests/test_verify.py tests/test_boundaries.py
 MUT_ledger := optimizer_pipeline/ledger/repository.py
 MUT_ledger_TESTS := tests/test_ledger.py tests/test_ledger_candidates.py tests/test_ledger_race.py
-# the DuckDB backend only: the PostgreSQL parameters start a server cluster per mutant (and postgres_backend.py
-# is not mutated); the race test's writers are other processes, which mutmut does not trace
-MUT_ledger_K := not postgres
+# record_solve / finish_run are @retried wrappers of _record_solve / _finish_run (mutmut skips decorated functions)
 MUT_ledger_ONLY := *record_solve__mutmut_* *_publish__mutmut_* *_expire__mutmut_* *finish_run__mutmut_*
 
 define mutate_module
 	rm -rf .mutation/$(1) && mkdir -p .mutation/$(1)
 	git ls-files -z --cached --others --exclude-standard | tar --null --ignore-failed-read -T - -cf - | tar -xf - -C .mutation/$(1)
-	printf '[mutmut]\nsource_paths = optimizer_pipeline\nonly_mutate = %s\npytest_add_cli_args = -p no:cacheprovider\n' $(MUT_$(1)) > .mutation/$(1)/setup.cfg
-	k='$(MUT_$(1)_K)'; if [ -n "$$k" ]; then printf '    -k\n    %s\n' "$$k" >> .mutation/$(1)/setup.cfg; fi
-	printf 'pytest_add_cli_args_test_selection =\n' >> .mutation/$(1)/setup.cfg
+	printf '[mutmut]\nsource_paths = optimizer_pipeline\nonly_mutate = %s\npytest_add_cli_args = -p no:cacheprovider\npytest_add_cli_args_test_selection =\n' $(MUT_$(1)) > .mutation/$(1)/setup.cfg
 	for t in $(MUT_$(1)_TESTS); do printf '    %s\n' $$t >> .mutation/$(1)/setup.cfg; done
 	cd .mutation/$(1) && (nice -n 10 timeout $(MUTATION_TIMEOUT) $(CURDIR)/$(BIN)/mutmut run --max-children $(MUTATION_JOBS) $(foreach n,$(MUT_$(1)_ONLY),'$(n)') > run.log 2>&1; echo "exit $$?" >> run.log)
 	cd .mutation/$(1) && $(CURDIR)/$(BIN)/mutmut results --all true 2>/dev/null | grep -E "$(subst *,.*,$(subst $(space),|,$(or $(MUT_$(1)_ONLY),.)))" > results.txt || true

@@ -6,7 +6,8 @@ import pytest
 
 from optimizer_pipeline.contracts import Outcome, OutcomeVerdict, RecommendationStatus, binding_from_dict, iso_utc, \
     utc_now
-from optimizer_pipeline.ledger import SCHEMA_VERSION, Ledger, LedgerBusyError, LedgerError, RunStateError, new_id
+from optimizer_pipeline.ledger import (SCHEMA_VERSION, Ledger, LedgerBusyError, LedgerError, NotFoundError, RunStateError,
+                                       new_id)
 
 from ledger_helpers import candidates, recommendation, run_row, solve
 
@@ -51,6 +52,33 @@ def test_finishing_a_run_twice_is_refused(ledger):
         ledger.finish_run(run_id, "failed")
     assert ledger.get_run(run_id).status == "succeeded"
     assert ledger.get_run(run_id).independent_cost == 1.5
+
+
+def test_a_finished_run_keeps_its_diagnostics_and_cost_and_no_diagnostics_are_an_empty_document(ledger):
+    with_diagnostics, without = ledger.insert_run(run_row()), ledger.insert_run(run_row())
+    ledger.finish_run(with_diagnostics, "failed", independent_cost=0.25, diagnostics={"osqp": "max_iter_reached"})
+    ledger.finish_run(without, "interrupted")
+    run = ledger.get_run(with_diagnostics)
+    assert (run.status, run.independent_cost, run.diagnostics) == ("failed", 0.25, {"osqp": "max_iter_reached"})
+    run = ledger.get_run(without)
+    assert (run.status, run.independent_cost, run.diagnostics) == ("interrupted", None, {})
+    assert run.finished_at is not None
+
+
+def test_finishing_a_run_that_is_not_in_the_ledger_is_refused_naming_it(ledger):
+    with pytest.raises(NotFoundError) as refused:
+        ledger.finish_run("or-nowhere", "succeeded")
+    assert str(refused.value) == "run or-nowhere is not in the ledger"
+
+
+def test_a_solve_recorded_without_a_run_id_gets_one_and_its_candidates_follow_it(ledger):
+    run_id = ledger.record_solve(run_row(), candidates(), "m" * 64, None, run_status="succeeded",
+                                 independent_cost=2.5, diagnostics={"iterations": 7}, evidence_source="simulation")
+    assert run_id.startswith("or-") and len(run_id) == 19  # or- and 16 hex digits
+    run = ledger.get_run(run_id)
+    assert (run.status, run.independent_cost, run.diagnostics) == ("succeeded", 2.5, {"iterations": 7})
+    assert [c.id for c in ledger.list_candidates(run_id=run_id)] == [f"oc-{run_id[3:]}-0", f"oc-{run_id[3:]}-1"]
+    assert ledger.list_recommendations() == []
 
 
 def test_candidates_are_inserted_as_one_batch(ledger):

@@ -14,7 +14,7 @@ from optimizer_pipeline.contracts import RecommendationStatus, binding_from_dict
 from optimizer_pipeline.ledger import LedgerError
 
 from conftest import BINDING_DOC
-from ledger_helpers import ledger_at, recommendation, solve
+from ledger_helpers import candidates, ledger_at, recommendation, run_row, solve
 
 SOLVERS = 6
 OPEN = {RecommendationStatus.VERIFIED.value, RecommendationStatus.UNVERIFIED.value,
@@ -105,3 +105,14 @@ def test_a_solve_for_the_current_revision_supersedes_the_open_one(any_ledger):
     _, second = solve(any_ledger)
     assert [r.id for r in _open(any_ledger)] == [second]
     assert any_ledger.get_recommendation(first).expired_reason == f"superseded by {second}"
+
+
+def test_a_solve_that_supersedes_nothing_is_refused_whole_while_the_binding_has_an_open_one(any_ledger):
+    _, first = solve(any_ledger)
+    run = dict(run_row(), id="or-second")
+    with pytest.raises(LedgerError):
+        any_ledger.record_solve(run, candidates(), "m" * 64, recommendation("or-second"), run_status="succeeded",
+                                independent_cost=2.0, diagnostics={}, evidence_source="simulation", supersede=False)
+    assert [r.id for r in _open(any_ledger)] == [first]
+    counts = any_ledger.counts()  # one transaction: nothing of the refused solve is written
+    assert (counts["optimizer_runs"], counts["optimizer_candidates"], counts["optimizer_recommendations"]) == (1, 2, 1)

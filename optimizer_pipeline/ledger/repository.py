@@ -250,6 +250,10 @@ class Ledger(EvidenceRows):
     def finish_run(self, run_id: str, status: str, *, independent_cost: float | None = None,
                    diagnostics: Mapping[str, Any] | None = None) -> None:
         """`running` -> succeeded | failed | interrupted, exactly once; a second finish raises RunStateError."""
+        self._finish_run(run_id, status, independent_cost, diagnostics)
+
+    def _finish_run(self, run_id: str, status: str, independent_cost: float | None,
+                    diagnostics: Mapping[str, Any] | None) -> None:
         _check_end_status(status)
         with self.backend.transaction() as tx:
             changed = self.backend.changed(tx, """UPDATE optimizer_runs SET status = ?, independent_cost = ?,
@@ -322,6 +326,13 @@ class Ledger(EvidenceRows):
         for a revision that changed while it was solving is recorded born `expired` (reason: the
         binding changed while solving) and supersedes nothing. So a binding has at most one open
         recommendation, and it is always for the binding's current revision."""
+        return self._record_solve(run, candidates, model_id, recommendation, run_status, independent_cost, diagnostics,
+                                  evidence_source, supersede)
+
+    def _record_solve(self, run: Mapping[str, Any], candidates: Sequence[SolveCandidate], model_id: str,
+                      recommendation: Recommendation | None, run_status: str, independent_cost: float | None,
+                      diagnostics: Mapping[str, Any], evidence_source: str, supersede: bool) -> str:
+        # undecorated (mutmut mutates no decorated function: the invariant code is mutated here)
         _check_end_status(run_status)
         run = dict(run, id=run.get("id") or new_id("or"))
         table = candidate_table(run["id"], candidates, model_id)  # refuses bad numbers before any write
