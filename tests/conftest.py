@@ -5,6 +5,21 @@ import copy
 import pytest
 
 
+# The files whose tests take longest (servers, daemons, workers, CLI subprocesses; measured with
+# `pytest --durations=0`), longest first. `make test` spreads files over two processes (pytest-xdist,
+# `-n 2 --dist loadfile`), each file whole on one of them, in collection order
+# (`--no-loadscope-reorder`); a long file that started last would run on alone at the end.
+LONG_FILES_FIRST = ("test_several_hosts.py", "test_postgres_restart.py", "test_cli.py", "test_ui_browser.py",
+                    "test_postgres_ledger.py", "test_definitions.py", "test_layout.py",
+                    "test_reliability_scaling.py", "test_process_hygiene.py", "test_batch_isolation.py")
+
+
+def pytest_collection_modifyitems(items):
+    """The long files first, the others after them in their usual order (the sort is stable)."""
+    rank = {name: i for i, name in enumerate(LONG_FILES_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
 BINDING_DOC = {
     "id": "tanks-1",
     "unit": "quadruple tank, line 1",
