@@ -113,33 +113,44 @@ def new_samples_sensor():
 
     @sensor(name="new_samples", job=solve_job, minimum_interval_seconds=15, default_status=DefaultSensorStatus.RUNNING)
     def new_samples(context: SensorEvaluationContext, ledger: LedgerResource):
-        store = ledger.ledger()
-        known = set(context.instance.get_dynamic_partitions(BINDINGS.name))
-        busy = in_flight(context.instance, solve_job.name) | in_flight(context.instance, refresh_job.name)
-        requests, periods = [], {b.spec.id: b.spec.sample_period_s for b in store.list_bindings()}
-        for binding_id, newest in sorted(store.newest_samples().items()):
-            rec = store.latest_recommendation(binding_id)
-            if binding_id not in known or binding_id in busy or rec is None or binding_id not in periods:
-                continue
-            solved_from = store.get_run(rec.run_id).context.get("live_t")
-            # the solve's live time is on the sample grid: a raw time up to half a period later is the same sample
-            if solved_from is not None and newest <= float(solved_from) + periods[binding_id] / 2:
-                continue
-            requests.append(RunRequest(partition_key=binding_id, run_key=f"{binding_id}@t{newest:.3f}",
-                                       tags={"optimizer/reason": f"new samples of {binding_id} up to t={newest:.3f}, "
-                                                                 f"solved from t={solved_from}"}))
-        return requests or SkipReason("no binding has samples newer than its recommendation's live state")
+        return (re_solve_requests(context, ledger.ledger())
+                or SkipReason("no binding has samples newer than its recommendation's live state"))
 
     return new_samples
+
+
+def re_solve_requests(context: SensorEvaluationContext, store, only: set[str] | None = None) -> list[RunRequest]:
+    """`solve` requests for the bindings (all, or those in `only`) whose newest stored sample is newer
+    than the live state of their latest recommendation: none while a solve or refresh of the binding
+    is queued or running, none without a recommendation, run key `<binding>@t<newest>`."""
+    known = set(context.instance.get_dynamic_partitions(BINDINGS.name))
+    busy = in_flight(context.instance, solve_job.name) | in_flight(context.instance, refresh_job.name)
+    requests, periods = [], {b.spec.id: b.spec.sample_period_s for b in store.list_bindings()}
+    for binding_id, newest in sorted(store.newest_samples().items()):
+        if only is not None and binding_id not in only:
+            continue
+        rec = store.latest_recommendation(binding_id)
+        if binding_id not in known or binding_id in busy or rec is None or binding_id not in periods:
+            continue
+        solved_from = store.get_run(rec.run_id).context.get("live_t")
+        # the solve's live time is on the sample grid: a raw time up to half a period later is the same sample
+        if solved_from is not None and newest <= float(solved_from) + periods[binding_id] / 2:
+            continue
+        requests.append(RunRequest(partition_key=binding_id, run_key=f"{binding_id}@t{newest:.3f}",
+                                   tags={"optimizer/reason": f"new samples of {binding_id} up to t={newest:.3f}, "
+                                                             f"solved from t={solved_from}"}))
+    return requests
 
 
 def history_inbox_sensor():
     """Ingests the history files a historian export dropped into `<home>/inbox/<binding_id>/`
     (optimizer_pipeline/inbox.py: the same code as `optimizer-pipeline ingest`); finished files
     only, each moved to done/ or, refused with its reason, to rejected/. The new samples then
-    re-solve their binding through new_samples."""
+    re-solve their binding in the same tick (the requests of new_samples, for the bindings whose
+    files were ingested: one sensor interval less between a file and its recommendation than
+    waiting for new_samples, which still catches samples ingested from the CLI)."""
 
-    @sensor(name="history_inbox", minimum_interval_seconds=10, default_status=DefaultSensorStatus.RUNNING)
+    @sensor(name="history_inbox", job=solve_job, minimum_interval_seconds=10, default_status=DefaultSensorStatus.RUNNING)
     def history_inbox(context: SensorEvaluationContext, ledger: LedgerResource):
         from optimizer_pipeline.inbox import ingest_inbox_file, waiting_files
 
@@ -152,7 +163,9 @@ def history_inbox_sensor():
             log = context.log.info if r.ingested else context.log.warning
             log(f"inbox {r.binding_id}/{r.file}: {'ingested, ' if r.ingested else 'rejected: '}{r.detail}")
         ingested = sum(r.ingested for r in results)
-        return SkipReason(f"inbox: {ingested} file(s) ingested, {len(results) - ingested} rejected")
+        return (re_solve_requests(context, store, {r.binding_id for r in results if r.ingested})
+                or SkipReason(f"inbox: {ingested} file(s) ingested, {len(results) - ingested} rejected; nothing to "
+                              f"re-solve (no recommendation yet, a solve in flight, or no newer sample)"))
 
     return history_inbox
 

@@ -233,21 +233,30 @@ def test_a_dropped_history_file_is_ingested_and_re_solves_its_binding(heater_hom
     heater_home.run("heater-1")
     newest = _drop(heater_home, "heater-1", "export-1.csv", 3)
     (heater_home.home / "inbox" / "heater-1" / "export-2.csv.part").write_text("still being written")
-    assert "1 file(s) ingested, 0 rejected" in _tick(heater_home, "history_inbox").skip_message
+    [request] = _tick(heater_home, "history_inbox")  # ingested, and its binding's re-solve requested at once
+    assert (request.partition_key, request.run_key) == ("heater-1", f"heater-1@t{newest:.3f}")
     folder = heater_home.home / "inbox" / "heater-1"
     assert (folder / "done" / "export-1.csv").exists() and not (folder / "export-1.csv").exists()
     assert (folder / "export-2.csv.part").exists()  # unfinished: left alone
-    [request] = _tick(heater_home, "new_samples")
-    assert (request.partition_key, request.run_key) == ("heater-1", f"heater-1@t{newest:.3f}")
+    heater_home.run("heater-1", job="solve")
+    assert isinstance(_tick(heater_home, "new_samples"), SkipReason)  # solved from the file's newest sample
+    assert _tick(heater_home, "history_inbox").skip_message == "no history file waiting in the inbox"
 
 
 def test_a_burst_of_five_files_gives_one_re_solve(heater_home):
     heater_home.instance.add_dynamic_partitions("bindings", ["heater-1"])
     heater_home.run("heater-1")
     newest = max(_drop(heater_home, "heater-1", f"burst-{i}.csv", 2, start=1 + 2 * i) for i in range(5))
-    assert "5 file(s) ingested" in _tick(heater_home, "history_inbox").skip_message
-    requests = _tick(heater_home, "new_samples")
+    requests = _tick(heater_home, "history_inbox")
     assert [r.run_key for r in requests] == [f"heater-1@t{newest:.3f}"]
+    assert len(list((heater_home.home / "inbox" / "heater-1" / "done").iterdir())) == 5
+
+
+def test_a_file_for_a_binding_without_a_recommendation_is_ingested_and_left_to_binding_changes(heater_home):
+    newest = _drop(heater_home, "heater-1", "early.csv", 2)
+    skipped = _tick(heater_home, "history_inbox")
+    assert "1 file(s) ingested, 0 rejected; nothing to re-solve" in skipped.skip_message
+    assert heater_home.ledger.newest_samples()["heater-1"] == pytest.approx(newest)
 
 
 def test_a_broken_or_unknown_binding_file_is_set_aside_with_its_reason_and_the_ledger_unchanged(heater_home):
