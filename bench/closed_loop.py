@@ -2,8 +2,8 @@
 
 Each cycle the first `--steps` moves of the open recommendation are applied to the simulated plant;
 its new samples are written into the home's inbox (a `.part` file renamed when done, as a historian
-export does); the sensors re-solve (history_inbox ingests, new_samples requests `solve`,
-outcome_drift requests `refresh`); the observed response is recorded with `outcome` against the
+export does); the sensors re-solve (history_inbox ingests and requests `solve`, outcome_drift
+requests `refresh`); the observed response is recorded with `outcome` against the
 recommendation it followed. Half-way the plant's gain changes (`--drift-gain`), to see whether the
 outcome drift triggers a recalibration and whether the loop still reaches its targets.
 
@@ -11,7 +11,7 @@ Two ways to evaluate the sensors:
   default    in this process, on a real Dagster instance, back to back after each file (what the
              loop does, without the daemon's intervals): the control figures.
   --daemon   by a real `optimizer-pipeline daemon` (dagster-daemon) with the sensors' default
-             intervals (history_inbox 10 s, new_samples 15 s, outcome_drift 60 s), runs launched
+             intervals (history_inbox 10 s, outcome_drift 60 s), runs launched
              by the instance as in production: the re-solve latency a user sees.
 
 Reports per plant: final tracking error (norm over CVs of |y - target| / |target|, noise-free, at the
@@ -189,12 +189,11 @@ def replay(plant_name: str, args: argparse.Namespace) -> dict:
                 if daemon is not None:
                     latencies.append(wait_for_new_recommendation(ledger, spec.id, rec.id, daemon) - written)
                 else:
-                    tick("history_inbox")
+                    requests = tick("history_inbox")  # ingests, and requests the binding's re-solve
                     if tick("outcome_drift").__class__.__name__ != "SkipReason":
                         drift_cycles.append(cycle)
-                        run("refresh")
-                    requests = tick("new_samples")
-                    if isinstance(requests, list) and requests:
+                        run("refresh")  # recalibrates and re-solves from the same newest sample
+                    elif isinstance(requests, list) and requests:
                         run("solve")
                         latencies.append(time.perf_counter() - written)
                 x, u_now, t_now = states[-1], u_plan[-1], float(t[-1])
