@@ -244,3 +244,83 @@ def test_verify_all_checks_with_the_given_tolerances(solved):
     problem, result, nominal = solved
     raw = SolveResult(result.problem_ir_hash, True, (replace(nominal, cost=nominal.cost * 1.01),), {})
     assert verify_all(problem, raw, Tolerances(cost_rel=0.05)).candidates[0].verified
+
+
+# The dyadic problem of test_boundaries (MV range 4, CV limits +-4, y = (u0, u0 / 2 + u1), move weight 1/4,
+# slack weight 1000) with tolerances that are powers of two, so every number of a report is exact.
+EXACT = Tolerances(mv_rel=2.0 ** -10, cv_rel=2.0 ** -10, cost_abs=2.0 ** -10, cost_rel=2.0 ** -8)
+
+
+def test_the_report_carries_what_each_mv_and_cv_is_allowed():
+    report = verify_candidate(dyadic_problem(du_max=2.0), plan(1.0, 0.0), EXACT).verify_report
+    # MV: 2^-10 of the range 4; max move 2 (u std 1); CV: 2^-10 of the range 8
+    assert (report["mv_allowed"], report["max_move"], report["cv_allowed"]) == ([2.0 ** -8], [2.0], [2.0 ** -7])
+    assert report["cost_limits"] == "nominal" and report["reasons"] == []
+
+
+def test_values_of_a_report_are_none_where_not_finite():
+    from optimizer_pipeline.solver.verify import _rows_values, _values
+
+    assert _values(np.array([1.5, np.inf, np.nan, -np.inf])) == [1.5, None, None, None]
+    assert _rows_values(np.array([[1.5, np.inf], [np.nan, -2.0]])) == [[1.5, None], [None, -2.0]]
+
+
+def test_a_cv_violation_is_reported_per_cv_as_its_largest_over_the_steps():
+    # plan (4.25, 0): y = (4.25, 2.125): 1/4 over the limit 4 at step 1, inside it at step 2
+    checked = verify_candidate(dyadic_problem(u_lim=8.0, du_max=8.0), plan(4.25, 0.0), EXACT)
+    assert checked.verify_report["cv_limit_violation"] == [0.25]
+    assert checked.verify_report["cv_violation_beyond_hold"] == [0.25]
+    assert checked.verify_report["reasons"] == [
+        "CV y limit violated by 0.25, 0.25 more than holding the current MVs (allowed 0.00781)"]
+
+
+def test_a_candidate_without_a_usable_plan_loses_whatever_verdict_it_came_with():
+    claimed = replace(plan(1.0, 0.0), feasible=True, verified=True, independent_cost=5.0)
+    for broken, reason in ((replace(claimed, controls=(), predicted=()), "no plan (solver status 'solved')"),
+                           (replace(claimed, controls=((np.nan,), (0.0,))),
+                            "controls / predicted contain non-finite values"),
+                           (replace(claimed, predicted=((1.0,), (np.inf,))),
+                            "controls / predicted contain non-finite values")):
+        checked = verify_candidate(dyadic_problem(du_max=2.0), broken, EXACT)
+        assert (checked.feasible, checked.verified, checked.independent_cost) == (False, False, None)
+        assert checked.verify_report["reasons"] == [reason]
+
+
+def test_a_plan_whose_re_simulation_overflows_is_infeasible():
+    # x' = 1e300 x + u from x0 = 1e10 overflows to inf at the first step
+    problem = replace(dyadic_problem(du_max=2.0), x0=(1e10,),
+                      model=StateSpace(A=((1e300,),), B=((1.0,),), E=((),), f=(0.0,), C=((1.0,),)))
+    with np.errstate(over="ignore"):
+        checked = verify_candidate(problem, replace(plan(1.0, 0.0), verified=True), EXACT)
+    assert (checked.feasible, checked.verified, checked.independent_cost) == (False, False, None)
+    assert checked.verify_report["reasons"] == ["re-simulated CVs are not finite (unstable model?)"]
+
+
+def test_a_robust_candidate_s_cost_is_recomputed_against_the_robust_limits():
+    # band 1: robust limits +-3. Plan (3.5, 0): y = (3.5, 1.75), inside the nominal limits 4, 1/2 over the
+    # robust 3 at step 1: cost 3.5^2 + 1.75^2 + (3.5^2 + 3.5^2) / 4 + 1000 (1/2 + 1/4) = 771.4375;
+    # against the nominal limits 21.4375
+    problem = replace(dyadic_problem(u_lim=4.0, du_max=4.0), band=(1.0,))
+    robust = replace(plan(3.5, 0.0, y_lim=3.0), kind=CandidateKind.ROBUST, seq=2)
+    checked = verify_candidate(problem, robust, EXACT)
+    assert (checked.independent_cost, checked.verify_report["cost_limits"]) == (771.4375, "robust")
+    assert checked.feasible and checked.verified, checked.verify_report["reasons"]
+    nominal = verify_candidate(problem, plan(3.5, 0.0), EXACT)
+    assert (nominal.independent_cost, nominal.verify_report["cost_limits"], nominal.verified) == (
+        21.4375, "nominal", True)
+
+
+def test_a_candidate_without_a_cost_is_feasible_but_unverified():
+    checked = verify_candidate(dyadic_problem(du_max=2.0), replace(plan(1.0, 0.0), cost=None), EXACT)
+    assert (checked.feasible, checked.verified, checked.independent_cost) == (True, False, 1.75)
+    assert checked.verify_report["reasons"] == ["solver reported no cost"]
+
+
+def test_the_report_gives_the_cost_difference_and_what_was_allowed():
+    # honest cost of plan (1, 0): 1 + 1/4 + (1 + 1) / 4 = 1.75; claimed 2.25;
+    # allowed 2^-10 + 2^-8 x 2.25 = 0.009765625
+    checked = verify_candidate(dyadic_problem(du_max=2.0), plan(1.0, 0.0, cost_offset=0.5), EXACT)
+    report = checked.verify_report
+    assert (report["cost_abs_diff"], report["cost_allowed"]) == (0.5, 0.009765625)
+    assert report["reasons"] == ["solver cost 2.25 disagrees with the independent cost 1.75 (|diff| 0.5 > 0.00977)"]
+    assert checked.feasible and not checked.verified
