@@ -190,6 +190,8 @@ def replay(plant_name: str, args: argparse.Namespace) -> dict:
                     latencies.append(wait_for_new_recommendation(ledger, spec.id, rec.id, daemon) - written)
                 else:
                     requests = tick("history_inbox")  # ingests, and requests the binding's re-solve
+                    if not (isinstance(requests, list) and requests):
+                        requests = tick("new_samples")  # (code before the inbox requested re-solves itself)
                     if tick("outcome_drift").__class__.__name__ != "SkipReason":
                         drift_cycles.append(cycle)
                         run("refresh")  # recalibrates and re-solves from the same newest sample
