@@ -123,6 +123,16 @@ def test_expiry_sensor_records_expiry_past_valid_until(heater_home):
     assert heater_home.ledger.get_recommendation(rec_id).status == "expired"
 
 
+def _schedule_tick(home: DemoHome, defs, schedule, when: datetime):
+    """One tick, its context closed on the way out: the context enters an instance of its own (from
+    the instance's ref), which makes it Dagster's current one until closed. Left to the garbage
+    collector, its closing would put back, during some later test, the current instance of this one
+    (by then gone: "Attempted to resolve undefined DagsterInstance weakref", seen under xdist)."""
+    with build_schedule_context(instance=home.instance, scheduled_execution_time=when,
+                                repository_def=defs.get_repository_def()) as context:
+        return schedule.evaluate_tick(context)
+
+
 def test_daily_schedule_recalibrates_every_partition_in_one_run(heater_home):
     plant = heater_home.plants["heater-1"]
     heater_home.ledger.ingest(binding_from_dict({**plant.binding_doc(), "id": "heater-2"}), plant.history(SEED).frame,
@@ -132,18 +142,13 @@ def test_daily_schedule_recalibrates_every_partition_in_one_run(heater_home):
     schedule = defs.resolve_schedule_def("daily_recalibration")
     assert schedule.cron_schedule == "0 3 * * *" and schedule.execution_timezone == "UTC"
     when = datetime(2026, 11, 30, 3, 0, tzinfo=timezone.utc)
-    context = build_schedule_context(instance=heater_home.instance, scheduled_execution_time=when,
-                                     repository_def=defs.get_repository_def())
-    (request,) = schedule.evaluate_tick(context).run_requests
+    (request,) = _schedule_tick(heater_home, defs, schedule, when).run_requests
     assert request.job_name in (None, "refresh") and request.partition_key is None
     assert range_tags("heater-1", "heater-2").items() <= request.tags.items()
     # one run per scheduled time: the same tick again has the same key, the next day's tick another
     assert request.run_key == "all@2026-11-30T03:00:00+00:00"
-    (same,) = schedule.evaluate_tick(build_schedule_context(instance=heater_home.instance, scheduled_execution_time=when,
-                                                            repository_def=defs.get_repository_def())).run_requests
-    (next_day,) = schedule.evaluate_tick(build_schedule_context(
-        instance=heater_home.instance, scheduled_execution_time=when + timedelta(days=1),
-        repository_def=defs.get_repository_def())).run_requests
+    (same,) = _schedule_tick(heater_home, defs, schedule, when).run_requests
+    (next_day,) = _schedule_tick(heater_home, defs, schedule, when + timedelta(days=1)).run_requests
     assert (same.run_key, next_day.run_key) == (request.run_key, "all@2026-12-01T03:00:00+00:00")
 
     # the schedule's job: the run ends with a recommendation from the new calibration
