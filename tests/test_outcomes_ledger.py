@@ -1,0 +1,165 @@
+"""outcomes.py's ledger and file paths in process (record_outcome, evaluate_row, evaluate_pending,
+Observation.from_frame, summary) on a DuckDB ledger in tmp_path: test_outcomes_pipeline.py drives
+the same code end to end through Dagster and the CLI, too slow to run once per mutant
+(`make mutation MUTATION_MODULES=outcomes`).
+
+One MV q and one CV y, sample period 10 s. The stored recommendation holds q at 100 and predicts
+y = 50 + k / 2 at the end of step k (k = 0 .. 19), band 1, UQ block length 10 (so 10 steps are
+judged), promised rate min(1 - alpha, coverage) = min(0.9, 0.95) = 0.9.
+"""
+
+from datetime import datetime, timedelta, timezone
+
+import pandas as pd
+import pytest
+
+from optimizer_pipeline.contracts import (
+    Outcome,
+    OutcomeVerdict,
+    Recommendation,
+    RecommendationStatus,
+    Template,
+    binding_from_dict,
+    iso_utc,
+)
+from optimizer_pipeline.ledger import Ledger
+from optimizer_pipeline.outcomes import (
+    EVALUATION_SUFFIX,
+    Observation,
+    OutcomeError,
+    evaluate_pending,
+    record_outcome,
+    summary,
+)
+
+T0 = datetime(2027, 1, 15, 9, 0, tzinfo=timezone.utc)  # when the plan is applied
+SPEC = binding_from_dict({
+    "id": "heat", "sample_period_s": 10,
+    "mvs": [{"tag": "q", "lo": 0, "hi": 200, "max_move": 50}],
+    "cvs": [{"tag": "y", "lo": 0, "hi": 100, "target": 55}],
+    "profile": {"id": "p", "template": "linear_mpc_quadratic@1", "horizon": 20}})
+UQ = {"method": "split_conformal", "alpha": 0.1, "coverage": 0.95, "block_length": 10,
+      "calibrated_at": "2027-01-15T08:00:00+00:00"}
+PREDICTED = tuple((50.0 + 0.5 * k,) for k in range(20))
+
+
+def stored_recommendation(ledger: Ledger, status=RecommendationStatus.VERIFIED, rec_id="rec-a") -> Recommendation:
+    rec = Recommendation(
+        id=rec_id, binding_id="heat", binding_revision=1, run_id="or-a", candidate_id=None,
+        template=Template.LINEAR_MPC, status=status, reasons=(), created_at=iso_utc(T0 - timedelta(minutes=1)),
+        valid_until=iso_utc(T0 + timedelta(hours=1)), mv_tags=("q",), cv_tags=("y",), controls=((100.0,),) * 20,
+        predicted=PREDICTED, band=(1.0,), cost=1.0, independent_cost=1.0, problem_ir_hash="p" * 64,
+        model_artifact_hash="m" * 64, evidence={"source": "simulation", "uq": UQ}, band_steps=10)
+    ledger.insert_recommendation(rec, "simulation")
+    return rec
+
+
+@pytest.fixture
+def ledger(tmp_path):
+    ledger = Ledger(tmp_path / "ledger.duckdb")
+    ledger.upsert_binding(SPEC)
+    stored_recommendation(ledger)
+    return ledger
+
+
+def observed_file(path, offset=0.0, rows=21):
+    """Row 0 at T0 (y 49, before the first step ends), row k + 1 at T0 + 10 (k + 1) s: the plan's prediction of
+    step k plus `offset`; q held at 100."""
+    y = [49.0] + [p[0] + offset for p in PREDICTED]
+    frame = pd.DataFrame({"run_id": "after", "timestamp": [iso_utc(T0 + timedelta(seconds=10 * k)) for k in range(rows)],
+                          "q": 100.0, "y": y[:rows]})
+    frame.to_csv(path, index=False)
+    return path
+
+
+def test_an_outcome_applied_at_the_files_first_sample_is_judged_stored_and_summarised(ledger, tmp_path):
+    outcome = record_outcome(ledger, "rec-a", observed_file(tmp_path / "obs.csv"))
+    assert outcome.id.startswith("out-") and (outcome.recommendation_id, outcome.binding_id) == ("rec-a", "heat")
+    assert (outcome.applied_at, outcome.verdict) == (iso_utc(T0), OutcomeVerdict.CONFIRMED)
+    assert outcome.observed["source"] == "obs.csv" and outcome.observed["run_ids"] == ["after"]
+    assert outcome.observed["t"] == [T0.timestamp() + 10 * k for k in range(21)]
+    assert [(r.id, r.verdict) for r in ledger.list_outcomes("heat")] == [(outcome.id, "confirmed")]
+    doc = summary(outcome)
+    assert {k: doc[k] for k in ("outcome_id", "recommendation_id", "binding_id", "applied_at", "verdict",
+                                "rule", "judged_steps", "trials", "hits", "promised_rate", "p_value", "band",
+                                "max_abs_delta", "mv_max_abs_deviation_from_plan")} == {
+        "outcome_id": outcome.id, "recommendation_id": "rec-a", "binding_id": "heat", "applied_at": iso_utc(T0),
+        "verdict": "confirmed", "rule": "mpc_within_P", "judged_steps": 10, "trials": 10, "hits": 10,
+        "promised_rate": 0.9, "p_value": 1.0, "band": {"y": 1.0}, "max_abs_delta": {"y": 0.0},
+        "mv_max_abs_deviation_from_plan": {"q": 0.0}}
+    assert set(doc) == {"outcome_id", "recommendation_id", "binding_id", "applied_at", "verdict", "verdict_reason",
+                        "rule", "judged_steps", "steps_aligned", "steps_required", "trials", "hits", "inside_share",
+                        "inside_share_all_steps", "promised_rate", "p_value", "block_covered", "band",
+                        "max_abs_delta", "mv_max_abs_deviation_from_plan"}
+
+
+def test_a_given_applied_at_drops_the_earlier_samples_and_aligns_the_plan_from_there(ledger, tmp_path):
+    # applied at T0 + 50 s (row 5): the sample kept first is the one at T0 + 50 (within half a period);
+    # step k ends at row 6 + k, y = 50 + (k + 5) / 2: 2.5 off the prediction, beyond the band 1 at every step
+    outcome = record_outcome(ledger, "rec-a", observed_file(tmp_path / "obs.csv"), "2027-01-15T09:00:50Z")
+    assert outcome.applied_at == iso_utc(T0 + timedelta(seconds=50))
+    assert outcome.observed["t"] == [T0.timestamp() + 10 * k for k in range(5, 21)]
+    assert outcome.observed["values"]["y"][0] == 52.0
+    assert outcome.verdict is OutcomeVerdict.DEVIATED
+    assert (outcome.details["hits"], outcome.details["trials"], outcome.details["max_abs_delta"]) == (0, 10, {"y": 2.5})
+
+
+def test_an_applied_at_that_is_not_iso_8601_is_refused_and_nothing_is_written(ledger, tmp_path):
+    with pytest.raises(OutcomeError) as refused:
+        record_outcome(ledger, "rec-a", observed_file(tmp_path / "obs.csv"), "yesterday")
+    assert str(refused.value) == "--applied-at: 'yesterday' is not an ISO 8601 timestamp"
+    assert ledger.list_outcomes("heat") == []
+
+
+def test_an_applied_at_after_valid_until_is_refused_and_nothing_is_written(ledger, tmp_path):
+    with pytest.raises(OutcomeError, match="after its valid_until"):
+        record_outcome(ledger, "rec-a", observed_file(tmp_path / "obs.csv"), "2027-01-15T10:00:01Z")
+    assert ledger.list_outcomes("heat") == []
+
+
+def test_a_rejected_recommendation_is_refused_before_its_file_is_read(tmp_path):
+    ledger = Ledger(tmp_path / "ledger.duckdb")
+    ledger.upsert_binding(SPEC)
+    stored_recommendation(ledger, RecommendationStatus.REJECTED, "rec-r")
+    with pytest.raises(OutcomeError) as refused:
+        record_outcome(ledger, "rec-r", tmp_path / "no-such-file.csv")
+    assert str(refused.value) == "recommendation rec-r was rejected (no feasible plan); there is nothing to apply"
+
+
+def test_samples_of_several_runs_are_ordered_by_time(ledger, tmp_path):
+    frame = pd.read_csv(observed_file(tmp_path / "obs.csv"))
+    frame.loc[frame.index % 2 == 1, "run_id"] = "other"
+    # the file holds run "other" (odd rows) first, then run "after": each run in time order, the file not
+    pd.concat([frame[frame.run_id == "other"], frame[frame.run_id == "after"]]).to_csv(tmp_path / "shuffled.csv",
+                                                                                    index=False)
+    outcome = record_outcome(ledger, "rec-a", tmp_path / "shuffled.csv", iso_utc(T0))
+    assert outcome.observed["t"] == [T0.timestamp() + 10 * k for k in range(21)]
+    assert outcome.observed["values"]["y"] == [49.0] + [p[0] for p in PREDICTED]
+    assert outcome.observed["run_ids"] == ["other", "after"]  # as read
+    assert outcome.verdict is OutcomeVerdict.CONFIRMED
+
+
+def pending(ledger, outcome_id, offset=0.0):
+    observed = Observation(t=pd.Series([T0.timestamp() + 10 * k for k in range(21)]).to_numpy(float), tags=("q", "y"),
+                           values=pd.DataFrame({"q": 100.0, "y": [49.0] + [p[0] + offset for p in PREDICTED]}
+                                               ).to_numpy(float), run_ids=("after",), source="inbox.csv")
+    row = Outcome(id=outcome_id, recommendation_id="rec-a", binding_id="heat", applied_at=iso_utc(T0),
+                  observed=observed.to_dict(), delta={}, verdict=None, details={})
+    ledger.insert_outcome(row)
+    return row
+
+
+def test_a_pending_observation_is_judged_once_by_its_own_evaluation_row(ledger, tmp_path):
+    judged = record_outcome(ledger, "rec-a", observed_file(tmp_path / "obs.csv"))  # has a verdict: not pending
+    first, second = pending(ledger, "out-p1"), pending(ledger, "out-p2", offset=2.5)
+    written = evaluate_pending(ledger, "heat")
+    assert [(o.id, o.verdict) for o in written] == [("out-p1" + EVALUATION_SUFFIX, OutcomeVerdict.CONFIRMED),
+                                                    ("out-p2-eval", OutcomeVerdict.DEVIATED)]
+    for row, out in zip((first, second), written):
+        assert (out.recommendation_id, out.binding_id, out.applied_at, out.observed) == (
+            "rec-a", "heat", row.applied_at, row.observed)
+        assert out.details["evaluates"] == row.id and out.details["trials"] == 10
+    assert (written[0].details["hits"], written[1].details["hits"]) == (10, 0)
+    assert evaluate_pending(ledger, "heat") == []  # nothing is judged twice
+    assert sorted(r.id for r in ledger.list_outcomes("heat")) == sorted(
+        [judged.id, "out-p1", "out-p2", "out-p1-eval", "out-p2-eval"])
