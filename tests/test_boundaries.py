@@ -241,6 +241,7 @@ def test_a_hit_rate_p_value_of_exactly_0_01_is_confirmed():
     ev = evaluate(rec, observed_plan(offsets), T0, PERIOD)
     assert ev.details["p_value"] == 0.01, "scipy's tail moved: find another P0_EXACT"
     assert ev.verdict.value == "confirmed"
+    assert ev.details["verdict_reason"].endswith("one-sided binomial p = 0.01 (>= 0.01)")
 
 
 def artifact_with_pole(rho: float) -> ModelArtifact:

@@ -404,3 +404,114 @@ def test_a_deviated_reason_says_below_the_significance():
     offsets = np.concatenate([np.zeros(4), np.full(16, 2.0)])
     ev = evaluate(mpc_rec(), plan_observation(offsets), T0, PERIOD)
     assert ev.details["verdict_reason"].endswith(f"p = {hit_rate_p_value(4, 10, 0.9):.3g} (< 0.01)")
+
+
+# --------------------------------------------------------------------------- pinned by mutation testing (TESTING.md)
+
+
+def test_a_column_without_any_sample_does_not_stop_the_next_columns():
+    t = np.array([0.0, 10.0])
+    values = np.array([[np.nan, 1.0, 5.0], [np.nan, 2.0, 6.0]])
+    got = nearest_samples(t, values, np.array([10.0]), PERIOD)
+    assert math.isnan(got[0, 0]) and (got[0, 1], got[0, 2]) == (2.0, 6.0)
+
+
+def test_samples_of_two_runs_at_the_same_time_tie_to_the_earlier_one_in_order():
+    # runs a and b both sampled at t = 10; read at t = 8: both 2 s away, the first in order is taken
+    got = nearest_samples(np.array([10.0, 10.0]), np.array([[1.0], [2.0]]), np.array([8.0]), PERIOD)
+    assert got[0, 0] == 1.0
+
+
+def test_the_promised_rate_without_a_measured_coverage_is_one_minus_alpha():
+    assert promised_rate({"method": "empirical_max", "alpha": 0.25}) == 0.75
+
+
+def test_a_plan_that_moves_the_mv_followed_exactly_shows_no_deviation():
+    rec = mpc_rec()
+    rec["controls"] = [[100.0 + k] for k in range(20)]
+    obs = plan_observation(np.zeros(20))
+    obs.values[:20, 0] = 100.0 + np.arange(20)  # the MV held during step k is the sample at applied_at + k T
+    ev = evaluate(rec, obs, T0, PERIOD)
+    assert ev.details["mv_max_abs_deviation_from_plan"] == {"q": 0.0}
+
+
+def test_a_recommendation_without_a_band_entry_is_inconclusive():
+    rec = mpc_rec()
+    del rec["band"]
+    ev = evaluate(rec, plan_observation(np.zeros(20)), T0, PERIOD)
+    assert (ev.verdict.value, ev.details["band"], ev.details["inside_share_all_steps"]) == ("inconclusive", None, None)
+    assert ev.details["verdict_reason"] == ("the recommendation has no UQ band (no calibration evidence): nothing to "
+                                            "judge against")
+
+
+def test_a_band_without_uq_evidence_is_inconclusive():
+    ev = evaluate(mpc_rec(uq=None), plan_observation(np.zeros(20)), T0, PERIOD)
+    assert (ev.verdict.value, ev.details["p_value"], ev.details["promised_rate"]) == ("inconclusive", None, None)
+    assert ev.details["verdict_reason"].startswith("the recommendation has no UQ band")
+
+
+def test_a_block_with_a_missing_step_and_no_miss_is_neither_covered_nor_missed():
+    offsets = np.zeros(20)
+    obs = plan_observation(offsets)
+    obs.values[3, 1] = np.nan  # step 2 ends without a sample of y; the other 9 judged steps are inside
+    ev = evaluate(mpc_rec(), obs, T0, PERIOD)
+    assert (ev.details["block_covered"], ev.details["hits"], ev.details["trials"]) == (None, 9, 9)
+    assert ev.delta["inside"][2] == [None] and ev.delta["inside"][0] == [True]
+
+
+def test_nothing_aligned_has_no_share_of_steps_inside():
+    ev = evaluate(mpc_rec(), observation([49.0], start_step=-30), T0, PERIOD)  # one sample long before
+    assert (ev.details["inside_share_all_steps"], ev.details["trials"], ev.verdict.value) == (None, 0, "inconclusive")
+
+
+def test_an_mpc_outcome_records_no_settling_steps():
+    ev = evaluate(mpc_rec(), plan_observation(np.zeros(20)), T0, PERIOD, settle=7)
+    assert ev.details["settle_steps"] is None and ev.details["rule"] == "mpc_within_P"
+
+
+def test_the_applied_at_of_the_details_is_utc_whatever_the_local_time_zone(monkeypatch):
+    import time
+
+    monkeypatch.setenv("TZ", "Asia/Kolkata")  # UTC + 5:30
+    time.tzset()
+    try:
+        ev = evaluate(mpc_rec(), plan_observation(np.zeros(20)), T0, PERIOD)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert ev.details["applied_at"] == "2027-01-15T08:00:00+00:00"  # T0 = 1 800 000 000 s
+
+
+def steady_two_mv_rec():
+    return {"id": "rec-steady2", "template": "steady_response@1", "mv_tags": ["q", "r"], "cv_tags": ["y"],
+            "controls": [[100.0, 7.0]], "predicted": [[60.0]], "band": [0.5], "evidence": {"uq": dict(UQ, block_length=1)}}
+
+
+def test_a_steady_target_of_two_mvs_is_checked_per_mv_until_the_last_sample():
+    # samples at steps 0..7: q on target throughout, r on target except 7.75 at the last sample
+    t = T0 + np.arange(8) * PERIOD
+    values = np.column_stack([np.full(8, 100.0), np.r_[np.full(7, 7.0), 7.75], np.full(8, 60.0)])
+    obs = Observation(t=t, tags=("q", "r", "y"), values=values, run_ids=("obs",), source="test")
+    ev = evaluate(steady_two_mv_rec(), obs, T0, PERIOD, settle=2)
+    assert ev.details["mv_max_abs_deviation_from_plan"] == {"q": 0.0, "r": 0.75}
+    assert (ev.details["hits"], ev.details["trials"], ev.details["settle_steps"]) == (6, 6, 2)
+
+
+def test_a_steady_outcome_with_no_sample_after_applied_at_judges_no_step():
+    empty = Observation(t=np.zeros(0), tags=("q", "y"), values=np.zeros((0, 2)), run_ids=(), source="test")
+    ev = evaluate(steady_rec(), empty, T0, PERIOD, settle=1)
+    assert (ev.verdict.value, ev.delta["steps"], ev.details["steps_aligned"]) == ("inconclusive", [], 0)
+    assert ev.details["mv_max_abs_deviation_from_plan"] == {"q": None}
+
+
+def test_a_sample_just_under_half_a_period_past_the_last_step_is_no_step_of_its_own():
+    # applied at 100 s, period 10: samples on target at 100 and 110, then one 4.999999999 s after 110 with q off.
+    # The observation ends at step 1 (1 + 0.4999999999 rounds down to 1); step 1's MV is the sample at 110 (0 s
+    # away), and no step 2 is read, although the off sample is within half a period (+ 1e-9) of it. The same with
+    # only the sample at 100 before the off one (the observation ends at step 0).
+    for tail in ([100.0, 110.0], [100.0]):
+        t = np.array(tail + [tail[-1] + 4.999999999])
+        values = np.column_stack([np.r_[np.full(len(tail), 100.0), 130.0], np.full(len(t), 60.0)])
+        obs = Observation(t=t, tags=("q", "y"), values=values, run_ids=("obs",), source="test")
+        ev = evaluate(steady_rec(), obs, 100.0, PERIOD, settle=1)
+        assert ev.details["mv_max_abs_deviation_from_plan"] == {"q": 0.0}, tail
