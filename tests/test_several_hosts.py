@@ -21,6 +21,7 @@ import pytest
 import yaml
 from dagster import DagsterInstance
 
+from optimizer_pipeline.automation import CELERY_TASK_ID_TAG
 from optimizer_pipeline.contracts import binding_from_dict
 from optimizer_pipeline.plants import get_plant
 
@@ -169,13 +170,16 @@ def test_two_workers_share_a_refresh_and_a_worker_killed_mid_run_fails_only_that
         assert {r.context["worker"] for r in runs} == {"a", "b"}  # both workers ran bindings
 
         # 2. the worker that takes the next run dies in the middle of it
-        seen = {name: len(logs[name].read_text(errors="replace")) for name in ("worker-a", "worker-b")}
         proc = _submit(homes["submitter"], BINDINGS[0], BINDINGS[1], "--no-wait")
         assert proc.returncode == 0, proc.stderr[-3000:]
         [run_id] = {d["dagster_run_id"] for d in json.loads(proc.stdout)}
         with DagsterInstance.from_config(str(homes["submitter"] / "dagster")) as instance:
             _wait_for_event(instance, run_id, "STEP_START", timeout_s=600)
-            [victim] = [name for name in seen if "Task execute_job" in logs[name].read_text(errors="replace")[seen[name]:]]
+            # the worker that received this run's Celery task (not any "Task execute_job" line: the
+            # "succeeded" line of a phase-1 run may be written after that run's status was read)
+            task_id = instance.get_run_by_id(run_id).tags[CELERY_TASK_ID_TAG]
+            [victim] = [name for name in ("worker-a", "worker-b")
+                        if f"Task execute_job[{task_id}] received" in logs[name].read_text(errors="replace")]
             survivor = ({"worker-a", "worker-b"} - {victim}).pop()
             os.kill(_celery_child(procs[victim].pid), signal.SIGKILL)
             assert procs[victim].wait(120) != 0  # the command reports the death and ends
