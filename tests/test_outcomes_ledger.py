@@ -8,14 +8,17 @@ y = 50 + k / 2 at the end of step k (k = 0 .. 19), band 1, UQ block length 10 (s
 judged), promised rate min(1 - alpha, coverage) = min(0.9, 0.95) = 0.9.
 """
 
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from optimizer_pipeline.contracts import (
     Outcome,
     OutcomeVerdict,
+    Normalisation,
     Recommendation,
     RecommendationStatus,
     Template,
@@ -23,6 +26,7 @@ from optimizer_pipeline.contracts import (
     iso_utc,
 )
 from optimizer_pipeline.ledger import Ledger
+from optimizer_pipeline.model import ArxModel, Orders, artifact_from_model
 from optimizer_pipeline.outcomes import (
     EVALUATION_SUFFIX,
     Observation,
@@ -32,20 +36,21 @@ from optimizer_pipeline.outcomes import (
     summary,
 )
 
-T0 = datetime(2027, 1, 15, 9, 0, tzinfo=timezone.utc)  # when the plan is applied
+T0 = datetime(2026, 1, 15, 9, 0, tzinfo=timezone.utc)  # when the plan is applied (before today: see the revision test)
 SPEC = binding_from_dict({
     "id": "heat", "sample_period_s": 10,
     "mvs": [{"tag": "q", "lo": 0, "hi": 200, "max_move": 50}],
     "cvs": [{"tag": "y", "lo": 0, "hi": 100, "target": 55}],
     "profile": {"id": "p", "template": "linear_mpc_quadratic@1", "horizon": 20}})
 UQ = {"method": "split_conformal", "alpha": 0.1, "coverage": 0.95, "block_length": 10,
-      "calibrated_at": "2027-01-15T08:00:00+00:00"}
+      "calibrated_at": "2026-01-15T08:00:00+00:00"}
 PREDICTED = tuple((50.0 + 0.5 * k,) for k in range(20))
 
 
-def stored_recommendation(ledger: Ledger, status=RecommendationStatus.VERIFIED, rec_id="rec-a") -> Recommendation:
+def stored_recommendation(ledger: Ledger, status=RecommendationStatus.VERIFIED, rec_id="rec-a",
+                          binding_id="heat") -> Recommendation:
     rec = Recommendation(
-        id=rec_id, binding_id="heat", binding_revision=1, run_id="or-a", candidate_id=None,
+        id=rec_id, binding_id=binding_id, binding_revision=1, run_id="or-" + rec_id, candidate_id=None,
         template=Template.LINEAR_MPC, status=status, reasons=(), created_at=iso_utc(T0 - timedelta(minutes=1)),
         valid_until=iso_utc(T0 + timedelta(hours=1)), mv_tags=("q",), cv_tags=("y",), controls=((100.0,),) * 20,
         predicted=PREDICTED, band=(1.0,), cost=1.0, independent_cost=1.0, problem_ir_hash="p" * 64,
@@ -96,7 +101,7 @@ def test_an_outcome_applied_at_the_files_first_sample_is_judged_stored_and_summa
 def test_a_given_applied_at_drops_the_earlier_samples_and_aligns_the_plan_from_there(ledger, tmp_path):
     # applied at T0 + 50 s (row 5): the sample kept first is the one at T0 + 50 (within half a period);
     # step k ends at row 6 + k, y = 50 + (k + 5) / 2: 2.5 off the prediction, beyond the band 1 at every step
-    outcome = record_outcome(ledger, "rec-a", observed_file(tmp_path / "obs.csv"), "2027-01-15T09:00:50Z")
+    outcome = record_outcome(ledger, "rec-a", observed_file(tmp_path / "obs.csv"), "2026-01-15T09:00:50Z")
     assert outcome.applied_at == iso_utc(T0 + timedelta(seconds=50))
     assert outcome.observed["t"] == [T0.timestamp() + 10 * k for k in range(5, 21)]
     assert outcome.observed["values"]["y"][0] == 52.0
@@ -113,7 +118,7 @@ def test_an_applied_at_that_is_not_iso_8601_is_refused_and_nothing_is_written(le
 
 def test_an_applied_at_after_valid_until_is_refused_and_nothing_is_written(ledger, tmp_path):
     with pytest.raises(OutcomeError, match="after its valid_until"):
-        record_outcome(ledger, "rec-a", observed_file(tmp_path / "obs.csv"), "2027-01-15T10:00:01Z")
+        record_outcome(ledger, "rec-a", observed_file(tmp_path / "obs.csv"), "2026-01-15T10:00:01Z")
     assert ledger.list_outcomes("heat") == []
 
 
@@ -139,11 +144,11 @@ def test_samples_of_several_runs_are_ordered_by_time(ledger, tmp_path):
     assert outcome.verdict is OutcomeVerdict.CONFIRMED
 
 
-def pending(ledger, outcome_id, offset=0.0):
+def pending(ledger, outcome_id, offset=0.0, rec_id="rec-a", binding_id="heat"):
     observed = Observation(t=pd.Series([T0.timestamp() + 10 * k for k in range(21)]).to_numpy(float), tags=("q", "y"),
                            values=pd.DataFrame({"q": 100.0, "y": [49.0] + [p[0] + offset for p in PREDICTED]}
                                                ).to_numpy(float), run_ids=("after",), source="inbox.csv")
-    row = Outcome(id=outcome_id, recommendation_id="rec-a", binding_id="heat", applied_at=iso_utc(T0),
+    row = Outcome(id=outcome_id, recommendation_id=rec_id, binding_id=binding_id, applied_at=iso_utc(T0),
                   observed=observed.to_dict(), delta={}, verdict=None, details={})
     ledger.insert_outcome(row)
     return row
@@ -163,3 +168,95 @@ def test_a_pending_observation_is_judged_once_by_its_own_evaluation_row(ledger, 
     assert evaluate_pending(ledger, "heat") == []  # nothing is judged twice
     assert sorted(r.id for r in ledger.list_outcomes("heat")) == sorted(
         [judged.id, "out-p1", "out-p2", "out-p1-eval", "out-p2-eval"])
+
+
+def test_the_outcome_stores_the_delta_document_and_logs_the_verdict(ledger, tmp_path, caplog):
+    with caplog.at_level("INFO", logger="optimizer_pipeline.outcomes"):
+        outcome = record_outcome(ledger, "rec-a", observed_file(tmp_path / "obs.csv", offset=0.25))
+    assert outcome.delta["steps"] == list(range(20)) and outcome.delta["delta"][:2] == [[0.25], [0.25]]
+    assert ledger.list_outcomes("heat")[0].delta == outcome.delta
+    assert [m for m in caplog.messages if m.startswith("outcome of ")] == [
+        f"outcome of rec-a: confirmed ({outcome.details['verdict_reason']})"]
+
+
+def test_a_pending_observation_is_judged_with_its_own_delta_and_a_pending_outcome_summarises_without_verdict(ledger):
+    row = pending(ledger, "out-p", offset=0.25)
+    [out] = evaluate_pending(ledger, "heat")
+    assert out.delta["delta"][0] == [0.25] and out.delta["steps"] == list(range(20))
+    assert summary(replace(row, verdict=None))["verdict"] is None
+
+
+def test_only_the_bindings_own_pending_observations_are_judged(ledger):
+    ledger.upsert_binding(replace(SPEC, id="heat-2"))
+    stored_recommendation(ledger, rec_id="rec-b", binding_id="heat-2")
+    pending(ledger, "out-other", rec_id="rec-b", binding_id="heat-2")
+    pending(ledger, "out-own")
+    assert [o.id for o in evaluate_pending(ledger, "heat")] == ["out-own-eval"]
+    assert [o.id for o in evaluate_pending(ledger, "heat-2")] == ["out-other-eval"]
+
+
+def test_a_pending_observation_that_a_row_already_evaluates_is_not_judged_again(ledger):
+    pending(ledger, "out-p")
+    ledger.insert_outcome(Outcome(id="out-judged-by-hand", recommendation_id="rec-a", binding_id="heat",
+                                  applied_at=iso_utc(T0), observed={}, delta={}, verdict=OutcomeVerdict.CONFIRMED,
+                                  details={"evaluates": "out-p"}))
+    assert evaluate_pending(ledger, "heat") == []
+
+
+def test_an_outcome_is_judged_by_the_binding_revision_its_recommendation_was_solved_for(ledger, tmp_path):
+    # revision 2 samples every 20 s: the recommendation of revision 1 (10 s) is still judged on 10 s steps, and
+    # a sample is kept from half of ITS period (5 s) before applied_at: the one 4 s before, not the one 7 s before
+    ledger.upsert_binding(replace(SPEC, sample_period_s=20.0))  # expires rec-a now, after it was applied
+    frame = pd.read_csv(observed_file(tmp_path / "obs.csv"))
+    early = pd.DataFrame({"run_id": "after", "timestamp": [iso_utc(T0 - timedelta(seconds=s)) for s in (7, 4)],
+                          "q": 100.0, "y": 48.0})
+    pd.concat([early, frame]).to_csv(tmp_path / "early.csv", index=False)
+    outcome = record_outcome(ledger, "rec-a", tmp_path / "early.csv", iso_utc(T0))
+    assert outcome.observed["t"][:2] == [T0.timestamp() - 4, T0.timestamp()]
+    assert (outcome.verdict, outcome.details["period_s"], outcome.details["hits"]) == (OutcomeVerdict.CONFIRMED, 10.0, 10)
+    pending(ledger, "out-p")
+    [judged] = evaluate_pending(ledger, "heat")
+    assert (judged.verdict, judged.details["period_s"]) == (OutcomeVerdict.CONFIRMED, 10.0)
+
+
+STEADY = binding_from_dict({
+    "id": "heat-steady", "sample_period_s": 10,
+    "mvs": [{"tag": "q", "lo": 0, "hi": 200, "max_move": 50}],
+    "cvs": [{"tag": "y", "lo": 0, "hi": 100, "target": 60}],
+    "profile": {"id": "p", "template": "steady_response@1", "horizon": 20}})
+
+
+def test_a_steady_outcome_is_judged_from_the_settling_steps_of_its_model_artifact(tmp_path):
+    # y = u(k - 1) / 2: no pole, so the model settles after its lag max(na, delay + nb - 1) = 1 step
+    model = ArxModel(Orders(1, 1, 1), np.zeros((1, 1, 1)), np.full((1, 1, 1), 0.5), np.zeros((1, 1, 0)), np.zeros(1))
+    artifact = artifact_from_model(model, STEADY, 1, Normalisation(("q", "y"), (100.0, 50.0), (10.0, 5.0)))
+    ledger = Ledger(tmp_path / "ledger.duckdb")
+    ledger.upsert_binding(STEADY)
+    ledger.put_artifact(artifact)
+    rec = Recommendation(
+        id="rec-s", binding_id="heat-steady", binding_revision=1, run_id="or-s", candidate_id=None,
+        template=Template.STEADY_RESPONSE, status=RecommendationStatus.VERIFIED, reasons=(),
+        created_at=iso_utc(T0 - timedelta(minutes=1)), valid_until=iso_utc(T0 + timedelta(hours=1)), mv_tags=("q",),
+        cv_tags=("y",), controls=((100.0,),), predicted=((60.0,),), band=(0.5,), cost=1.0, independent_cost=1.0,
+        problem_ir_hash="p" * 64, model_artifact_hash=artifact.artifact_hash,
+        evidence={"source": "simulation", "uq": dict(UQ, block_length=1)}, band_steps=1)
+    ledger.insert_recommendation(rec, "simulation")
+    # step 0 still far from the target (not judged), steps 1 .. 6 settled on it
+    frame = pd.DataFrame({"run_id": "after", "timestamp": [iso_utc(T0 + timedelta(seconds=10 * k)) for k in range(7)],
+                          "q": 100.0, "y": [40.0] + [60.0] * 6})
+    frame.to_csv(tmp_path / "steady.csv", index=False)
+    outcome = record_outcome(ledger, "rec-s", tmp_path / "steady.csv")
+    assert (outcome.verdict, outcome.details["settle_steps"], outcome.delta["steps"]) == (
+        OutcomeVerdict.CONFIRMED, 1, [1, 2, 3, 4, 5, 6])
+
+
+def test_samples_of_two_runs_at_the_same_times_keep_the_files_run_order_at_each_time():
+    # runs a and b sampled at the same 40 times (a first in the file): ordered by time, a's sample of each
+    # time comes before b's (a sort that is not stable mixes them up at this length)
+    times = np.arange(40) * 10.0
+    frame = pd.DataFrame({"run_id": ["a"] * 40 + ["b"] * 40, "timestamp": np.r_[times, times], "q": 100.0,
+                          "y": np.r_[np.full(40, 1.0), np.full(40, 2.0)]})
+    observation = Observation.from_frame(frame, SPEC, "two-runs.csv")
+    np.testing.assert_array_equal(observation.t, np.repeat(times, 2))
+    np.testing.assert_array_equal(observation.column(["y"])[:, 0], np.tile([1.0, 2.0], 40))
+    assert (observation.run_ids, observation.source, observation.tags) == (("a", "b"), "two-runs.csv", ("q", "y"))
