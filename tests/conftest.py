@@ -44,8 +44,11 @@ def no_dagster_instance_current_from_another_test():
     holds the instance only by a weak reference. Should a test's instance context be closed out of
     order (a generator context manager finalised by the garbage collector during a later test), a
     later test would build its repository against a dead instance ("Attempted to resolve undefined
-    DagsterInstance weakref": seen once in CI, never reproduced here). The product's own commands
-    run in a process each and build their jobs inside the instance's scope (cli.run_partitions)."""
+    DagsterInstance weakref": seen once in CI, and once in a two-process run here). A finaliser that
+    runs during a later test is past this fixture's reach, so a test closes every Dagster context it
+    opens: the one source found, unclosed `build_schedule_context` contexts in test_automation.py,
+    is closed now. The product's own commands run in a process each and build their jobs inside the
+    instance's scope (cli.run_partitions)."""
     from dagster._core.storage.defs_state.base import set_defs_state_storage  # checked on dagster 1.13.27
 
     with set_defs_state_storage(None):
