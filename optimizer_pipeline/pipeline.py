@@ -246,7 +246,7 @@ def recommend(stored: StoredBinding, artifact: ModelArtifact, split: HistorySpli
         *newest_sample(split)]
     decision = decide(binding, stored.revision, artifact, problem, result, snapshot,
                       uq.band_engineering(evidence, artifact), settings.uq_max_input_distance, run_id, now,
-                      extra_conditions=consistency)
+                      extra_conditions=consistency, max_band_fraction=settings.uq_max_band_fraction)
     rec, chosen = decision.recommendation, decision.chosen
     run = {"id": run_id, "binding_id": binding.id, "binding_revision": stored.revision,
            "profile_id": binding.profile.id, "profile_version": binding.profile.version,

@@ -1,7 +1,7 @@
 """Choosing the candidate to publish and deciding how far it can be trusted (docs/ARCHITECTURE.md, "Recommendation
 status"): evidence, coverage, freshness, input distance, age of the live state, feasibility,
-cost agreement, model gates, the steady-gain uncertainty along the planned move against the band and,
-with `uq.gate = strict`, the Clopper-Pearson / exchangeability tests; and how far the band is a
+cost agreement, model gates, the steady-gain uncertainty along the planned move against the band, the
+band against the improvement the plan claims over holding and, with `uq.gate = strict`, the Clopper-Pearson / exchangeability tests; and how far the band is a
 calibrated claim (`band_steps`).
 
 Every condition is one `Condition`: the recommendation's `reasons` are the failing ones' texts and
@@ -31,6 +31,7 @@ from optimizer_pipeline.contracts import (
     parse_iso_utc,
 )
 from optimizer_pipeline.ledger import candidate_id, new_id
+from optimizer_pipeline.settings import Settings
 
 
 # live.max_age_s when unset: this many sample periods, and at least LIVE_AGE_FLOOR_S (a fast-sampled
@@ -139,6 +140,41 @@ def gain_conditions(artifact: ModelArtifact, problem: ProblemIR, evidence: Evide
                       f"({GAIN_SIGMAS:g} standard errors of the gain) exceeds the band {band:.3g}")]
 
 
+def improvement_conditions(binding: BindingSpec, result: SolveResult, candidate: SolveCandidate | None,
+                           band_engineering: Sequence[float | None], max_fraction: float) -> list[Condition]:
+    """A move plan's band against the improvement it claims over holding the current MVs. With each
+    CV's error divided by its range (hi - lo) and the norm taken over CVs: the plan's predicted error
+    at its last step, widened by the band, ||(|planned - target| + band) / range||, must be at most
+    `max_fraction` (uq.max_band_fraction) of the error holding is predicted to leave at the same
+    step, ||(held - target) / range|| (the HOLD candidate's prediction). The band is calibrated on the
+    first P steps only, so this is how the plan's end is held to it: a band as wide as a good part of
+    the way the plan moves claims an improvement the evidence does not back (e.g. one linear model
+    on a curved plant). Holds when holding stays within the band of the targets (nothing to assure).
+    No condition for a steady target (its band is calibrated on the settled value it predicts),
+    without a candidate or without a band; no HOLD prediction fails."""
+    if (binding.profile.template is Template.STEADY_RESPONSE or candidate is None or not candidate.predicted
+            or not band_engineering or None in band_engineering):
+        return []
+    name, limit = "band against the improvement over holding", f"<= {max_fraction:g} (uq.max_band_fraction)"
+    hold = next((c for c in result.candidates if c.kind is CandidateKind.HOLD and c.predicted), None)
+    if hold is None:
+        return [Condition(name, "unknown", limit, False, "no hold prediction to compare the plan's improvement with")]
+    target = np.array([c.target for c in binding.cvs], float)
+    span = np.array([c.hi - c.lo for c in binding.cvs], float)
+    band = np.asarray(band_engineering, float)
+    held = float(np.linalg.norm((np.asarray(hold.predicted[-1], float) - target) / span))
+    widened = float(np.linalg.norm((np.abs(np.asarray(candidate.predicted[-1], float) - target) + band) / span))
+    within = float(np.linalg.norm(band / span))
+    if held <= within:
+        return [Condition(name, f"holding stays within the band of the targets ({held:.3g} <= {within:.3g})",
+                          limit, True, "")]
+    fraction = widened / held
+    return [Condition(name, f"{fraction:.3g} of holding's error", limit, fraction <= max_fraction,
+                      f"band against the improvement: the plan's predicted end widened by the band leaves "
+                      f"{fraction:.3g} of the error holding the MVs would leave; uq.max_band_fraction allows "
+                      f"{max_fraction:g}")]
+
+
 def band_steps(binding: BindingSpec, evidence: EvidenceSnapshot, candidate: SolveCandidate | None) -> int | None:
     """The plan steps (from step 0) for which the band is a calibrated claim: a move plan's first
     min(P, N) steps (the block length the scores covered), a steady target's one settled row; None
@@ -153,12 +189,15 @@ def band_steps(binding: BindingSpec, evidence: EvidenceSnapshot, candidate: Solv
 def decide(binding: BindingSpec, binding_revision: int, artifact: ModelArtifact, problem: ProblemIR,
            result: SolveResult, evidence: EvidenceSnapshot, band_engineering: Sequence[float | None],
            max_input_distance: float, run_id: str, now: datetime,
-           extra_conditions: Sequence[Condition] = ()) -> Decision:
+           extra_conditions: Sequence[Condition] = (),
+           max_band_fraction: float = Settings.uq_max_band_fraction) -> Decision:
     """Build the recommendation of one solve: `rejected` without a feasible candidate, `verified`
     when every condition holds, `unverified` otherwise (with every failed condition listed)."""
     candidate = choose_candidate(result) if result.ok else None
     checked = (conditions(artifact, evidence, candidate, max_input_distance, now)
-               + gain_conditions(artifact, problem, evidence, candidate) + list(extra_conditions))
+               + gain_conditions(artifact, problem, evidence, candidate)
+               + improvement_conditions(binding, result, candidate, band_engineering, max_band_fraction)
+               + list(extra_conditions))
     if not result.ok:
         checked.insert(0, Condition("solver", str(result.error_code), "a result", False,
                                     f"solver error {result.error_code}: {result.error_message}"))

@@ -86,6 +86,9 @@ class World:
     plan_end: float = 1.0  # the plan's last MV (the live one is 1.0, MV std 1: the move in normalised units)
     gain_std: float | None = 0.125  # standard error of the steady gain (normalised); None: not recorded
     behind_newest_s: float | None = None  # live state behind the history's newest sample; None: not recorded
+    # the CVs predicted at the plan's last step (y0's target is 0, range 200, band 1): the plan's and holding's
+    planned_end: float = 0.0
+    held_end: float = 12.0
 
 
 EVIDENCE = dict(method="split_conformal", alpha=0.1, block_length=10, cv_tags=("y0",), qhat=(0.5,), rank_k=9,
@@ -96,9 +99,11 @@ NO_EVIDENCE = dict(method=None, qhat=None, rank_k=None, coverage=None, coverage_
                    coverage_lower_95=None, exchangeability_p=None, reasons=("1 val block(s); at least 2 are needed",))
 
 
-def candidate(plan: Plan, horizon: int, plan_end: float = 1.0) -> SolveCandidate:
+def candidate(plan: Plan, horizon: int, plan_end: float = 1.0, planned_end: float = 0.0,
+              held_end: float = 12.0) -> SolveCandidate:
     controls = ((1.0,),) * (horizon - 1) + ((plan_end,),) if plan.has_controls else ()
-    predicted = ((12.0,),) * horizon if plan.has_controls else ()
+    end = held_end if plan.kind is CandidateKind.HOLD else planned_end
+    predicted = ((12.0,),) * (horizon - 1) + ((end,),) if plan.has_controls else ()
     return SolveCandidate(seq=SEQ[plan.kind], kind=plan.kind, solver_status="solved", controls=controls,
                           predicted=predicted, cost=1.0, constraints={}, feasible=plan.feasible,
                           verified=plan.verified, independent_cost=1.0,
@@ -130,8 +135,8 @@ def inputs(world: World):
     def solve(problem):
         if world.solver_error is not None:
             raise world.solver_error
-        return SolveResult(problem.hash, True, tuple(candidate(p, problem.horizon, world.plan_end)
-                                                     for p in world.plans), {})
+        return SolveResult(problem.hash, True, tuple(candidate(p, problem.horizon, world.plan_end, world.planned_end,
+                                                               world.held_end) for p in world.plans), {})
 
     settings = Settings(uq_fresh_days=world.fresh_days, uq_max_input_distance=world.max_input_distance,
                         uq_gate=world.uq_gate, live_max_age_s=world.live_max_age_s)
@@ -265,6 +270,24 @@ MATRIX = [
         replace(BASE, plans=(Plan(CandidateKind.HOLD), Plan(CandidateKind.NOMINAL),
                              Plan(CandidateKind.ROBUST, verified=False))),
         UNVERIFIED, ("candidate not verified: independent check disagrees",)),
+    # ---- the band against the improvement over holding: (|planned end - 0| + band 1) / |held end - 0|
+    # (y0's range 200 divides both), at most uq.max_band_fraction = 0.25
+    Row("band too wide for the improvement the plan claims", "band against the improvement over holding",
+        replace(BASE, planned_end=1.0, held_end=7.5), UNVERIFIED,
+        ("band against the improvement: the plan's predicted end widened by the band leaves 0.267 of the error "
+         "holding the MVs would leave; uq.max_band_fraction allows 0.25",)),
+    Row("band against the improvement exactly the maximum", "band against the improvement over holding",
+        replace(BASE, planned_end=1.0, held_end=8.0), VERIFIED),
+    Row("holding stays within the band of the targets", "band against the improvement over holding",
+        replace(BASE, planned_end=1.0, held_end=-1.0), VERIFIED),
+    Row("holding just outside the band, the plan no better", "band against the improvement over holding",
+        replace(BASE, planned_end=1.0, held_end=-1.25), UNVERIFIED,
+        ("band against the improvement: the plan's predicted end widened by the band leaves 1.6 of the error "
+         "holding the MVs would leave; uq.max_band_fraction allows 0.25",)),
+    Row("no hold prediction", "band against the improvement over holding",
+        replace(BASE, plans=(Plan(CandidateKind.HOLD, has_controls=False), Plan(CandidateKind.NOMINAL),
+                             Plan(CandidateKind.ROBUST))), UNVERIFIED,
+        ("no hold prediction to compare the plan's improvement with",)),
     # ---- consistency of the inputs (built by pipeline.recommend)
     Row("model from an older binding revision", "model from the binding's revision",
         replace(BASE, binding_revision=2, artifact_revision=1),
@@ -404,6 +427,7 @@ def test_the_conditions_table_shows_what_each_condition_was_judged_on_and_its_li
         ("model gate G2", "0.7", "free-run fit R2"),
         ("candidate verified independently", "cost 1, independent 1", "feasible and costs agree"),
         ("steady-gain uncertainty along the planned move", "y0: 0 against band 1", "<= band (2 standard errors)"),
+        ("band against the improvement over holding", "0.0833 of holding's error", "<= 0.25 (uq.max_band_fraction)"),
         ("model from the binding's revision", "r1", "r1"),
         ("calibration of this model", h, h)]
 

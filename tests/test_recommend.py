@@ -64,14 +64,16 @@ PROBLEM = compile_problem(SPEC, ARTIFACT, np.zeros(2), np.zeros(2), np.array(U_N
 
 
 def cand(kind: CandidateKind, seq: int, feasible: bool = True, verified: bool = True, controls=CONTROLS,
-         report=None, cost: float = 1.5, independent: float = 1.25) -> SolveCandidate:
+         report=None, cost: float = 1.5, independent: float = 1.25, predicted=PREDICTED) -> SolveCandidate:
     return SolveCandidate(seq=seq, kind=kind, solver_status="solved", controls=controls,
-                          predicted=PREDICTED if controls else (), cost=cost, constraints={}, feasible=feasible,
+                          predicted=predicted if controls else (), cost=cost, constraints={}, feasible=feasible,
                           verified=verified, independent_cost=independent,
                           verify_report={"reasons": []} if report is None else report)
 
 
-HOLD, NOMINAL, ROBUST = (cand(CandidateKind.HOLD, 0), cand(CandidateKind.NOMINAL, 1, cost=2.0),
+# holding ends far from the targets (0, 0): the plans' improvement over it is beyond their band
+HOLD, NOMINAL, ROBUST = (cand(CandidateKind.HOLD, 0, predicted=PREDICTED[:-1] + ((100.0, 50.0),)),
+                         cand(CandidateKind.NOMINAL, 1, cost=2.0),
                          cand(CandidateKind.ROBUST, 2))
 
 
@@ -385,3 +387,23 @@ def test_without_evidence_the_source_is_unassessed():
     assert (rec.evidence["source"], rec.evidence["coverage_threshold"], rec.band_steps) == ("unassessed", None, None)
     rec = run_decide(evidence=snapshot(uq={**UQ, "coverage_threshold": 1.0})).recommendation
     assert (rec.evidence["source"], rec.evidence["coverage_threshold"]) == ("real", 1.0)
+
+
+def test_the_band_against_the_improvement_is_the_norm_over_cvs_of_range_scaled_errors():
+    """improvement_conditions on 2 CVs (targets 0, ranges 200): the plan ends at (6, 0), holding at
+    (30, 40); band (3, 4): (|6| + 3, 0 + 4) / 200 against (30, 40) / 200, norms sqrt(97) and 50."""
+    from optimizer_pipeline.recommend import improvement_conditions
+
+    plan = cand(CandidateKind.ROBUST, 2, predicted=PREDICTED[:-1] + ((6.0, 0.0),))
+    hold = cand(CandidateKind.HOLD, 0, predicted=PREDICTED[:-1] + ((30.0, 40.0),))
+    [ok] = improvement_conditions(SPEC, result(hold, plan), plan, (3.0, 4.0), 0.25)
+    assert ok.holds and ok.value == f"{np.sqrt(97) / 50:.3g} of holding's error"
+    [tight] = improvement_conditions(SPEC, result(hold, plan), plan, (3.0, 4.0), 0.19)
+    assert not tight.holds and "leaves 0.197 of the error" in tight.reason and "allows 0.19" in tight.reason
+    # a steady target's band is calibrated on the settled value itself: no such condition
+    steady_plan = cand(CandidateKind.ROBUST, 2, controls=((7.0, 10.0),), predicted=((6.0, 0.0),))
+    steady_hold = cand(CandidateKind.HOLD, 0, controls=((1.0, -2.0),), predicted=((30.0, 40.0),))
+    assert improvement_conditions(STEADY, result(steady_hold, steady_plan), steady_plan, (30.0, 40.0), 0.25) == []
+    # no band, or no candidate: no condition (the evidence condition fails on its own)
+    assert improvement_conditions(SPEC, result(hold, plan), plan, (3.0, None), 0.25) == []
+    assert improvement_conditions(SPEC, result(hold, plan), None, (3.0, 4.0), 0.25) == []
