@@ -149,8 +149,10 @@ def improvement_conditions(binding: BindingSpec, result: SolveResult, candidate:
     step, ||(held - target) / range|| (the HOLD candidate's prediction). The band is calibrated on the
     first P steps only, so this is how the plan's end is held to it: a band as wide as a good part of
     the way the plan moves claims an improvement the evidence does not back (e.g. one linear model
-    on a curved plant). Holds when holding stays within the band of the targets (nothing to assure).
-    No condition for a steady target (its band is calibrated on the settled value it predicts),
+    on a curved plant). Holds as well when there is nothing to assure: holding stays within the
+    band of the targets and the plan moves the predicted end by at most `max_fraction` of the band
+    (a plant at its targets, re-solved). A plan that moves it further while holding is within the
+    band claims a change the evidence cannot tell from holding, and fails. No condition for a steady target (its band is calibrated on the settled value it predicts),
     without a candidate or without a band; no HOLD prediction fails."""
     if (binding.profile.template is Template.STEADY_RESPONSE or candidate is None or not candidate.predicted
             or not band_engineering or None in band_engineering):
@@ -162,12 +164,17 @@ def improvement_conditions(binding: BindingSpec, result: SolveResult, candidate:
     target = np.array([c.target for c in binding.cvs], float)
     span = np.array([c.hi - c.lo for c in binding.cvs], float)
     band = np.asarray(band_engineering, float)
-    held = float(np.linalg.norm((np.asarray(hold.predicted[-1], float) - target) / span))
-    widened = float(np.linalg.norm((np.abs(np.asarray(candidate.predicted[-1], float) - target) + band) / span))
+    held_end, planned_end = np.asarray(hold.predicted[-1], float), np.asarray(candidate.predicted[-1], float)
+    held = float(np.linalg.norm((held_end - target) / span))
+    widened = float(np.linalg.norm((np.abs(planned_end - target) + band) / span))
     within = float(np.linalg.norm(band / span))
     if held <= within:
-        return [Condition(name, f"holding stays within the band of the targets ({held:.3g} <= {within:.3g})",
-                          limit, True, "")]
+        change = float(np.linalg.norm((planned_end - held_end) / span)) / within
+        return [Condition(name, f"holding within the band; the plan moves the end by {change:.3g} of the band",
+                          limit, change <= max_fraction,
+                          f"band against the improvement: holding stays within the band of the targets and the plan "
+                          f"moves its predicted end by {change:.3g} of the band, a change the evidence cannot tell "
+                          f"from holding; uq.max_band_fraction allows {max_fraction:g}")]
     fraction = widened / held
     return [Condition(name, f"{fraction:.3g} of holding's error", limit, fraction <= max_fraction,
                       f"band against the improvement: the plan's predicted end widened by the band leaves "
