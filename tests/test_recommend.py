@@ -407,3 +407,68 @@ def test_the_band_against_the_improvement_is_the_norm_over_cvs_of_range_scaled_e
     # no band, or no candidate: no condition (the evidence condition fails on its own)
     assert improvement_conditions(SPEC, result(hold, plan), plan, (3.0, None), 0.25) == []
     assert improvement_conditions(SPEC, result(hold, plan), None, (3.0, 4.0), 0.25) == []
+
+
+# ---------------------------------------------------------------------------- the band against the improvement
+
+IMPROVEMENT = "band against the improvement over holding"
+# targets (10, -20), ranges 256: every error below is a multiple of (3, 4) / 256, so every norm is exact
+TARGETED = replace(SPEC, cvs=tuple(replace(cv, lo=-128.0, hi=128.0, target=t) for cv, t in zip(SPEC.cvs, (10.0, -20.0))))
+
+
+def ends(plan_end, hold_end, **kw):
+    plan = cand(CandidateKind.ROBUST, 2, predicted=PREDICTED[:-1] + (plan_end,), **kw)
+    return plan, cand(CandidateKind.HOLD, 0, predicted=PREDICTED[:-1] + (hold_end,))
+
+
+def test_the_plans_widened_end_error_against_holdings_exactly_on_the_limit():
+    # holding ends (96, 128) from the targets: 160 / 256 = 0.625; the plan (9, 12) from them, widened by the
+    # band (3, 4): (12, 16), 20 / 256 = 0.078125; 0.078125 / 0.625 = 0.125
+    from optimizer_pipeline.recommend import improvement_conditions
+
+    plan, hold = ends((19.0, -32.0), (106.0, 108.0))
+    [c] = improvement_conditions(TARGETED, result(hold, plan), plan, (3.0, 4.0), 0.125)
+    assert (c.name, c.value, c.limit, c.holds) == (IMPROVEMENT, "0.125 of holding's error",
+                                                   "<= 0.125 (uq.max_band_fraction)", True)
+    [c] = improvement_conditions(TARGETED, result(hold, plan), plan, (3.0, 4.0), 0.1)
+    assert (c.holds, c.reason) == (False, "band against the improvement: the plan's predicted end widened by the band "
+                                          "leaves 0.125 of the error holding the MVs would leave; "
+                                          "uq.max_band_fraction allows 0.1")
+
+
+def test_holding_exactly_on_the_band_judges_how_far_the_plan_moves_the_end():
+    # band (48, 64): 80 / 256; holding ends (48, -64) from the targets, also 80 / 256: within the band.
+    # The plan ends (12, 16) from holding's end: 20 / 256, 0.25 of the band
+    from optimizer_pipeline.recommend import improvement_conditions
+
+    plan, hold = ends((70.0, -68.0), (58.0, -84.0))
+    [c] = improvement_conditions(TARGETED, result(hold, plan), plan, (48.0, 64.0), 0.25)
+    assert (c.name, c.value, c.limit, c.holds) == (
+        IMPROVEMENT, "holding within the band; the plan moves the end by 0.25 of the band",
+        "<= 0.25 (uq.max_band_fraction)", True)
+    [c] = improvement_conditions(TARGETED, result(hold, plan), plan, (48.0, 64.0), 0.2)
+    assert (c.holds, c.reason) == (False, "band against the improvement: holding stays within the band of the targets "
+                                          "and the plan moves its predicted end by 0.25 of the band, a change the "
+                                          "evidence cannot tell from holding; uq.max_band_fraction allows 0.2")
+
+
+def test_the_improvement_is_judged_against_the_hold_candidate_only():
+    from optimizer_pipeline.recommend import improvement_conditions
+
+    plan, hold = ends((19.0, -32.0), (106.0, 108.0))
+    nominal = cand(CandidateKind.NOMINAL, 1, predicted=PREDICTED[:-1] + ((10.0, -20.0),))  # listed first
+    [c] = improvement_conditions(TARGETED, result(nominal, hold, plan), plan, (3.0, 4.0), 0.125)
+    assert (c.value, c.holds) == ("0.125 of holding's error", True)
+    no_prediction = cand(CandidateKind.HOLD, 0, controls=())
+    for candidates in ((no_prediction, plan), (nominal, plan)):
+        [c] = improvement_conditions(TARGETED, result(*candidates), plan, (3.0, 4.0), 0.125)
+        assert (c.name, c.value, c.limit, c.holds, c.reason) == (
+            IMPROVEMENT, "unknown", "<= 0.125 (uq.max_band_fraction)", False,
+            "no hold prediction to compare the plan's improvement with")
+    # a candidate without predictions: no condition (it is not a plan)
+    assert improvement_conditions(TARGETED, result(hold, plan), replace(plan, predicted=()), (3.0, 4.0), 0.125) == []
+
+
+def test_decide_judges_the_chosen_candidate_against_the_band_it_publishes():
+    decision = run_decide(band=(3.0, 3.0))
+    assert [c.name for c in decision.conditions].count(IMPROVEMENT) == 1
