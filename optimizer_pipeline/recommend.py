@@ -41,6 +41,10 @@ LIVE_AGE_FLOOR_S = 300.0
 # Standard errors of the steady-state gain that the planned move may carry into the settled CVs before
 # it must fit in the band (about a two-sided 95 % bound for a normal estimate).
 GAIN_SIGMAS = 2.0
+# the band against the improvement: holding's error counts as at least this fraction of every CV's
+# range, so a plant near its targets is held to a precision (the band within uq.max_band_fraction of
+# it), not to its own small error
+RANGE_FLOOR = 0.1
 
 
 def max_live_age_s(setting: float | None, sample_period_s: float) -> float:
@@ -146,14 +150,13 @@ def improvement_conditions(binding: BindingSpec, result: SolveResult, candidate:
     CV's error divided by its range (hi - lo) and the norm taken over CVs: the plan's predicted error
     at its last step, widened by the band, ||(|planned - target| + band) / range||, must be at most
     `max_fraction` (uq.max_band_fraction) of the error holding is predicted to leave at the same
-    step, ||(held - target) / range|| (the HOLD candidate's prediction). The band is calibrated on the
-    first P steps only, so this is how the plan's end is held to it: a band as wide as a good part of
-    the way the plan moves claims an improvement the evidence does not back (e.g. one linear model
-    on a curved plant). Holds as well when there is nothing to assure: holding stays within the
-    band of the targets and the plan moves the predicted end by at most `max_fraction` of the band
-    (a plant at its targets, re-solved). A plan that moves it further while holding is within the
-    band claims a change the evidence cannot tell from holding, and fails. No condition for a steady target (its band is calibrated on the settled value it predicts),
-    without a candidate or without a band; no HOLD prediction fails."""
+    step, ||(held - target) / range|| (the HOLD candidate's prediction), that error counted as at
+    least RANGE_FLOOR of every CV's range (a plant near its targets is held to a precision, not to
+    its own small error). The band is calibrated on the first P steps only, so this is how the
+    plan's end is held to it: a band as wide as a good part of the way the plan moves claims an
+    improvement the evidence does not back (e.g. one linear model on a curved plant). No condition
+    for a steady target (its band is calibrated on the settled value it predicts), without a
+    candidate or without a band; no HOLD prediction fails."""
     if (binding.profile.template is Template.STEADY_RESPONSE or candidate is None or not candidate.predicted
             or not band_engineering or None in band_engineering):
         return []
@@ -164,22 +167,14 @@ def improvement_conditions(binding: BindingSpec, result: SolveResult, candidate:
     target = np.array([c.target for c in binding.cvs], float)
     span = np.array([c.hi - c.lo for c in binding.cvs], float)
     band = np.asarray(band_engineering, float)
-    held_end, planned_end = np.asarray(hold.predicted[-1], float), np.asarray(candidate.predicted[-1], float)
-    held = float(np.linalg.norm((held_end - target) / span))
-    widened = float(np.linalg.norm((np.abs(planned_end - target) + band) / span))
-    within = float(np.linalg.norm(band / span))
-    if held <= within:
-        change = float(np.linalg.norm((planned_end - held_end) / span)) / within
-        return [Condition(name, f"holding within the band; the plan moves the end by {change:.3g} of the band",
-                          limit, change <= max_fraction,
-                          f"band against the improvement: holding stays within the band of the targets and the plan "
-                          f"moves its predicted end by {change:.3g} of the band, a change the evidence cannot tell "
-                          f"from holding; uq.max_band_fraction allows {max_fraction:g}")]
-    fraction = widened / held
-    return [Condition(name, f"{fraction:.3g} of holding's error", limit, fraction <= max_fraction,
-                      f"band against the improvement: the plan's predicted end widened by the band leaves "
-                      f"{fraction:.3g} of the error holding the MVs would leave; uq.max_band_fraction allows "
-                      f"{max_fraction:g}")]
+    held = float(np.linalg.norm((np.asarray(hold.predicted[-1], float) - target) / span))
+    widened = float(np.linalg.norm((np.abs(np.asarray(candidate.predicted[-1], float) - target) + band) / span))
+    floor = RANGE_FLOOR * float(np.sqrt(len(span)))
+    of = "holding's error" if held >= floor else f"{RANGE_FLOOR:g} of the CV ranges (holding's error is less)"
+    fraction = widened / max(held, floor)
+    return [Condition(name, f"{fraction:.3g} of {of}", limit, fraction <= max_fraction,
+                      f"band against the improvement: the plan's predicted end widened by the band is {fraction:.3g} "
+                      f"of {of}; uq.max_band_fraction allows {max_fraction:g}")]
 
 
 def band_steps(binding: BindingSpec, evidence: EvidenceSnapshot, candidate: SolveCandidate | None) -> int | None:

@@ -50,9 +50,9 @@ def dagster_home(home: Path, environ: Mapping[str, str] | None = None) -> Path:
 class Settings:
     uq_fresh_days: float = 7.0
     uq_max_input_distance: float = 4.0
-    # the plan's predicted end error widened by the band, at most this fraction of holding's predicted
-    # error (recommend.improvement_conditions; bench/judge.py: plans that left 17-24 % of holding's
-    # error on curved plants scored 0.29-1.0, the others <= 0.21; BENCHMARKS.md, issue 15)
+    # a move plan's predicted end error widened by the band, at most this fraction of holding's
+    # predicted error (recommend.improvement_conditions; bench/judge.py: the plans on the column with
+    # saturating outputs scored 0.29-1.0, those of the linear-ish variants <= 0.21; BENCHMARKS.md, issue 15)
     uq_max_band_fraction: float = 0.25
     uq_alpha: float = 0.1
     uq_gate: str = "seed"  # seed | strict

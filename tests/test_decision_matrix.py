@@ -270,25 +270,20 @@ MATRIX = [
         replace(BASE, plans=(Plan(CandidateKind.HOLD), Plan(CandidateKind.NOMINAL),
                              Plan(CandidateKind.ROBUST, verified=False))),
         UNVERIFIED, ("candidate not verified: independent check disagrees",)),
-    # ---- the band against the improvement over holding: (|planned end - 0| + band 1) / |held end - 0|
-    # (y0's range 200 divides both), at most uq.max_band_fraction = 0.25
+    # ---- the band against the improvement over holding: (|planned end - 0| + band 1) / max(|held end - 0|,
+    # 0.1 x range 200 = 20) (y0's range 200 divides both), at most uq.max_band_fraction = 0.25
     Row("band too wide for the improvement the plan claims", "band against the improvement over holding",
-        replace(BASE, planned_end=1.0, held_end=7.5), UNVERIFIED,
-        ("band against the improvement: the plan's predicted end widened by the band leaves 0.267 of the error "
-         "holding the MVs would leave; uq.max_band_fraction allows 0.25",)),
+        replace(BASE, planned_end=10.0, held_end=40.0), UNVERIFIED,
+        ("band against the improvement: the plan's predicted end widened by the band is 0.275 of holding's error; "
+         "uq.max_band_fraction allows 0.25",)),
     Row("band against the improvement exactly the maximum", "band against the improvement over holding",
-        replace(BASE, planned_end=1.0, held_end=8.0), VERIFIED),
-    Row("holding within the band, the plan moves the end a quarter of the band", "band against the improvement over holding",
-        replace(BASE, planned_end=-0.75, held_end=-1.0), VERIFIED),
-    Row("holding within the band, the plan moves the end half the band", "band against the improvement over holding",
-        replace(BASE, planned_end=-0.5, held_end=-1.0), UNVERIFIED,
-        ("band against the improvement: holding stays within the band of the targets and the plan moves its "
-         "predicted end by 0.5 of the band, a change the evidence cannot tell from holding; uq.max_band_fraction "
-         "allows 0.25",)),
-    Row("holding just outside the band, the plan no better", "band against the improvement over holding",
-        replace(BASE, planned_end=1.0, held_end=-1.25), UNVERIFIED,
-        ("band against the improvement: the plan's predicted end widened by the band leaves 1.6 of the error "
-         "holding the MVs would leave; uq.max_band_fraction allows 0.25",)),
+        replace(BASE, planned_end=9.0, held_end=-40.0), VERIFIED),
+    Row("near the targets: the band too wide for a tenth of the range", "band against the improvement over holding",
+        replace(BASE, planned_end=5.0, held_end=4.0), UNVERIFIED,
+        ("band against the improvement: the plan's predicted end widened by the band is 0.3 of 0.1 of the CV "
+         "ranges (holding's error is less); uq.max_band_fraction allows 0.25",)),
+    Row("near the targets: exactly the maximum of a tenth of the range", "band against the improvement over holding",
+        replace(BASE, planned_end=-4.0, held_end=4.0), VERIFIED),
     Row("no hold prediction", "band against the improvement over holding",
         replace(BASE, plans=(Plan(CandidateKind.HOLD, has_controls=False), Plan(CandidateKind.NOMINAL),
                              Plan(CandidateKind.ROBUST))), UNVERIFIED,
@@ -432,7 +427,8 @@ def test_the_conditions_table_shows_what_each_condition_was_judged_on_and_its_li
         ("model gate G2", "0.7", "free-run fit R2"),
         ("candidate verified independently", "cost 1, independent 1", "feasible and costs agree"),
         ("steady-gain uncertainty along the planned move", "y0: 0 against band 1", "<= band (2 standard errors)"),
-        ("band against the improvement over holding", "0.0833 of holding's error", "<= 0.25 (uq.max_band_fraction)"),
+        ("band against the improvement over holding", "0.05 of 0.1 of the CV ranges (holding's error is less)",
+         "<= 0.25 (uq.max_band_fraction)"),
         ("model from the binding's revision", "r1", "r1"),
         ("calibration of this model", h, h)]
 

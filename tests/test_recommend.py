@@ -399,7 +399,12 @@ def test_the_band_against_the_improvement_is_the_norm_over_cvs_of_range_scaled_e
     [ok] = improvement_conditions(SPEC, result(hold, plan), plan, (3.0, 4.0), 0.25)
     assert ok.holds and ok.value == f"{np.sqrt(97) / 50:.3g} of holding's error"
     [tight] = improvement_conditions(SPEC, result(hold, plan), plan, (3.0, 4.0), 0.19)
-    assert not tight.holds and "leaves 0.197 of the error" in tight.reason and "allows 0.19" in tight.reason
+    assert not tight.holds and "is 0.197 of holding's error" in tight.reason and "allows 0.19" in tight.reason
+    # near the targets: holding's error (25, 0) / 200 counts as 0.1 x sqrt(2) of the ranges
+    near = cand(CandidateKind.HOLD, 0, predicted=PREDICTED[:-1] + ((25.0, 0.0),))
+    [floored] = improvement_conditions(SPEC, result(near, plan), plan, (3.0, 4.0), 0.25)
+    assert not floored.holds and floored.value == f"{np.sqrt(97) / 200 / (0.1 * np.sqrt(2)):.3g} of 0.1 of the CV " \
+        "ranges (holding's error is less)"
     # a steady target's band is calibrated on the settled value itself: no such condition
     steady_plan = cand(CandidateKind.ROBUST, 2, controls=((7.0, 10.0),), predicted=((6.0, 0.0),))
     steady_hold = cand(CandidateKind.HOLD, 0, controls=((1.0, -2.0),), predicted=((30.0, 40.0),))
@@ -432,24 +437,24 @@ def test_the_plans_widened_end_error_against_holdings_exactly_on_the_limit():
                                                    "<= 0.125 (uq.max_band_fraction)", True)
     [c] = improvement_conditions(TARGETED, result(hold, plan), plan, (3.0, 4.0), 0.1)
     assert (c.holds, c.reason) == (False, "band against the improvement: the plan's predicted end widened by the band "
-                                          "leaves 0.125 of the error holding the MVs would leave; "
-                                          "uq.max_band_fraction allows 0.1")
+                                          "is 0.125 of holding's error; uq.max_band_fraction allows 0.1")
 
 
-def test_holding_exactly_on_the_band_judges_how_far_the_plan_moves_the_end():
-    # band (48, 64): 80 / 256; holding ends (48, -64) from the targets, also 80 / 256: within the band.
-    # The plan ends (12, 16) from holding's end: 20 / 256, 0.25 of the band
+def test_near_the_targets_holdings_error_counts_as_a_tenth_of_the_ranges():
+    # holding ends (12, 16) from the targets: 20 / 256, less than 0.1 x sqrt(2); the plan ends on them, widened
+    # by the band (3, 4): 5 / 256, so 5 / 256 / (0.1 x sqrt(2)) = 0.138
     from optimizer_pipeline.recommend import improvement_conditions
 
-    plan, hold = ends((70.0, -68.0), (58.0, -84.0))
-    [c] = improvement_conditions(TARGETED, result(hold, plan), plan, (48.0, 64.0), 0.25)
+    plan, hold = ends((10.0, -20.0), (22.0, -4.0))
+    fraction = 5 / 256 / (0.1 * np.sqrt(2))
+    [c] = improvement_conditions(TARGETED, result(hold, plan), plan, (3.0, 4.0), 0.25)
     assert (c.name, c.value, c.limit, c.holds) == (
-        IMPROVEMENT, "holding within the band; the plan moves the end by 0.25 of the band",
+        IMPROVEMENT, f"{fraction:.3g} of 0.1 of the CV ranges (holding's error is less)",
         "<= 0.25 (uq.max_band_fraction)", True)
-    [c] = improvement_conditions(TARGETED, result(hold, plan), plan, (48.0, 64.0), 0.2)
-    assert (c.holds, c.reason) == (False, "band against the improvement: holding stays within the band of the targets "
-                                          "and the plan moves its predicted end by 0.25 of the band, a change the "
-                                          "evidence cannot tell from holding; uq.max_band_fraction allows 0.2")
+    [c] = improvement_conditions(TARGETED, result(hold, plan), plan, (3.0, 4.0), 0.13)
+    assert (c.holds, c.reason) == (False, f"band against the improvement: the plan's predicted end widened by the "
+                                          f"band is {fraction:.3g} of 0.1 of the CV ranges (holding's error is less); "
+                                          f"uq.max_band_fraction allows 0.13")
 
 
 def test_the_improvement_is_judged_against_the_hold_candidate_only():
