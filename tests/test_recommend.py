@@ -477,3 +477,15 @@ def test_the_improvement_is_judged_against_the_hold_candidate_only():
 def test_decide_judges_the_chosen_candidate_against_the_band_it_publishes():
     decision = run_decide(band=(3.0, 3.0))
     assert [c.name for c in decision.conditions].count(IMPROVEMENT) == 1
+
+
+def test_holdings_error_exactly_on_the_range_floor_is_holdings_error():
+    # one CV, range 200, target 0: holding ends 20 away, 20 / 200 = 0.1 = RANGE_FLOOR x sqrt(1 CV) exactly;
+    # the plan ends 1 away, widened by the band 1: 2 / 200 = 0.01, a tenth of it
+    from optimizer_pipeline.recommend import improvement_conditions
+
+    one_cv = binding(n_mv=1, n_cv=1, na=1, nb=1, delay=1, horizon=4)
+    plan = cand(CandidateKind.ROBUST, 2, predicted=((1.0,),) * 4)
+    hold = cand(CandidateKind.HOLD, 0, predicted=((20.0,),) * 4)
+    [c] = improvement_conditions(one_cv, result(hold, plan), plan, (1.0,), 0.25)
+    assert (c.value, c.holds) == ("0.1 of holding's error", True)
