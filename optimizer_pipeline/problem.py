@@ -15,7 +15,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from optimizer_pipeline.contracts import BindingSpec, ContractError, ModelArtifact, ProblemIR, Template
-from optimizer_pipeline.model.statespace import steady_state
+from optimizer_pipeline.model.statespace import disturbance_gain, steady_state
 from optimizer_pipeline.validation import (
     AT_LEAST_ONE,
     NON_NEGATIVE,
@@ -254,6 +254,7 @@ def compile_problem(binding: BindingSpec, artifact: ModelArtifact, x0: Any, bias
     steady: dict[str, Any] = {}
     if binding.profile.template is Template.STEADY_RESPONSE:
         G, Gd, y0 = steady_state(artifact.state_space)
+        y0 = y0 + disturbance_gain(artifact.state_space) @ bias  # the held disturbance, compiled in once
         steady = {"steady_gain": G, "steady_dv_gain": Gd, "steady_offset": y0}
         for name, value in steady.items():
             if not np.all(np.isfinite(value)):

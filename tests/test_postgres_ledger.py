@@ -121,15 +121,14 @@ def test_a_binding_change_during_a_solves_locked_publish_waits_for_it_and_expire
     try:
         ledger.upsert_binding(binding_from_dict(BINDING_DOC))
         read, release = threading.Event(), threading.Event()
-        original = PostgresBackend.locked_revision
+        original = Ledger._insert_recommendation
 
-        def paused(conn, binding_id):
-            revision = original(conn, binding_id)
+        def paused(*args, **kwargs):  # called by _publish after the lock and the revision read
             read.set()
             assert release.wait(timeout=60)
-            return revision
+            return original(*args, **kwargs)
 
-        monkeypatch.setattr(PostgresBackend, "locked_revision", staticmethod(paused))
+        monkeypatch.setattr(Ledger, "_insert_recommendation", staticmethod(paused))
         published, changed = [], []
         solver = threading.Thread(target=lambda: published.append(solve(ledger)[1]))
         solver.start()

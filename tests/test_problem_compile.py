@@ -53,6 +53,15 @@ def test_steady_template_carries_the_model_steady_state_map():
     np.testing.assert_allclose(np.asarray(p.steady_offset), y0)
 
 
+def test_steady_template_compiles_the_held_disturbance_into_the_offset():
+    """steady_offset = y0 + C (I - A)^-1 C' bias: the disturbance held in every state update, settled."""
+    bias = np.array([0.25, -0.5])
+    p = tank_problem(template="steady_response@1", horizon=1, bias=tuple(bias))
+    A, _, _, _, C = tank_artifact().state_space.arrays()
+    settled = C @ np.linalg.solve(np.eye(len(A)) - A, C.T @ bias)
+    np.testing.assert_allclose(np.asarray(p.steady_offset), steady_state(tank_artifact().state_space)[2] + settled)
+
+
 def test_mpc_template_has_no_steady_fields():
     p = tank_problem()
     assert p.steady_gain is None and p.steady_offset is None

@@ -16,9 +16,9 @@ class ProblemIR:
     Dynamics: `model` (x+ = A x + B u + E d + f, y = C x) with the disturbance `bias` (the live
     state's mean one-step residual) added as C' bias to every state update, held over the horizon
     (offset-free: model/statespace.py). Step k holds u[k] (k = 0 starts now) and predicts y at the
-    end of step k. For steady_response@1 the steady-state relation y_ss = G u + Gd d + y0 + Ge bias
-    is used (`steady_gain` G (ny, nu), `steady_dv_gain` Gd (ny, nd), `steady_offset` y0 (ny,), Ge
-    the disturbance's steady gain from `model`).
+    end of step k. For steady_response@1 the steady-state relation y_ss = G u + Gd d + y0 is used
+    (`steady_gain` G (ny, nu), `steady_dv_gain` Gd (ny, nd), `steady_offset` y0 (ny,): the model's
+    offset plus the held disturbance's steady effect, compiled in).
     Limits `y_lo` / `y_hi` are soft (slack penalty `slack_weight`); `u_lo` / `u_hi` / `du_max` hard.
     """
 

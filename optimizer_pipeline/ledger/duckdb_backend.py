@@ -191,13 +191,6 @@ class DuckDBBackend:
         """Nothing to do: the file lock already serialises every writer of the ledger."""
 
     @staticmethod
-    def locked_revision(conn: duckdb.DuckDBPyConnection, binding_id: str) -> int | None:
-        """The binding's current revision (None: not in the ledger). Nothing to lock: the file lock
-        already serialises every writer of the ledger."""
-        rows = conn.execute("SELECT max(revision) FROM binding_revisions WHERE binding_id = ?", [binding_id]).fetchall()
-        return rows[0][0]
-
-    @staticmethod
     def changed(conn: duckdb.DuckDBPyConnection, sql: str, params: Sequence[Any] = ()) -> int:
         """Run an UPDATE and return how many rows it changed (DuckDB returns the count as a row)."""
         return int(conn.execute(sql, list(params)).fetchall()[0][0])

@@ -234,18 +234,6 @@ class PostgresBackend:
         conn.execute("SELECT 1 FROM bindings WHERE id = ? FOR UPDATE", [binding_id])
 
     @staticmethod
-    def locked_revision(conn: _Transaction, binding_id: str) -> int | None:
-        """`lock_binding`, then the binding's current revision (None: not in the ledger), both sent in
-        one round trip (a pipeline): the lock is held for less time. Two statements, not one: at READ
-        COMMITTED the read must take its snapshot after the lock was granted, so that it sees a
-        revision committed by the writer the lock waited for."""
-        with conn.conn.pipeline():
-            conn.conn.execute("SELECT 1 FROM bindings WHERE id = %s FOR UPDATE", [binding_id])
-            cursor = conn.conn.execute("SELECT max(revision) FROM binding_revisions WHERE binding_id = %s",
-                                       [binding_id])
-        return cursor.fetchone()[0]
-
-    @staticmethod
     def insert_table(conn: _Transaction, table: str, rows: Any, *, skip_existing: bool = False) -> None:
         """Insert an Arrow table or pandas frame whose columns are the table's, in order, by one COPY.
         With `skip_existing` (rows already stored are skipped) the COPY goes into this connection's

@@ -344,7 +344,12 @@ class Ledger(EvidenceRows):
         return run_id
 
     def _publish(self, tx: Any, rec: Recommendation, evidence_source: str, supersede: bool) -> None:
-        current = self.backend.locked_revision(tx, rec.binding_id)
+        self.backend.lock_binding(tx, rec.binding_id)
+        # a statement of its own: at READ COMMITTED its snapshot is taken after the lock was granted, so
+        # it sees a revision committed by the writer the lock waited for
+        _, rows = self.backend.fetch(tx, "SELECT max(revision) FROM binding_revisions WHERE binding_id = ?",
+                                     [rec.binding_id])
+        current = rows[0][0]
         if current is not None and current != rec.binding_revision:
             self._insert_recommendation(tx, rec, evidence_source, expired_reason=(
                 f"binding {rec.binding_id} changed to revision {current} while solving revision "

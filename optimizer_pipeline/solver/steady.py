@@ -1,7 +1,7 @@
 """steady_response@1: the steady-state target QP on the model's steady-state gain (normalised units).
 
-Variables z = [u (nu), s (ny)]; with c = Gd d + y0 + Ge bias (DVs and the disturbance held; Ge its
-steady-state gain, model/statespace.py `disturbance_gain`),
+Variables z = [u (nu), s (ny)]; with c = Gd d + y0 (DVs held; y0, the compiled `steady_offset`,
+holds the disturbance: ProblemIR),
 
     minimise  sum_j w_j (y_j - target_j)^2 + STEADY_MOVE_SCALE * move_weight * ||u - u_prev||^2
               + slack_weight * sum_j (s_j + s_j^2)
@@ -23,7 +23,6 @@ import numpy as np
 import scipy.sparse as sparse
 
 from optimizer_pipeline.contracts import ProblemIR, Template
-from optimizer_pipeline.model.statespace import disturbance_gain
 
 STEADY_MOVE_SCALE = 0.01
 
@@ -59,10 +58,9 @@ def matrices(problem: ProblemIR) -> tuple[sparse.csc_matrix, sparse.csc_matrix]:
 
 
 def _offset(problem: ProblemIR) -> np.ndarray:
-    """c = Gd d + y0 + Ge bias (ny,): the part of the steady CVs the MVs do not move."""
+    """c = Gd d + y0 (ny,): the part of the steady CVs the MVs do not move."""
     Gd = np.asarray(problem.steady_dv_gain, float).reshape(len(problem.cv_tags), len(problem.dv_tags))
-    return (Gd @ np.asarray(problem.d) + np.asarray(problem.steady_offset)
-            + disturbance_gain(problem.model) @ np.asarray(problem.bias))
+    return Gd @ np.asarray(problem.d) + np.asarray(problem.steady_offset)
 
 
 def vectors(problem: ProblemIR, y_lo: np.ndarray, y_hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
