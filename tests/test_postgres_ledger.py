@@ -5,19 +5,13 @@ import json
 import os
 import subprocess
 import sys
-import threading
-import time
 
 import yaml
 
-from optimizer_pipeline.contracts import binding_from_dict
-from optimizer_pipeline.ledger import Ledger
 from optimizer_pipeline.ledger.postgres_backend import PostgresBackend
 from optimizer_pipeline.plants import get_plant
 from optimizer_pipeline.settings import redact_url
 
-from conftest import BINDING_DOC
-from ledger_helpers import solve
 from servers import free_port
 
 SECRET = "s3cret-pw"
@@ -106,56 +100,3 @@ def test_an_unreachable_broker_is_one_error_line_and_nothing_is_submitted(postgr
         assert SECRET not in proc.stderr
     assert not (home / "dagster").exists() or not list((home / "dagster").rglob("*.db"))
 
-
-def test_a_binding_change_during_a_solves_locked_publish_waits_for_it_and_expires_it(postgres, monkeypatch):
-    """The interleaving the file lock rules out on DuckDB: a solve has locked its binding and read
-    revision 1 (held there by the test), and the binding changes meanwhile. The change waits for the
-    solve's lock (the server shows it waiting), then expires the recommendation the solve committed:
-    no open recommendation is left for revision 1. Without the lock in `upsert_binding` the change
-    commits at once and the solve's recommendation stays open for the old revision."""
-    import psycopg
-
-    url = postgres.new_database()
-    ledger = Ledger(PostgresBackend(url))
-    watcher = psycopg.connect(url, autocommit=True)
-    try:
-        ledger.upsert_binding(binding_from_dict(BINDING_DOC))
-        read, release = threading.Event(), threading.Event()
-        original = Ledger._insert_recommendation
-
-        def paused(*args, **kwargs):  # called by _publish after the lock and the revision read
-            read.set()
-            assert release.wait(timeout=60)
-            return original(*args, **kwargs)
-
-        monkeypatch.setattr(Ledger, "_insert_recommendation", staticmethod(paused))
-        published, changed = [], []
-        solver = threading.Thread(target=lambda: published.append(solve(ledger)[1]))
-        solver.start()
-        assert read.wait(timeout=60)
-        changer = threading.Thread(target=lambda: changed.append(
-            ledger.upsert_binding(binding_from_dict({**BINDING_DOC, "unit": "renamed while solving"}))))
-        changer.start()
-
-        def waiting_on_a_lock() -> int:
-            return watcher.execute("""SELECT count(*) FROM pg_stat_activity
-                                      WHERE datname = current_database() AND wait_event_type = 'Lock'""").fetchone()[0]
-
-        deadline = time.monotonic() + 60
-        while waiting_on_a_lock() == 0 and changer.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert waiting_on_a_lock() == 1 and changer.is_alive() and not changed
-        release.set()
-        solver.join(timeout=60)
-        changer.join(timeout=60)
-        assert not solver.is_alive() and not changer.is_alive()
-        [change] = changed
-        assert (change.revision, change.expired) == (2, 1)
-        rec = ledger.get_recommendation(published[0])
-        assert (rec.binding_revision, rec.status) == (1, "expired")
-        assert rec.expired_reason == "binding tanks-1 changed to revision 2"
-        assert [r for r in ledger.list_recommendations("tanks-1") if r.status != "expired"] == []
-    finally:
-        release.set()
-        watcher.close()
-        ledger.backend.close()
