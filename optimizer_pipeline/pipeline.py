@@ -37,8 +37,8 @@ from optimizer_pipeline.deployment import WORKER_ENV
 from optimizer_pipeline.ledger import Ledger, LedgerError, new_id
 from optimizer_pipeline.model import current_state, identify
 from optimizer_pipeline.model.statespace import MAX_SETTLING_STEPS, settling_steps
-from optimizer_pipeline.problem import compile_problem
-from optimizer_pipeline.recommend import EvidenceSnapshot, decide, max_live_age_s
+from optimizer_pipeline.solver.targets import compile_steered
+from optimizer_pipeline.recommend import Decision, EvidenceSnapshot, decide, max_live_age_s
 from optimizer_pipeline.settings import Settings
 from optimizer_pipeline.solver.errors import WORKER_INTERRUPTED, SolverError
 
@@ -212,22 +212,29 @@ def newest_sample(split: HistorySplit) -> list[Condition]:
                       f"samples were dropped in cleaning)")]
 
 
-def recommend(stored: StoredBinding, artifact: ModelArtifact, split: HistorySplit, calibration: Calibration,
-              solve: Callable[[ProblemIR], SolveResult], ledger: Ledger, settings: Settings, source: str,
-              now: datetime) -> SolveRecord:
-    """Compile the problem from the live state, solve it, decide the status and write run +
-    candidates + recommendation in one ledger transaction (superseding the open one)."""
-    binding = stored.spec
-    expired, reconciled = ledger.housekeeping(stale_after_s=settings.solver_request_timeout_ms / 1000, now=now)
-    if reconciled:
-        log.warning("closed %d run(s) left running by a writer that died as interrupted", reconciled)
+@dataclass(frozen=True)
+class Solved:
+    """One solve of a binding spec from the live state, decided but not yet recorded: the run row to
+    write, the compiled problem, the solver's result and the decision (recommendation + conditions)."""
+
+    run: dict
+    problem: ProblemIR
+    result: SolveResult
+    decision: Decision
+
+
+def solve_and_decide(binding: BindingSpec, stored: StoredBinding, artifact: ModelArtifact, split: HistorySplit,
+                     calibration: Calibration, solve: Callable[[ProblemIR], SolveResult], settings: Settings,
+                     source: str, now: datetime) -> Solved:
+    """Compile `binding` (the stored spec, or a what-if's overridden copy of it) from the live state
+    with the revision's model and calibration, solve it, verify and decide; writes nothing."""
     live = split.live
     if live is None:
         raise ValueError(f"binding {binding.id}: no live run in the history, so there is no current state")
     x0, bias = current_state(artifact, live)
     evidence = calibration.evidence
     band = np.asarray(evidence.qhat) if evidence.has_evidence else None
-    problem = compile_problem(binding, artifact, x0, bias, live.u[-1], live.d[-1], band)
+    problem = compile_steered(binding, artifact, x0, bias, live.u[-1], live.d[-1], band)
     run_id = new_id("or")
     try:
         result = solve(problem)
@@ -247,21 +254,34 @@ def recommend(stored: StoredBinding, artifact: ModelArtifact, split: HistorySpli
     decision = decide(binding, stored.revision, artifact, problem, result, snapshot,
                       uq.band_engineering(evidence, artifact), settings.uq_max_input_distance, run_id, now,
                       extra_conditions=consistency, max_band_fraction=settings.uq_max_band_fraction)
-    rec, chosen = decision.recommendation, decision.chosen
     run = {"id": run_id, "binding_id": binding.id, "binding_revision": stored.revision,
            "profile_id": binding.profile.id, "profile_version": binding.profile.version,
            "problem_ir_hash": problem.hash, "problem": problem.to_dict(), "started_at": now,
            "context": {"live_run": live.run_id, "live_t": float(live.t[-1]), "calibration_id": calibration.calibration_id,
                        "model_artifact_hash": artifact.artifact_hash, "evidence_source": source,
                        "worker": os.environ.get(WORKER_ENV, "local")}}
-    ledger.record_solve(run, result.candidates, artifact.artifact_hash, rec,
+    return Solved(run, problem, result, decision)
+
+
+def recommend(stored: StoredBinding, artifact: ModelArtifact, split: HistorySplit, calibration: Calibration,
+              solve: Callable[[ProblemIR], SolveResult], ledger: Ledger, settings: Settings, source: str,
+              now: datetime) -> SolveRecord:
+    """Compile the problem from the live state, solve it, decide the status and write run +
+    candidates + recommendation in one ledger transaction (superseding the open one)."""
+    binding = stored.spec
+    expired, reconciled = ledger.housekeeping(stale_after_s=settings.solver_request_timeout_ms / 1000, now=now)
+    if reconciled:
+        log.warning("closed %d run(s) left running by a writer that died as interrupted", reconciled)
+    solved = solve_and_decide(binding, stored, artifact, split, calibration, solve, settings, source, now)
+    result, rec, chosen = solved.result, solved.decision.recommendation, solved.decision.chosen
+    ledger.record_solve(solved.run, result.candidates, artifact.artifact_hash, rec,
                         run_status=run_status(result),
                         independent_cost=None if chosen is None else chosen.independent_cost,
                         diagnostics=dict(result.diagnostics, error_code=result.error_code,
                                          error_message=result.error_message),
                         evidence_source=rec.evidence["source"])
     log.info("binding %s: recommendation %s is %s", binding.id, rec.id, rec.status.value)
-    return SolveRecord(run_id, problem, result, rec, chosen, decision.conditions, expired)
+    return SolveRecord(solved.run["id"], solved.problem, result, rec, chosen, solved.decision.conditions, expired)
 
 
 def run_status(result: SolveResult) -> str:
