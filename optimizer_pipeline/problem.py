@@ -15,6 +15,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from optimizer_pipeline.contracts import BindingSpec, ContractError, ModelArtifact, ProblemIR, Template
+from optimizer_pipeline.contracts.problem import ECONOMIC_FIELDS
+from optimizer_pipeline.economics import normalised_costs
 from optimizer_pipeline.model.statespace import disturbance_gain, steady_state
 from optimizer_pipeline.validation import (
     AT_LEAST_ONE,
@@ -64,6 +66,9 @@ def _plainly_valid(problem: ProblemIR) -> bool:
     exact floats / ints, vectors that are not tuples / lists), which sends the problem through
     `_check_fields` to name the defect."""
     m = problem.model
+    if problem.u_target is not None or problem.u_target_weight != 0.0 or any(
+            getattr(problem, name) is not None for name in ECONOMIC_FIELDS):
+        return False  # economics and steering: checked field by field
     if not (isinstance(problem.template, Template) and type(problem.horizon) is int and problem.horizon >= 1
             and type(problem.move_weight) is float and math.isfinite(problem.move_weight) and problem.move_weight >= 0
             and type(problem.slack_weight) is float and math.isfinite(problem.slack_weight)
@@ -141,6 +146,27 @@ def _check_fields(problem: ProblemIR) -> None:
         check_matrix(problem.steady_gain, f"{p}.steady_gain", ny, nu, error=error)
         check_matrix(problem.steady_dv_gain, f"{p}.steady_dv_gain", ny, nd, error=error)
         check_vector(problem.steady_offset, f"{p}.steady_offset", ny, error=error)
+    _check_economics(problem, nu, ny)
+
+
+def _check_economics(problem: ProblemIR, nu: int, ny: int) -> None:
+    """The economic vectors (all or none, steady-state template only) and the MV target of a steered plan."""
+    p, error = "problem", ProblemError
+    present = [name for name in ECONOMIC_FIELDS if getattr(problem, name) is not None]
+    if present:
+        if problem.template is not Template.STEADY_RESPONSE:
+            raise ProblemError(f"{p}.{present[0]}: economics belong to {Template.STEADY_RESPONSE.value}")
+        if len(present) < len(ECONOMIC_FIELDS):
+            missing = next(name for name in ECONOMIC_FIELDS if name not in present)
+            raise ProblemError(f"{p}.{missing}: required with {present[0]} (economics come whole)")
+        for name, length, bounds in (("econ_u", nu, None), ("econ_uu", nu, NON_NEGATIVE), ("econ_y", ny, None),
+                                     ("econ_yy", ny, NON_NEGATIVE), ("target_penalty", ny, NON_NEGATIVE)):
+            check_vector(getattr(problem, name), f"{p}.{name}", length, bounds, error=error)
+    check_number(problem.u_target_weight, f"{p}.u_target_weight", NON_NEGATIVE, error=error)
+    if problem.u_target is not None:
+        check_vector(problem.u_target, f"{p}.u_target", nu, error=error)
+    elif problem.u_target_weight:
+        raise ProblemError(f"{p}.u_target: required with u_target_weight {problem.u_target_weight:g}")
 
 
 def problem_from_dict(doc: Any) -> ProblemIR:
@@ -209,15 +235,21 @@ def robust_limits(problem: ProblemIR) -> tuple[np.ndarray, np.ndarray]:
 
 
 def compile_problem(binding: BindingSpec, artifact: ModelArtifact, x0: Any, bias: Any, u_now: Any, d_now: Any,
-                    band: Any = None, slack_weight: float = DEFAULT_SLACK_WEIGHT) -> ProblemIR:
+                    band: Any = None, slack_weight: float = DEFAULT_SLACK_WEIGHT,
+                    steering: tuple[Any, Any] | None = None) -> ProblemIR:
     """Compile the optimisation problem of one binding revision at "now".
 
     x0 (nx,) and bias (ny,) are normalised (model module's `current_state`); u_now (nu,) and d_now
     (nd,) are the current MVs / DVs in engineering units; band (ny,) the UQ half-widths in
     normalised units or None without evidence. MV bounds and max moves are scaled by the MV std,
     CV limits and targets normalised with the CV mean / std; weights come from binding.cvs,
-    move_weight and horizon N from binding.profile. Raises ProblemError naming the field on a tag
-    mismatch, a wrong length or a non-finite value. Deterministic: same inputs, same hash.
+    move_weight and horizon N from binding.profile. A CV without a target gets tracking weight 0;
+    a steady target of a binding with costs carries its economics (`economic_terms`).
+    steering (u_ss (nu,), y_ss (ny,), engineering units): the steady-state layer's target a move
+    plan steers to (two layers, solver/targets.py): it replaces the CV targets and adds the MV
+    target; required for a move plan whose binding has costs or a CV without a target.
+    Raises ProblemError naming the field on a tag mismatch, a wrong length or a non-finite value.
+    Deterministic: same inputs, same hash.
     """
     where = f"problem[{binding.id}]"
     for kind in ("mv_tags", "cv_tags", "dv_tags"):
@@ -232,6 +264,12 @@ def compile_problem(binding: BindingSpec, artifact: ModelArtifact, x0: Any, bias
     d_now = check_vector(d_now, f"{where}.d_now", nd, error=ProblemError)
     band = None if band is None else check_vector(band, f"{where}.band", ny, error=ProblemError)
     check_number(slack_weight, f"{where}.slack_weight", POSITIVE, error=ProblemError)
+    steady_template = binding.profile.template is Template.STEADY_RESPONSE
+    if steady_template and steering is not None:
+        raise ProblemError(f"{where}.steering: only a move plan is steered to a steady-state target")
+    if not steady_template and steering is None and needs_steady_layer(binding):
+        raise ProblemError(f"{where}.steering: a move plan with costs or a CV without a target needs the "
+                           f"steady-state layer's target (solver/targets.py compile_steered)")
 
     norm = artifact.normalisation
     missing = [t for t in binding.tags if t not in norm.tags]
@@ -249,17 +287,30 @@ def compile_problem(binding: BindingSpec, artifact: ModelArtifact, x0: Any, bias
     mv_move = np.array([m.max_move for m in binding.mvs])
     cv_lo = np.array([c.lo for c in binding.cvs])
     cv_hi = np.array([c.hi for c in binding.cvs])
-    cv_target = np.array([c.target for c in binding.cvs])
+    targeted = np.array([c.target is not None for c in binding.cvs])
+    # a CV without a target: weight 0, its "target" the middle of its limits (enters no cost)
+    cv_target = np.array([0.5 * (c.lo + c.hi) if c.target is None else c.target for c in binding.cvs])
+    weight = np.where(targeted, [c.weight for c in binding.cvs], 0.0)
+    steered: dict[str, Any] = {}
+    if steering is not None:
+        u_ss = check_vector(steering[0], f"{where}.steering.u", nu, error=ProblemError)
+        cv_target = check_vector(steering[1], f"{where}.steering.y", ny, error=ProblemError)
+        weight = np.array([c.weight for c in binding.cvs], float)
+        steered = {"u_target": _flat((u_ss - u_mean) / u_std), "u_target_weight": STEERING_MV_WEIGHT}
 
     steady: dict[str, Any] = {}
-    if binding.profile.template is Template.STEADY_RESPONSE:
+    if steady_template:
         G, Gd, y0 = steady_state(artifact.state_space)
         y0 = y0 + disturbance_gain(artifact.state_space) @ bias  # the held disturbance, compiled in once
         steady = {"steady_gain": G, "steady_dv_gain": Gd, "steady_offset": y0}
         for name, value in steady.items():
             if not np.all(np.isfinite(value)):
                 raise ProblemError(f"{where}.{name}: the model's steady state is not finite")
-        steady = {"steady_gain": _rows(G), "steady_dv_gain": _rows(Gd), "steady_offset": _flat(y0)}
+        if binding.has_costs:
+            steady.update(economic_terms(binding, G, (mv_lo - u_mean) / u_std, (mv_hi - u_mean) / u_std, u_mean,
+                                         u_std, y_mean, y_std, targeted & (weight > 0), slack_weight))
+        steady = {name: _rows(v) if name in ("steady_gain", "steady_dv_gain") else _flat(v)
+                  for name, v in steady.items()}
 
     problem = ProblemIR(
         template=binding.profile.template,
@@ -271,13 +322,45 @@ def compile_problem(binding: BindingSpec, artifact: ModelArtifact, x0: Any, bias
         x0=_flat(x0), u_prev=_flat((u_now - u_mean) / u_std), d=_flat((d_now - d_mean) / d_std), bias=_flat(bias),
         u_lo=_flat((mv_lo - u_mean) / u_std), u_hi=_flat((mv_hi - u_mean) / u_std), du_max=_flat(mv_move / u_std),
         y_lo=_flat((cv_lo - y_mean) / y_std), y_hi=_flat((cv_hi - y_mean) / y_std),
-        y_target=_flat((cv_target - y_mean) / y_std), y_weight=_flat([c.weight for c in binding.cvs]),
+        y_target=_flat((cv_target - y_mean) / y_std), y_weight=_flat(weight),
         move_weight=float(binding.profile.move_weight), slack_weight=float(slack_weight),
         band=None if band is None else _flat(band),
         u_mean=_flat(u_mean), u_std=_flat(u_std), y_mean=_flat(y_mean), y_std=_flat(y_std),
-        **steady,
+        **steady, **steered,
     )
     return validate_problem(problem)
+
+
+# the MV target's weight of a steered move plan (normalised units): a tenth of a CV's unit tracking
+# weight, enough to pick the economic MVs among those reaching the CV targets equally well, small
+# enough not to pull the CVs off their targets on the way
+STEERING_MV_WEIGHT = 0.1
+# the target penalty (solver/steady.py, "Priorities") exceeds the largest multiplier the scaled
+# economics can put on a target by this factor, and stays this factor below the CV limits' penalty
+TARGET_MARGIN = 10.0
+
+
+def needs_steady_layer(binding: BindingSpec) -> bool:
+    """A move plan is steered by the steady-state layer when the binding has costs or a CV without a target."""
+    return binding.has_costs or any(c.target is None for c in binding.cvs)
+
+
+def economic_terms(binding: BindingSpec, gain: np.ndarray, u_lo: np.ndarray, u_hi: np.ndarray, u_mean: np.ndarray,
+                   u_std: np.ndarray, y_mean: np.ndarray, y_std: np.ndarray, held: np.ndarray,
+                   slack_weight: float) -> dict[str, np.ndarray]:
+    """The ProblemIR's economic vectors: the costs in normalised units (economics.normalised_costs,
+    largest gradient 1 per MV over the box) and the exact target penalty of every CV held at a
+    target (`held`, (ny,) bool): TARGET_MARGIN times the largest multiplier the economics can put
+    on those targets (||pinv(G_held)|| ||grad J|| with ||grad J|| <= sqrt(nu)), at least
+    TARGET_MARGIN, at most slack_weight / TARGET_MARGIN (the CV limits rank above the targets)."""
+    costs = normalised_costs(binding, u_mean, u_std, y_mean, y_std, gain, u_lo, u_hi)
+    penalty = TARGET_MARGIN
+    if held.any():
+        rows = np.asarray(gain, float)[held]
+        penalty = TARGET_MARGIN * max(1.0, float(np.linalg.norm(np.linalg.pinv(rows), 2)) * np.sqrt(len(u_lo)))
+    penalty = min(penalty, slack_weight / TARGET_MARGIN)
+    return {"econ_u": costs.u_linear, "econ_uu": costs.u_quadratic, "econ_y": costs.y_linear,
+            "econ_yy": costs.y_quadratic, "target_penalty": np.where(held, penalty, 0.0)}
 
 
 def _flat(values: Any) -> tuple[float, ...]:

@@ -2,6 +2,9 @@
 the optimisation profile (docs/ARCHITECTURE.md, "Binding file"), validated from a YAML / JSON document.
 
 Units: limits, targets and max moves in the plant's engineering units; max_move per sample.
+Economic costs (optional): `cost` per engineering unit and `cost_quadratic` per unit squared of an
+MV or a CV at steady state, in whatever money-per-time unit the plant uses (a profit is a negative
+cost); a CV without `target` is only kept inside [lo, hi] (optimizer_pipeline/economics.py).
 """
 
 import json
@@ -44,6 +47,8 @@ class MVSpec:
     lo: float
     hi: float
     max_move: float  # engineering units per sample
+    cost: float = 0.0  # economic cost per engineering unit at steady state
+    cost_quadratic: float = 0.0  # economic cost per engineering unit squared, >= 0
 
 
 @dataclass(frozen=True)
@@ -51,8 +56,10 @@ class CVSpec:
     tag: str
     lo: float
     hi: float
-    target: float
+    target: float | None  # None: kept inside [lo, hi] only
     weight: float = 1.0
+    cost: float = 0.0
+    cost_quadratic: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -107,16 +114,31 @@ class BindingSpec:
     def tags(self) -> tuple[str, ...]:
         return self.mv_tags + self.cv_tags + self.dv_tags
 
+    @property
+    def has_costs(self) -> bool:
+        """Whether any MV or CV carries an economic cost."""
+        return any(s.cost or s.cost_quadratic for s in self.mvs + self.cvs)
+
     def to_dict(self) -> dict[str, Any]:
-        return json.loads(canonical_json(asdict(self)))
+        return json.loads(self.canonical_json())
 
     def canonical_json(self) -> str:
-        return canonical_json(asdict(self))
+        """The spec as canonical JSON; zero costs are left out, so a binding written before costs
+        existed keeps its hash (and its revision)."""
+        doc = asdict(self)
+        for kind in ("mvs", "cvs"):
+            for item in doc[kind]:
+                for key in COST_FIELDS:
+                    if not item[key]:
+                        del item[key]
+        return canonical_json(doc)
 
     @property
     def spec_hash(self) -> str:
         return sha256_hex(self.canonical_json())
 
+
+COST_FIELDS = ("cost", "cost_quadratic")
 
 # the history file's key columns (data/ingest.py RUN_ID, TIMESTAMP): not available as tag names
 RESERVED_TAGS = ("run_id", "timestamp")
@@ -145,6 +167,13 @@ def _limits(doc: Mapping[str, Any], where: str) -> tuple[float, float]:
     return lo, hi
 
 
+def _costs(doc: Mapping[str, Any], where: str) -> dict[str, float]:
+    """The optional economic costs of an MV / CV item: cost any number, cost_quadratic >= 0 (convex)."""
+    return {"cost": check_number(get_field(doc, "cost", where, 0.0), f"{where}.cost"),
+            "cost_quadratic": check_number(get_field(doc, "cost_quadratic", where, 0.0), f"{where}.cost_quadratic",
+                                           NON_NEGATIVE)}
+
+
 def binding_from_dict(doc: Any, source: str = "binding") -> BindingSpec:
     """Validate a binding document (docs/ARCHITECTURE.md, "Binding file") into a BindingSpec.
 
@@ -161,7 +190,8 @@ def binding_from_dict(doc: Any, source: str = "binding") -> BindingSpec:
         at = f"{w}.mvs[{i}]"
         lo, hi = _limits(item, at)
         mvs.append(MVSpec(_tag(get_field(item, "tag", at), f"{at}.tag"), lo, hi,
-                          check_number(get_field(item, "max_move", at), f"{at}.max_move", POSITIVE)))
+                          check_number(get_field(item, "max_move", at), f"{at}.max_move", POSITIVE),
+                          **_costs(item, at)))
     if not mvs:
         raise ContractError(f"{w}.mvs: at least one MV is required")
 
@@ -169,9 +199,10 @@ def binding_from_dict(doc: Any, source: str = "binding") -> BindingSpec:
     for i, item in enumerate(_items(doc, "cvs", w, required=True)):
         at = f"{w}.cvs[{i}]"
         lo, hi = _limits(item, at)
-        target = check_number(get_field(item, "target", at), f"{at}.target", Interval(lo, hi))
+        target = get_field(item, "target", at, None)  # omitted: kept inside [lo, hi] only
+        target = None if target is None else check_number(target, f"{at}.target", Interval(lo, hi))
         weight = check_number(get_field(item, "weight", at, 1.0), f"{at}.weight", NON_NEGATIVE)
-        cvs.append(CVSpec(_tag(get_field(item, "tag", at), f"{at}.tag"), lo, hi, target, weight))
+        cvs.append(CVSpec(_tag(get_field(item, "tag", at), f"{at}.tag"), lo, hi, target, weight, **_costs(item, at)))
     if not cvs:
         raise ContractError(f"{w}.cvs: at least one CV is required")
 

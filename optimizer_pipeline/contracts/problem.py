@@ -20,6 +20,12 @@ class ProblemIR:
     (`steady_gain` G (ny, nu), `steady_dv_gain` Gd (ny, nd), `steady_offset` y0 (ny,): the model's
     offset plus the held disturbance's steady effect, compiled in).
     Limits `y_lo` / `y_hi` are soft (slack penalty `slack_weight`); `u_lo` / `u_hi` / `du_max` hard.
+
+    Economics (None without costs; optimizer_pipeline/economics.py): the steady-state template adds
+    econ_u @ u + econ_uu @ u**2 + econ_y @ y + econ_yy @ y**2 and holds each CV with a positive
+    `target_penalty` at its target by that exact (absolute value) penalty (solver/steady.py,
+    "Priorities"). A move plan steered by the steady-state layer (two layers: problem.py
+    `compile_steered`) also tracks the layer's MV target `u_target` with weight `u_target_weight`.
     """
 
     template: Template
@@ -54,6 +60,18 @@ class ProblemIR:
     steady_gain: tuple[tuple[float, ...], ...] | None = None
     steady_dv_gain: tuple[tuple[float, ...], ...] | None = None
     steady_offset: tuple[float, ...] | None = None
+    econ_u: tuple[float, ...] | None = None
+    econ_uu: tuple[float, ...] | None = None
+    econ_y: tuple[float, ...] | None = None
+    econ_yy: tuple[float, ...] | None = None
+    target_penalty: tuple[float, ...] | None = None
+    u_target: tuple[float, ...] | None = None
+    u_target_weight: float = 0.0
+
+    @property
+    def economic(self) -> bool:
+        """Whether the problem carries an economic objective (steady-state template)."""
+        return self.econ_u is not None
 
     def to_dict(self) -> dict[str, Any]:
         return json.loads(canonical_json(self))
@@ -90,4 +108,10 @@ class ProblemIR:
             y_mean=tuple1(doc["y_mean"]), y_std=tuple1(doc["y_std"]),
             steady_gain=opt2(doc.get("steady_gain")), steady_dv_gain=opt2(doc.get("steady_dv_gain")),
             steady_offset=opt1(doc.get("steady_offset")),
+            **{name: opt1(doc.get(name)) for name in ECONOMIC_FIELDS + ("u_target",)},
+            u_target_weight=float(doc.get("u_target_weight", 0.0)),
         )
+
+
+# the economic objective's vectors: all present or all None
+ECONOMIC_FIELDS = ("econ_u", "econ_uu", "econ_y", "econ_yy", "target_penalty")

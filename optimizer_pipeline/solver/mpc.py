@@ -7,6 +7,7 @@ Everything is in normalised model units. With horizon N, the QP variable is
 and the problem (minimise 1/2 z'Pz + q'z, plus the constant `constant`, subject to l <= A z <= u) is
 
     sum_k sum_j w_j (y_kj - target_j)^2  +  move_weight * sum_k ||du_k||^2  +  slack_weight * sum_kj (s_kj + s_kj^2)
+    + u_target_weight * sum_k ||u_k - u_target||^2     (only a plan steered to a steady-state target)
     x_{k+1} = Ad x_k + Bd u_k + E d + f + C' bias   (x_0 = current state; d and the disturbance bias held:
     y_k     = C x_k                                    offset-free tracking, model/statespace.py)
     du_k    = u_k - u_{k-1},  u_{-1} = u_prev
@@ -57,7 +58,7 @@ def structure_key(problem: ProblemIR) -> Hashable:
     """Everything that enters P or A (a new value needs a new factorisation)."""
     m = problem.model
     return (Template.LINEAR_MPC.value, problem.horizon, m.A, m.B, m.C, problem.y_weight,
-            problem.move_weight, problem.slack_weight)
+            problem.move_weight, problem.slack_weight, problem.u_target_weight)
 
 
 def _difference(N: int, nu: int) -> sparse.csc_matrix:
@@ -74,8 +75,8 @@ def matrices(problem: ProblemIR) -> tuple[sparse.csc_matrix, sparse.csc_matrix]:
     Q = C.T @ W @ C
     D = _difference(N, nu)
     IN = sparse.eye(N)
-    P = sparse.block_diag([sparse.kron(IN, 2 * Q), 2 * problem.move_weight * (D.T @ D),
-                           2 * problem.slack_weight * sparse.eye(N * ny)], format="csc")
+    Puu = 2 * problem.move_weight * (D.T @ D) + 2 * problem.u_target_weight * sparse.eye(N * nu)
+    P = sparse.block_diag([sparse.kron(IN, 2 * Q), Puu, 2 * problem.slack_weight * sparse.eye(N * ny)], format="csc")
 
     Ax = sparse.kron(IN, -sparse.eye(nx)) + sparse.kron(sparse.eye(N, k=-1), Ad)
     Bu = sparse.kron(IN, Bd)
@@ -110,6 +111,11 @@ def vectors(problem: ProblemIR, y_lo: np.ndarray, y_hi: np.ndarray) -> tuple[np.
     q = np.concatenate([_tile(2 * C.T @ (w * offset), N), -2 * mw * e, np.full(N * ny, sw)])
     # D'e = e for this D (only its first block column meets u_prev), hence -2 mw e above.
     constant = N * float(w @ offset ** 2) + mw * float(u_prev @ u_prev)
+    if problem.u_target is not None:
+        u_target, r = np.asarray(problem.u_target), problem.u_target_weight
+        nx = Ad.shape[0]
+        q[N * nx:N * (nx + nu)] -= _tile(2 * r * u_target, N)
+        constant += N * r * float(u_target @ u_target)
 
     beq = -np.concatenate([Ad @ x0 + drive, _tile(drive, N - 1)])
     du = _tile(np.asarray(problem.du_max), N)

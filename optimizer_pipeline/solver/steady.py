@@ -15,6 +15,22 @@ The movement term only picks among MV combinations that reach the targets equall
 non-square or ill-conditioned G); scaled by STEADY_MOVE_SCALE it biases a reachable target by
 about 1 % of the distance moved for move_weight ~ 1 and unit gains, instead of ~10 %.
 A candidate has one row: controls (1, nu) is the steady MV target, predicted (1, ny) the CVs at it.
+
+Economics (a binding with costs; ProblemIR.economic): z = [u, s, e (ny)] and the objective adds
+
+    econ_u @ u + econ_uu @ u^2 + econ_y @ y + econ_yy @ y^2      (the costs, normalised and scaled)
+    + sum_j target_penalty_j e_j,   e_j >= |y_j - target_j|       (exact target penalty)
+
+Priorities, highest first, when not everything can be had:
+1. MV limits and the move reach: hard, never relaxed.
+2. CV limits: soft, exact penalty slack_weight (1e3): relaxed only when the MVs cannot hold them all,
+   the violation shared by the penalty's quadratic part.
+3. CV targets (CVs with a target and a weight > 0): exact penalty target_penalty, compiled at
+   problem.py TARGET_MARGIN times the largest multiplier the economics can put on them and as far
+   below slack_weight: met whenever 1-2 allow, given up before any CV limit.
+4. Economics: the costs, scaled to a largest gradient of 1 per normalised MV, spend the freedom
+   1-3 leave (a CV without a target, more MVs than targets): an LP-like optimum at a limit.
+5. Movement: STEADY_MOVE_SCALE * move_weight * ||u - u_prev||^2 breaks ties.
 """
 
 from typing import Hashable
@@ -35,24 +51,39 @@ def move_limit(problem: ProblemIR) -> np.ndarray:
 def structure_key(problem: ProblemIR) -> Hashable:
     """Everything that enters P or A (a new value needs a new factorisation)."""
     return (Template.STEADY_RESPONSE.value, problem.steady_gain, problem.y_weight, problem.move_weight,
-            problem.slack_weight)
+            problem.slack_weight, problem.econ_uu, problem.econ_yy)
 
 
 def matrices(problem: ProblemIR) -> tuple[sparse.csc_matrix, sparse.csc_matrix]:
-    """(P, A): full symmetric Hessian; rows MV bounds, MV move, CV low, CV high, slack sign."""
+    """(P, A): full symmetric Hessian; rows MV bounds, MV move, CV low, CV high, slack sign, and with
+    economics target low, target high, target sign."""
     G = np.asarray(problem.steady_gain, float)
     ny, nu = G.shape
     W = np.diag(problem.y_weight)
     mws = STEADY_MOVE_SCALE * problem.move_weight
-    P = sparse.block_diag([2 * (G.T @ W @ G + mws * np.eye(nu)), 2 * problem.slack_weight * sparse.eye(ny)],
-                          format="csc")
     Iu, Is, Gs = sparse.eye(nu), sparse.eye(ny), sparse.csc_matrix(G)
+    Puu = G.T @ W @ G + mws * np.eye(nu)
+    if not problem.economic:
+        P = sparse.block_diag([2 * Puu, 2 * problem.slack_weight * Is], format="csc")
+        A = sparse.bmat([
+            [Iu, None],    # MV bounds
+            [Iu, None],    # MV move from u_prev
+            [Gs, Is],      # G u + s >= lo - c
+            [Gs, -Is],     # G u - s <= hi - c
+            [None, Is],    # s >= 0
+        ], format="csc")
+        return P, A
+    Puu = Puu + np.diag(problem.econ_uu) + G.T @ np.diag(problem.econ_yy) @ G
+    P = sparse.block_diag([2 * Puu, 2 * problem.slack_weight * Is, sparse.csc_matrix((ny, ny))], format="csc")
     A = sparse.bmat([
-        [Iu, None],    # MV bounds
-        [Iu, None],    # MV move from u_prev
-        [Gs, Is],      # G u + s >= lo - c
-        [Gs, -Is],     # G u - s <= hi - c
-        [None, Is],    # s >= 0
+        [Iu, None, None],    # MV bounds
+        [Iu, None, None],    # MV move from u_prev
+        [Gs, Is, None],      # G u + s >= lo - c
+        [Gs, -Is, None],     # G u - s <= hi - c
+        [None, Is, None],    # s >= 0
+        [Gs, None, Is],      # G u + e >= target - c
+        [Gs, None, -Is],     # G u - e <= target - c
+        [None, None, Is],    # e >= 0
     ], format="csc")
     return P, A
 
@@ -76,6 +107,15 @@ def vectors(problem: ProblemIR, y_lo: np.ndarray, y_hi: np.ndarray) -> tuple[np.
     move, inf = move_limit(problem), np.full(ny, np.inf)
     l = np.concatenate([problem.u_lo, u_prev - move, y_lo - c, -inf, np.zeros(ny)])
     u = np.concatenate([problem.u_hi, u_prev + move, inf, y_hi - c, inf])
+    if problem.economic:
+        # econ_y @ y + econ_yy @ y^2 with y = G u + c: linear G'(econ_y + 2 econ_yy c), constant at u = 0
+        a_y, b_y = np.asarray(problem.econ_y), np.asarray(problem.econ_yy)
+        q[:len(u_prev)] += np.asarray(problem.econ_u) + G.T @ (a_y + 2 * b_y * c)
+        constant += float(a_y @ c + b_y @ c ** 2)
+        to_target = np.asarray(problem.y_target) - c
+        q = np.concatenate([q, problem.target_penalty])
+        l = np.concatenate([l, to_target, -inf, np.zeros(ny)])
+        u = np.concatenate([u, inf, to_target, inf])
     return q, l, u, constant
 
 
@@ -92,16 +132,18 @@ def with_cv_limits(problem: ProblemIR, l: np.ndarray, u: np.ndarray, y_lo: np.nd
 
 def plan(problem: ProblemIR, z: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Split z into (u (1, nu), y (1, ny), s (1, ny)), normalised."""
-    nu = len(problem.mv_tags)
+    nu, ny = len(problem.mv_tags), len(problem.cv_tags)
     u = z[:nu]
     y = np.asarray(problem.steady_gain, float) @ u + _offset(problem)
-    return u[None, :], y[None, :], z[nu:][None, :]
+    return u[None, :], y[None, :], z[nu:nu + ny][None, :]
 
 
 def hold_point(problem: ProblemIR, A: sparse.csc_matrix, l: np.ndarray, y_lo: np.ndarray,
                y_hi: np.ndarray, memo: dict) -> np.ndarray:
-    """z of the baseline "stay at u_prev", slacks at their smallest admissible value."""
+    """z of the baseline "stay at u_prev", slacks (and target distances) at their smallest admissible value."""
     u = np.asarray(problem.u_prev, float)
     y = np.asarray(problem.steady_gain, float) @ u + _offset(problem)
     s = np.maximum(0.0, np.maximum(y_lo - y, y - y_hi))
-    return np.concatenate([u, s])
+    if not problem.economic:
+        return np.concatenate([u, s])
+    return np.concatenate([u, s, np.abs(y - np.asarray(problem.y_target))])

@@ -1,0 +1,234 @@
+"""Economic steady state (issue 17, item 2): binding costs and optional targets, the steady-state QP
+against independently computed LP / QP optima, the priority rule, and a move plan steered to the
+steady-state layer's target (two layers)."""
+
+import numpy as np
+import pytest
+from scipy.optimize import linprog, minimize
+
+from optimizer_pipeline.contracts import CandidateKind, ContractError, binding_from_dict
+from optimizer_pipeline.economics import economic_value
+from optimizer_pipeline.problem import ProblemError, compile_problem, validate_problem
+from optimizer_pipeline.solver.solve import SolverCache, solve_problem
+from optimizer_pipeline.solver.targets import compile_steered
+from optimizer_pipeline.solver.verify import independent_cost
+from test_solver_qp_support import tank_artifact
+
+U_NOW = (3.0, 3.0)
+ARTIFACT = tank_artifact()
+
+
+def engineering_gain():
+    """The hand-built tank's steady-state map in engineering units, y = Ge u + y0, computed from its
+    state space and normalisation (not from the problem's compiled gain)."""
+    A, B, _, _, C = ARTIFACT.state_space.arrays()
+    G = C @ np.linalg.solve(np.eye(len(A)) - A, B)
+    mean, std = np.asarray(ARTIFACT.normalisation.mean), np.asarray(ARTIFACT.normalisation.std)
+    u_mean, u_std, y_mean, y_std = mean[:2], std[:2], mean[2:], std[2:]
+    Ge = y_std[:, None] * G / u_std[None, :]
+    return Ge, y_mean - Ge @ u_mean
+
+
+def doc(template="steady_response@1", mv_costs=(-1.0, 0.5), mv_quadratic=(0.0, 0.0), y1=None, y2=7.5,
+        y1_hi=10.0, horizon=20, move_weight=0.0, y1_cost=0.0):
+    y1_item = {"tag": "y1", "lo": 2.0, "hi": y1_hi, "cost": y1_cost}
+    if y1 is not None:
+        y1_item["target"] = y1
+    y2_item = {"tag": "y2", "lo": 2.0, "hi": 10.0}
+    if y2 is not None:
+        y2_item["target"] = y2
+    return {"id": "tanks-1", "sample_period_s": 5,
+            "mvs": [{"tag": f"v{i + 1}", "lo": 0.0, "hi": 6.0, "max_move": 0.5, "cost": c, "cost_quadratic": q}
+                    for i, (c, q) in enumerate(zip(mv_costs, mv_quadratic))],
+            "cvs": [y1_item, y2_item],
+            "profile": {"id": "econ", "version": 1, "template": template, "horizon": horizon,
+                        "move_weight": move_weight}}
+
+
+def solve(spec, band=None):
+    problem = compile_steered(spec, ARTIFACT, np.zeros(4), np.zeros(2), U_NOW, [], band)
+    return problem, solve_problem(problem, SolverCache())
+
+
+def nominal(result):
+    return next(c for c in result.candidates if c.kind is CandidateKind.NOMINAL)
+
+
+# --------------------------------------------------------------------------- binding fields
+
+
+def test_costs_and_optional_targets_are_read_and_round_trip():
+    spec = binding_from_dict(doc(mv_quadratic=(0.2, 0.0), y1_cost=0.3))
+    assert [m.cost for m in spec.mvs] == [-1.0, 0.5] and spec.mvs[0].cost_quadratic == 0.2
+    assert spec.cvs[0].target is None and spec.cvs[1].target == 7.5 and spec.cvs[0].cost == 0.3
+    assert spec.has_costs
+    assert binding_from_dict(spec.to_dict()) == spec
+
+
+def test_a_binding_without_costs_keeps_its_canonical_form():
+    # zero costs are left out of the canonical JSON: a binding stored before costs existed keeps its hash
+    plain = doc(mv_costs=(0.0, 0.0), y1=7.0)
+    spec = binding_from_dict(plain)
+    assert not spec.has_costs
+    assert "cost" not in spec.canonical_json()
+    priced = binding_from_dict(doc(mv_costs=(0.0, 0.1), y1=7.0))
+    assert priced.spec_hash != spec.spec_hash and '"cost":0.1' in priced.canonical_json()
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("cost", "cheap", "binding.mvs[0].cost: expected a number, got 'cheap'"),
+    ("cost_quadratic", -0.1, "binding.mvs[0].cost_quadratic: must be >= 0, got -0.1"),
+])
+def test_bad_costs_are_refused_with_the_field(field, value, message):
+    d = doc()
+    d["mvs"][0][field] = value
+    with pytest.raises(ContractError) as err:
+        binding_from_dict(d)
+    assert str(err.value) == message
+
+
+def test_economic_value_in_engineering_units():
+    spec = binding_from_dict(doc(mv_quadratic=(0.2, 0.0), y1_cost=0.3))
+    # -1 * 2 + 0.2 * 4 + 0.5 * 3 + 0.3 * 8
+    assert economic_value(spec, [2.0, 3.0], [8.0, 7.5]) == pytest.approx(-2.0 + 0.8 + 1.5 + 2.4)
+    assert economic_value(binding_from_dict(doc(mv_costs=(0.0, 0.0), y1=7.0)), [2.0, 3.0], [8.0, 7.5]) is None
+
+
+# --------------------------------------------------------------------------- known optima
+
+
+def test_linear_costs_reach_the_lp_optimum():
+    # y2 held at its target, y1 only inside [2, 10], v1 earns and v2 costs: an LP whose optimum is a
+    # vertex (v1 at its upper bound), solved independently by scipy's linprog in engineering units
+    spec = binding_from_dict(doc())
+    problem, result = solve(spec)
+    assert problem.economic and problem.target_penalty[0] == 0.0 and problem.target_penalty[1] > 0
+    Ge, y0 = engineering_gain()
+    lp = linprog([-1.0, 0.5], A_ub=np.vstack([Ge[0], -Ge[0]]), b_ub=[10.0 - y0[0], y0[0] - 2.0],
+                 A_eq=Ge[1:], b_eq=[7.5 - y0[1]], bounds=[(0.0, 6.0)] * 2)
+    assert lp.status == 0
+    best = nominal(result)
+    assert best.verified, best.verify_report["reasons"]
+    np.testing.assert_allclose(best.controls[0], lp.x, atol=1e-4)
+    np.testing.assert_allclose(best.predicted[0], Ge @ lp.x + y0, atol=1e-4)
+    assert best.predicted[0][1] == pytest.approx(7.5, abs=1e-4)  # the target is met exactly, not traded
+
+
+def test_a_cv_without_target_stops_the_economics_at_its_limit():
+    # y1's upper limit 9 now cuts the LP: the optimum sits on it (a CV limit, not an MV bound, is active)
+    spec = binding_from_dict(doc(y1_hi=9.0))
+    _, result = solve(spec)
+    Ge, y0 = engineering_gain()
+    lp = linprog([-1.0, 0.5], A_ub=np.vstack([Ge[0], -Ge[0]]), b_ub=[9.0 - y0[0], y0[0] - 2.0],
+                 A_eq=Ge[1:], b_eq=[7.5 - y0[1]], bounds=[(0.0, 6.0)] * 2)
+    best = nominal(result)
+    np.testing.assert_allclose(best.controls[0], lp.x, atol=1e-4)
+    assert best.predicted[0][0] == pytest.approx(9.0, abs=1e-4)
+    assert best.controls[0][0] < 6.0 - 1e-3  # v1 no longer at its bound
+
+
+def test_quadratic_costs_reach_the_qp_optimum():
+    # quadratic MV costs give an interior optimum; compared with scipy's SLSQP on the same problem
+    spec = binding_from_dict(doc(mv_costs=(-2.0, 0.5), mv_quadratic=(0.25, 0.1)))
+    _, result = solve(spec)
+    Ge, y0 = engineering_gain()
+
+    def cost(u):
+        return -2.0 * u[0] + 0.25 * u[0] ** 2 + 0.5 * u[1] + 0.1 * u[1] ** 2
+
+    ref = minimize(cost, np.array(U_NOW), method="SLSQP", bounds=[(0.0, 6.0)] * 2, options={"ftol": 1e-12},
+                   constraints=[{"type": "eq", "fun": lambda u: Ge[1] @ u + y0[1] - 7.5},
+                                {"type": "ineq", "fun": lambda u: 10.0 - Ge[0] @ u - y0[0]},
+                                {"type": "ineq", "fun": lambda u: Ge[0] @ u + y0[0] - 2.0}])
+    assert ref.success
+    best = nominal(result)
+    assert 0.0 < ref.x[0] < 6.0 and 0.0 < ref.x[1] < 6.0  # interior: the quadratic terms decide
+    np.testing.assert_allclose(best.controls[0], ref.x, atol=1e-4)
+    assert best.verified and best.independent_cost == pytest.approx(best.cost, rel=1e-4)
+
+
+def test_cv_costs_reach_the_mvs_through_the_gain():
+    # no target at all; y1 priced: the cheapest point within the limits puts y1 at its lower limit
+    spec = binding_from_dict(doc(mv_costs=(0.0, 0.0), y2=None, y1_cost=1.0))
+    _, result = solve(spec)
+    Ge, y0 = engineering_gain()
+    lp = linprog(Ge[0], A_ub=np.vstack([Ge, -Ge]), b_ub=np.concatenate([10.0 - y0, y0 - 2.0]),
+                 bounds=[(0.0, 6.0)] * 2)
+    best = nominal(result)
+    assert best.predicted[0][0] == pytest.approx(Ge[0] @ lp.x + y0[0], abs=1e-4) == pytest.approx(2.0, abs=1e-4)
+
+
+# --------------------------------------------------------------------------- priorities
+
+
+def test_targets_rank_above_costs_and_limits_above_targets():
+    # both CVs targeted: two MVs, two targets, no freedom left -> the costs cannot move the targets
+    spec = binding_from_dict(doc(y1=8.0, mv_costs=(-5.0, 5.0)))
+    _, result = solve(spec)
+    np.testing.assert_allclose(nominal(result).predicted[0], [8.0, 7.5], atol=1e-4)
+    # y2's target 9.5 is out of reach with y1 kept under 6: the lexicographic optimum (limits, then the
+    # target's distance, then the costs), computed by two linprog stages, puts y1 on its limit and
+    # leaves y2 as close to its target as that allows, whatever the costs (which pull v2 down)
+    tight = binding_from_dict(doc(y1_hi=6.0, y2=9.5, mv_costs=(-5.0, 5.0)))
+    _, result = solve(tight)
+    Ge, y0 = engineering_gain()
+    limits = dict(A_ub=np.vstack([Ge[0], -Ge[0]]), b_ub=[6.0 - y0[0], y0[0] - 2.0], bounds=[(0.0, 6.0)] * 2)
+    closest = linprog(-Ge[1], **limits)  # y2 below 9.5 everywhere in the box: closest = largest y2
+    assert Ge[1] @ closest.x + y0[1] < 9.5 - 0.05
+    best = nominal(result)
+    np.testing.assert_allclose(best.controls[0], closest.x, atol=1e-4)
+    assert best.predicted[0][0] == pytest.approx(6.0, abs=1e-4)
+    assert best.verified, best.verify_report["reasons"]
+
+
+def test_the_hold_candidate_and_the_verifier_price_the_same_objective():
+    spec = binding_from_dict(doc(mv_quadratic=(0.1, 0.0)))
+    problem, result = solve(spec)
+    for c in result.candidates:
+        u = (np.asarray(c.controls) - problem.u_mean) / problem.u_std
+        y = (np.asarray(c.predicted) - problem.y_mean) / problem.y_std
+        assert independent_cost(problem, u, y, np.asarray(problem.y_lo), np.asarray(problem.y_hi)) == pytest.approx(
+            c.cost, rel=1e-4, abs=1e-6)
+
+
+def test_economics_belong_to_the_steady_template():
+    problem = compile_problem(binding_from_dict(doc()), ARTIFACT, np.zeros(4), np.zeros(2), U_NOW, [])
+    from dataclasses import replace
+    mpc = replace(problem, template=compile_problem(binding_from_dict(doc(template="linear_mpc_quadratic@1", y1=7.0,
+                                                                           mv_costs=(0.0, 0.0))),
+                                                    ARTIFACT, np.zeros(4), np.zeros(2), U_NOW, []).template)
+    with pytest.raises(ProblemError, match=r"problem.econ_u: economics belong to steady_response@1"):
+        validate_problem(mpc)
+    with pytest.raises(ProblemError, match=r"problem.econ_yy: required with econ_u"):
+        validate_problem(replace(problem, econ_yy=None))
+    with pytest.raises(ProblemError, match=r"problem.econ_uu\[1\]: must be >= 0"):
+        validate_problem(replace(problem, econ_uu=(0.0, -1.0)))
+
+
+# --------------------------------------------------------------------------- two layers
+
+
+def test_a_move_plan_is_steered_to_the_steady_layers_target():
+    spec = binding_from_dict(doc(template="linear_mpc_quadratic@1", horizon=80, move_weight=0.1))
+    with pytest.raises(ProblemError, match="needs the steady-state layer"):
+        compile_problem(spec, ARTIFACT, np.zeros(4), np.zeros(2), U_NOW, [])
+    problem, result = solve(spec)
+    layer = solve(binding_from_dict(doc(horizon=80, move_weight=0.1)))[1]
+    target = nominal(layer)
+    # the plan tracks the layer's CVs and MVs (normalised in the problem)
+    np.testing.assert_allclose(np.asarray(problem.y_mean) + np.asarray(problem.y_std) * problem.y_target,
+                               target.predicted[0], atol=1e-9)
+    np.testing.assert_allclose(np.asarray(problem.u_mean) + np.asarray(problem.u_std) * problem.u_target,
+                               target.controls[0], atol=1e-9)
+    plan = nominal(result)
+    assert plan.verified, plan.verify_report["reasons"]
+    np.testing.assert_allclose(plan.controls[-1], target.controls[0], atol=0.06)  # 1 % of the MV range
+    np.testing.assert_allclose(plan.predicted[-1], target.predicted[0], atol=0.05)
+    assert plan.independent_cost == pytest.approx(plan.cost, rel=1e-4)
+
+
+def test_a_plain_move_plan_is_not_steered():
+    spec = binding_from_dict(doc(template="linear_mpc_quadratic@1", y1=7.0, mv_costs=(0.0, 0.0)))
+    problem = compile_steered(spec, ARTIFACT, np.zeros(4), np.zeros(2), U_NOW, [])
+    assert problem.u_target is None and problem.u_target_weight == 0.0 and not problem.economic
+    assert problem == compile_problem(spec, ARTIFACT, np.zeros(4), np.zeros(2), U_NOW, [])
