@@ -11,6 +11,7 @@ from optimizer_pipeline.ledger.records import (
     OutcomeRecord,
     RecommendationRecord,
     RunRecord,
+    WhatIfRecord,
     candidate_id,
     new_id,
 )
@@ -19,4 +20,5 @@ from optimizer_pipeline.ledger.schema import SCHEMA_VERSION
 
 __all__ = ["SCHEMA_VERSION", "BindingFailure", "BindingUpsert", "CalibrationRecord", "CandidateRecord",
            "HistorySplitRecord", "Ledger", "LedgerBusyError", "LedgerError", "NotFoundError", "OutcomeRecord",
-           "RecommendationRecord", "RunRecord", "RunStateError", "StoredBinding", "candidate_id", "new_id", "open_ledger"]
+           "RecommendationRecord", "RunRecord", "RunStateError", "StoredBinding", "WhatIfRecord", "candidate_id", "new_id",
+           "open_ledger"]

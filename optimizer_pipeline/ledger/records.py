@@ -176,6 +176,25 @@ class BindingFailure(_Record):
     created_at: str
 
 
+@dataclass(frozen=True)
+class WhatIfRecord(_Record):
+    """One what-if solve (`whatif_runs`): a binding solved with overrides, recorded beside the
+    binding's open recommendation, never instead of it. `result` is the decision as a recommendation
+    JSON would hold it (status, reasons, controls, predicted, band, ...) plus `economic_value`; its
+    run and candidates are in optimizer_runs / optimizer_candidates under `run_id`."""
+
+    run_id: str
+    binding_id: str
+    binding_revision: int
+    overrides: list[dict[str, Any]]
+    spec: dict[str, Any]
+    compared_recommendation_id: str | None
+    result: dict[str, Any]
+    requested_by: str
+    dagster_run_id: str | None
+    created_at: str
+
+
 def new_id(prefix: str) -> str:
     """A ledger id: `<kind prefix>-<16 hex digits>` (runs `or-`, recommendations `rec-`, outcomes `out-` ...)."""
     return f"{prefix}-{uuid.uuid4().hex[:16]}"

@@ -35,6 +35,7 @@ from optimizer_pipeline.contracts import (
 from optimizer_pipeline.ledger.candidates import BULK_CANDIDATE_ROWS, candidate_table
 from optimizer_pipeline.ledger.duckdb_backend import DuckDBBackend
 from optimizer_pipeline.ledger.evidence_rows import EvidenceRows
+from optimizer_pipeline.ledger.whatif_rows import WhatIfRows
 from optimizer_pipeline.ledger.errors import LedgerError, NotFoundError, RunStateError
 from optimizer_pipeline.ledger.schema import DUCKDB
 from optimizer_pipeline.ledger.writes import retried
@@ -56,10 +57,10 @@ OPEN_STATUSES = (RecommendationStatus.VERIFIED.value, RecommendationStatus.UNVER
                  RecommendationStatus.REJECTED.value)
 COUNTED_TABLES = ("bindings", "binding_revisions", "plant_samples", "history_splits", "model_artifacts",
                   "uq_block_scores", "uq_calibrations", "optimizer_runs", "optimizer_candidates",
-                  "optimizer_recommendations", "optimizer_outcomes", "binding_failures")
+                  "optimizer_recommendations", "optimizer_outcomes", "binding_failures", "whatif_runs")
 
 
-class Ledger(EvidenceRows):
+class Ledger(EvidenceRows, WhatIfRows):
     """The pipeline's append-only store. `Ledger(path)` opens the embedded DuckDB file; a backend
     (DuckDBBackend, PostgresBackend: the same interface) may be given instead (see `open_ledger`)."""
 

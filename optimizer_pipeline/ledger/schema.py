@@ -204,6 +204,26 @@ MIGRATIONS: list[tuple[int, str, list[Statement]]] = [
                     WHERE status IN ('verified', 'unverified', 'rejected') GROUP BY binding_id""",
          POSTGRES: "SELECT 1"},
     ]),
+    # What-if solves (issue 17): a solve of a binding with overridden limits / targets / costs. Its
+    # run and candidates are ordinary optimizer_runs / optimizer_candidates rows; this table says the
+    # run was a what-if, with the overrides, the overridden spec it solved (never a binding revision)
+    # and what was decided. It has no row in optimizer_recommendations, so it never supersedes,
+    # expires or becomes the binding's latest recommendation. A new table: older ledgers gain it on
+    # open and keep every row.
+    (5, "what-if solves", [
+        """CREATE TABLE whatif_runs (
+            run_id VARCHAR PRIMARY KEY,          -- its optimizer_runs row (candidates by run_id)
+            binding_id VARCHAR NOT NULL,
+            binding_revision INTEGER NOT NULL,   -- the stored revision the overrides were applied to
+            overrides_json VARCHAR NOT NULL,     -- [{path, value}] in the order given
+            spec_json VARCHAR NOT NULL,          -- the overridden binding spec that was solved
+            compared_recommendation_id VARCHAR,  -- the binding's latest recommendation when solved (shown beside it)
+            result_json VARCHAR NOT NULL,        -- status, reasons, plan, predicted CVs, band, economic value
+            requested_by VARCHAR NOT NULL,       -- cli | dagster
+            dagster_run_id VARCHAR,
+            created_at TIMESTAMP NOT NULL
+        )""",
+    ]),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
