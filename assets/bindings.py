@@ -21,15 +21,18 @@ from dagster import (
     AssetCheckSpec,
     AssetExecutionContext,
     AssetKey,
+    AssetObservation,
     AssetSpec,
     BackfillPolicy,
+    Config,
     Failure,
     MetadataValue,
     PreviewWarning,
     multi_asset,
 )
+from pydantic import Field
 
-from optimizer_pipeline import plots
+from optimizer_pipeline import plots, whatif
 from optimizer_pipeline.assets import calibration, recommendation
 from optimizer_pipeline.assets.batch import (
     BindingInputs,
@@ -40,8 +43,8 @@ from optimizer_pipeline.assets.batch import (
     in_ledger_sessions,
 )
 from optimizer_pipeline.assets.partitions import BINDINGS, CALIBRATION_GROUP, RECOMMENDATION_GROUP
-from optimizer_pipeline.contracts import SolveResult
-from optimizer_pipeline.ledger import BindingFailure, Ledger, NotFoundError
+from optimizer_pipeline.contracts import ContractError, SolveResult
+from optimizer_pipeline.ledger import BindingFailure, Ledger, LedgerError, NotFoundError
 from optimizer_pipeline.resources.ledger import LedgerResource, SettingsResource
 from optimizer_pipeline.resources.solver import SolverResource
 
@@ -85,14 +88,31 @@ def _specs() -> tuple[list[AssetSpec], list[AssetCheckSpec]]:
 
 
 ASSET_SPECS, CHECK_SPECS = _specs()
+WHATIF_STAGES = ("plant_history", "recommendation")  # what the solve job selects
+
+
+class StagesConfig(Config):
+    """Run config of the binding stages (the launchpad's `ops: binding_stages: config:`); empty for
+    the normal runs that sensors, schedules and the CLI launch."""
+
+    whatif: list[str] = Field(
+        default=[],
+        description="What-if solve (job solve, one binding partition): overrides PATH=VALUE such as "
+                    "'cvs.y1.hi=9.8', 'mvs.v1.max_move=0.3', 'cvs.y1.target=none', 'profile.move_weight=0.5'. "
+                    "The binding is solved with them in memory and recorded as a what-if run beside its "
+                    "recommendation (see the recommendation asset's observations); no new binding revision, "
+                    "the open recommendation is neither superseded nor expired.")
 
 
 @multi_asset(name="binding_stages", specs=ASSET_SPECS, check_specs=CHECK_SPECS, can_subset=True,
              backfill_policy=BackfillPolicy.single_run())
-def binding_stages(context: AssetExecutionContext, ledger: LedgerResource, settings: SettingsResource,
-                   solver: SolverResource):
+def binding_stages(context: AssetExecutionContext, config: StagesConfig, ledger: LedgerResource,
+                   settings: SettingsResource, solver: SolverResource):
     selected = [name for name in STAGE_NAMES if AssetKey(name) in context.selected_asset_keys]
     store = ledger.ledger()
+    if config.whatif:
+        whatif_step(context, config.whatif, selected, store, settings, solver)
+        return
     report, failures = StepReport(), []
     solve = (lambda problem: SolveResult.from_dict(solver.solve(problem))) if "recommendation" in selected else None
     with plots.FigureQueue(len(context.partition_keys)) as figures:
@@ -113,6 +133,33 @@ def binding_stages(context: AssetExecutionContext, ledger: LedgerResource, setti
                           {f.binding_id: f"{f.stage}: {f.message}" for f in failures})})
     return
     yield  # a generator that yields nothing: the materializations are logged per binding (assets.batch)
+
+
+def whatif_step(context: AssetExecutionContext, texts: list[str], selected: list[str], store: Ledger,
+                settings: SettingsResource, solver: SolverResource) -> None:
+    """A what-if run of the solve job: one binding, the overrides checked against its stored spec
+    before anything is read or solved (a bad one fails the run with its one-line reason, nothing
+    written), then `recommendation.whatif_solve`, logged as an observation of the recommendation
+    asset (its materialization, the published recommendation, is left as it is). plant_history is
+    not re-run: the what-if starts from the live state the open recommendation was solved from."""
+    if "recommendation" not in selected or not set(selected) <= set(WHATIF_STAGES):
+        raise Failure(description=f"config whatif is for the solve job; this run selects {', '.join(selected)}")
+    keys = context.partition_keys
+    if len(keys) != 1:
+        raise Failure(description=f"a what-if solves one binding: launch it for one partition (this run covers "
+                                  f"{len(keys)})")
+    binding_id = keys[0]
+    try:
+        stored = store.get_binding(binding_id)
+        overrides, _ = whatif.whatif_spec(stored.spec, texts)
+        env = StageEnv(store, settings.get(), None, lambda problem: SolveResult.from_dict(solver.solve(problem)),
+                       context.run.run_id)
+        result = recommendation.whatif_solve(env, BindingInputs(store, stored), overrides)
+    except (ContractError, LedgerError, ValueError) as exc:
+        raise Failure(description=f"what-if of {binding_id}: {_one_line(exc)}") from None
+    context.log_event(AssetObservation(asset_key="recommendation", partition=binding_id, metadata=dict(result.metadata)))
+    context.log.info(f"binding {binding_id}: what-if {result.value.run_id} is {result.value.result['status']} "
+                     f"({', '.join(repr(t) for t in texts)}); solver: {solver.stats()}")
 
 
 def run_binding(env: StageEnv, stored, binding_id: str, selected: list[str], report: StepReport) -> BindingFailure | None:

@@ -6,7 +6,7 @@ from typing import Callable
 
 from dagster import MetadataValue, TableColumn, TableRecord, TableSchema
 
-from optimizer_pipeline import pipeline, plots
+from optimizer_pipeline import pipeline, plots, whatif
 from optimizer_pipeline.assets.batch import BindingInputs, Check, StageEnv, StageResult
 from optimizer_pipeline.contracts import (
     BindingSpec,
@@ -92,3 +92,40 @@ def recommendation(env: StageEnv, inputs: BindingInputs) -> StageResult:
                   {"candidate_id": rec.candidate_id or "none",
                    "verify_report": MetadataValue.json(dict(chosen.verify_report) if chosen else {})})
     return StageResult(rec, metadata, (check,))
+
+
+def _side_by_side_table(doc: dict) -> MetadataValue:
+    """The what-if beside the recommendation it was compared with (whatif.side_by_side_rows)."""
+    (_, open_name, whatif_name), *rows = whatif.side_by_side_rows(doc)
+    columns = [TableColumn("row", "string"), TableColumn(open_name, "string"), TableColumn(whatif_name, "string")]
+    return MetadataValue.table([TableRecord({"row": r[0], open_name: r[1], whatif_name: r[2]}) for r in rows],
+                               schema=TableSchema(columns=columns))
+
+
+def whatif_solve(env: StageEnv, inputs: BindingInputs, overrides: tuple) -> StageResult:
+    """A what-if solve of this binding (optimizer_pipeline/whatif.py): the stored spec with `overrides`
+    applied in memory, solved from the live state of the split plant_history last recorded (the state
+    the open recommendation was solved from) with the revision's model and calibration, recorded as a
+    what-if run; its metadata (shown as an observation of the recommendation asset, not a
+    materialization) puts it beside the binding's latest recommendation."""
+    stored, ledger = inputs.stored, env.ledger
+    artifact, split, calibration = inputs.artifact(), inputs.split(), inputs.calibration()
+    source = ledger.sample_source(stored.spec.id) or EvidenceSource.REAL.value
+    solved = whatif.solve_whatif(stored, overrides, artifact, split, calibration, env.solve, ledger, env.settings,
+                                 source, utc_now(), requested_by="dagster", dagster_run_id=env.run_id)
+    doc = whatif.comparison(ledger, solved.record)
+    result, compared = doc["whatif"], doc["open"]
+    metadata = {
+        "kind": "what-if (the binding and its recommendation are unchanged)",
+        "whatif_run_id": solved.record.run_id, "status": result["status"],
+        "overrides": MetadataValue.json(doc["overrides"]),
+        "compared_with": compared["id"] if compared else "no recommendation yet",
+        "side_by_side": _side_by_side_table(doc),
+        "reasons": MetadataValue.json(list(result["reasons"])),
+        "conditions": _conditions_table(solved.conditions),
+        "comparison": MetadataValue.json(doc),
+        **{name: float(value) for name, value in (
+            ("economic_value", result.get("economic_value")),
+            ("open_economic_value", compared.get("economic_value") if compared else None)) if _finite(value)},
+    }
+    return StageResult(solved.record, metadata, ())
