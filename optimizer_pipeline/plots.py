@@ -207,7 +207,7 @@ def plan_series(spec: BindingSpec, live: RunSeries, rec: Recommendation, history
         predicted=np.asarray(rec.predicted, float).reshape(-1, ny), band=_band(rec.band, ny),
         band_steps=int(rec.band_steps or 0),
         cv_lo=np.array([c.lo for c in spec.cvs]), cv_hi=np.array([c.hi for c in spec.cvs]),
-        cv_target=np.array([c.target for c in spec.cvs]),
+        cv_target=np.array([np.nan if c.target is None else c.target for c in spec.cvs]),  # NaN: no target
         mv_lo=np.array([m.lo for m in spec.mvs]), mv_hi=np.array([m.hi for m in spec.mvs]))
 
 
@@ -250,9 +250,11 @@ def draw_plan(s: PlanSeries) -> Figure:
                         ax.plot(t_pred[shaded - 1:], edge[shaded - 1:], color=PREDICTED, lw=0.8, ls="-.",
                                 alpha=0.6, label=text)
         _limits(ax, s.cv_lo[j], s.cv_hi[j], "limits")
-        ax.axhline(s.cv_target[j], color=TARGET, ls=":", lw=1.2, label="target")
+        targeted = bool(np.isfinite(s.cv_target[j]))
+        if targeted:
+            ax.axhline(s.cv_target[j], color=TARGET, ls=":", lw=1.2, label="target")
         shown = [s.y_hist[:, j], predicted[:, j] - np.nan_to_num(s.band[j]), predicted[:, j] + np.nan_to_num(s.band[j]),
-                 [s.cv_target[j]]]
+                 s.cv_target[j:j + 1] if targeted else []]
         ax.set_ylim(*_zoom(np.concatenate(shown), (s.cv_lo[j], s.cv_hi[j])))
         ax.set_ylabel(f"CV {tag}", fontsize=8)
     for i, (ax, tag) in enumerate(zip(axes[len(s.cv_tags):], s.mv_tags)):

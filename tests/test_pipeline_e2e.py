@@ -137,6 +137,28 @@ def test_plan_applied_to_the_nonlinear_plant_moves_cvs_to_target_within_bounds_a
     assert error_plan <= 0.2 * error_hold, (error_plan, error_hold)
 
 
+def test_the_economic_binding_earns_most_of_the_true_optimum_within_its_limits(demo):
+    """blend-econ-1: conc held at 7 g/L, level only kept under 1.4 m, both feeds earn (negative
+    costs). The true optimum of the nonlinear tank, from its balance equations: the level at its
+    limit (throughput 6 sqrt(1.4) = 7.1 m3/h) with the feed ratio that gives 7 g/L."""
+    from optimizer_pipeline.economics import economic_value
+
+    plant = demo.plants["blend-econ-1"]
+    spec = plant.spec
+    live = plant.history(SEED).live
+    doc = demo.ledger.latest_recommendation("blend-econ-1").document()
+    assert doc["status"] == "verified", doc["reasons"]
+    total = 6.0 * np.sqrt(1.4)
+    rich = total * (7.0 - 2.0) / (10.0 - 2.0)  # 10 rich + 2 lean = 7 total
+    best = economic_value(spec, [rich, total - rich], [7.0, 1.4])
+    held = economic_value(spec, live.u, live.y)
+    planned = economic_value(spec, doc["controls"][0], doc["predicted"][0])
+    settled = plant.apply_plan(live, np.repeat(np.asarray(doc["controls"]), 6 * spec.model.horizon, axis=0))[-1]
+    assert planned < held and (held - planned) >= 0.6 * (held - best), (held, planned, best)
+    assert settled[1] <= 1.4 + 0.01  # the level limit holds on the true plant
+    assert abs(settled[0] - 7.0) <= doc["band"][0]  # the target, within the band
+
+
 def test_mpc_prediction_stays_inside_the_band_on_the_true_plant_within_p(demo):
     for binding_id in ("tanks-1", "heater-1"):
         plant = demo.plants[binding_id]

@@ -43,14 +43,14 @@ def _band_crossing(plant) -> tuple[np.ndarray, np.ndarray]:
 # --------------------------------------------------------------------------- registry and bindings
 
 
-def test_registry_holds_three_plants_in_demo_order():
-    assert NAMES == ["tanks", "heater", "blend"]
+def test_registry_holds_four_plants_in_demo_order():
+    assert NAMES == ["tanks", "heater", "blend", "blend-econ"]
     assert [p.name for p in demo_plants()] == NAMES
     assert isinstance(get_plant("heater"), DeadTimeHeater)
 
 
 def test_unknown_plant_name_raises_a_contract_error_listing_known_names():
-    with pytest.raises(UnknownPlantError, match=r"'boiler' is unknown \(known: tanks, heater, blend\)"):
+    with pytest.raises(UnknownPlantError, match=r"'boiler' is unknown \(known: tanks, heater, blend, blend-econ\)"):
         get_plant("boiler")
     assert issubclass(UnknownPlantError, ContractError)
 
@@ -204,7 +204,7 @@ def test_history_has_the_history_file_columns(name, histories):
     assert all(frame[tag].dtype == np.float64 for tag in spec.tags)
     assert np.isfinite(frame[list(spec.tags)].to_numpy()).all()
     plant = get_plant(name)
-    assert len(frame) == plant.history_runs * plant.history_run_length == 12 * (600 if name == "blend" else 300)
+    assert len(frame) == plant.history_runs * plant.history_run_length == 12 * (600 if name.startswith("blend") else 300)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -315,7 +315,8 @@ def test_targets_are_reachable_from_the_live_state_within_the_horizon(name, hist
     after the model horizon P times 4)."""
     plant, live = get_plant(name), histories[name].live
     spec = plant.spec
-    target = np.array([c.target for c in spec.cvs])
+    # a CV without a target (blend-econ's level): where its economics put it, its upper limit
+    target = np.array([c.hi if c.target is None else c.target for c in spec.cvs])
     lo, hi = np.array(plant.excitation.mv_band).T
     solved = least_squares(lambda u: plant.steady_output(u, live.d) - target, live.u, bounds=(lo, hi), xtol=1e-12)
     assert solved.cost < 1e-10  # reached exactly, not only approached at a band edge

@@ -1,11 +1,12 @@
 """Registry of the demo plants (nonlinear simulators with bindings and history) used by `demo` and tests."""
 
 from optimizer_pipeline.plants.base import DemoHistory, Excitation, LiveState, Plant, PlantInputError
-from optimizer_pipeline.plants.blend import BlendTank
+from optimizer_pipeline.plants.blend import BlendTank, EconomicBlendTank
 from optimizer_pipeline.plants.heater import DeadTimeHeater
 from optimizer_pipeline.plants.tanks import QuadrupleTank
 
-PLANTS: dict[str, type[Plant]] = {cls.name: cls for cls in (QuadrupleTank, DeadTimeHeater, BlendTank)}
+PLANTS: dict[str, type[Plant]] = {cls.name: cls for cls in (QuadrupleTank, DeadTimeHeater, BlendTank,
+                                                                  EconomicBlendTank)}
 
 
 class UnknownPlantError(PlantInputError):
@@ -21,9 +22,9 @@ def get_plant(name: str) -> Plant:
 
 
 def demo_plants() -> list[Plant]:
-    """Every nominal demo plant, in registry order (tanks, heater, blend)."""
+    """Every nominal demo plant, in registry order (tanks, heater, blend, blend-econ)."""
     return [cls() for cls in PLANTS.values()]
 
 
-__all__ = ["PLANTS", "BlendTank", "DeadTimeHeater", "DemoHistory", "Excitation", "LiveState", "Plant",
+__all__ = ["PLANTS", "BlendTank", "DeadTimeHeater", "EconomicBlendTank", "DemoHistory", "Excitation", "LiveState", "Plant",
            "PlantInputError", "QuadrupleTank", "UnknownPlantError", "demo_plants", "get_plant"]

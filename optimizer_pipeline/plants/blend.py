@@ -73,3 +73,35 @@ class BlendTank(Plant):
     def _equilibrium(self, u: np.ndarray, d: np.ndarray) -> np.ndarray:
         total = u.sum()
         return np.array([(total / DRAIN) ** 2, (u @ FEED_CONC) / total])
+
+
+# The same tank run for profit: every m3/h of product sells at 3, the rich feed costs 2 and the lean
+# 0.5 per m3/h, so the costs below are feed cost minus product value (negative: profit). The product's
+# concentration is held at 7 g/L; the level has no target, only limits: the economic optimum runs the
+# tank as full as allowed (throughput grows with level), 1.4 m -> 7.1 m3/h, rich 4.44 / lean 2.66.
+ECONOMIC_BINDING: dict[str, Any] = {
+    "id": "blend-econ-1",
+    "unit": "two-feed blending tank, run for profit",
+    "sample_period_s": 30,
+    "mvs": [
+        {"tag": "f_rich", "lo": 0.5, "hi": 6.0, "max_move": 1.6, "cost": -1.0},
+        {"tag": "f_lean", "lo": 0.5, "hi": 6.0, "max_move": 1.6, "cost": -2.5},
+    ],
+    "cvs": [
+        {"tag": "conc", "lo": 3.0, "hi": 9.0, "target": 7.0, "weight": 1.0},
+        {"tag": "level", "lo": 0.2, "hi": 1.4},
+    ],
+    "dvs": [],
+    "model": {"na": 2, "nb": 2, "delay": 1, "horizon": 10},
+    "profile": {"id": "blend-profit", "version": 1, "template": "steady_response@1",
+                "horizon": 1, "move_weight": 0.1, "valid_for_s": 7200},
+}
+
+
+@dataclass(frozen=True)
+class EconomicBlendTank(BlendTank):
+    """The blending tank with an economic binding (`blend-econ-1`): costs on both feeds, the level kept
+    inside its limits only."""
+
+    name: ClassVar[str] = "blend-econ"
+    binding: ClassVar[dict[str, Any]] = ECONOMIC_BINDING

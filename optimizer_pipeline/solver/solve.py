@@ -218,6 +218,7 @@ def solve_problem(problem: ProblemIR, cache: SolverCache, time_limit_s: float | 
             cost, plan = solved[3], solved[4]
         else:
             status, z, report = _run_qp(entry, q_k, l_k, u_k, deadline)
+            z = None if z is None else builder.settle(problem, z, lo, hi)
             cost = None if z is None else _objective(entry, q_k, constant_k, z)
             plan = None if z is None else _plan(problem, scales, z)
         if kind is CandidateKind.NOMINAL and z is not None:

@@ -130,6 +130,21 @@ def with_cv_limits(problem: ProblemIR, l: np.ndarray, u: np.ndarray, y_lo: np.nd
     return l, u
 
 
+def settle(problem: ProblemIR, z: np.ndarray, y_lo: np.ndarray, y_hi: np.ndarray) -> np.ndarray:
+    """z with its auxiliary variables at their least admissible values for CV limits y_lo / y_hi:
+    slacks max(0, lo - y, y - hi) and (economics) target distances |y - target|. OSQP leaves such
+    LP-like variables up to its tolerance off (a slack of -8e-9 is -8e-6 of cost at weight 1e3, a
+    target distance above |y - target| is priced by the target penalty), which the verifier's
+    recomputed cost, taken at the least values, would see as a disagreement. Same u; cost not higher."""
+    nu, ny = len(problem.mv_tags), len(problem.cv_tags)
+    _, y, _ = plan(problem, z)
+    z = z.copy()
+    z[nu:nu + ny] = np.maximum(0.0, np.maximum(y_lo - y[0], y[0] - y_hi))
+    if problem.economic:
+        z[nu + ny:] = np.abs(y[0] - np.asarray(problem.y_target))
+    return z
+
+
 def plan(problem: ProblemIR, z: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Split z into (u (1, nu), y (1, ny), s (1, ny)), normalised."""
     nu, ny = len(problem.mv_tags), len(problem.cv_tags)
