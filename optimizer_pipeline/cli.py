@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, Sequence
 
 from optimizer_pipeline.contracts import ContractError, EvidenceSource, load_binding_file
+from optimizer_pipeline.economics import economic_value
 from optimizer_pipeline.settings import dagster_home, ledger_path, load_settings, resolve_home
 
 if TYPE_CHECKING:  # the ledger pulls in pandas and duckdb (~0.5 s): imported by the commands that use it
@@ -415,6 +416,11 @@ def _describe(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _target_text(cv: Any) -> str:
+    """A CV's target, or its limits when it has none (kept inside them only)."""
+    return f"[{cv.lo:g}, {cv.hi:g}]" if cv.target is None else f"{cv.target:g}"
+
+
 def _whatif_table(doc: dict[str, Any]) -> str:
     """The what-if beside the recommendation it was compared with, one row per line, columns aligned."""
     from optimizer_pipeline.whatif import side_by_side_rows
@@ -434,17 +440,21 @@ def _whatif_table(doc: dict[str, Any]) -> str:
 
 def _demo_table(docs: list[dict[str, Any]], plants: list[Any]) -> str:
     specs = {p.spec.id: p.spec for p in plants}
-    header = f"{'binding':<10} {'template':<24} {'status':<11} {'first move (MV values)':<30} {'CV end vs target (± band)'}"
+    header = (f"{'binding':<13} {'template':<24} {'status':<11} {'first move (MV values)':<30} "
+              f"{'CV end vs target or [limits] (± band)'}")
     rows = [header, "-" * len(header)]
     for doc in docs:
         spec = specs[doc["binding_id"]]
         if doc["controls"]:
             moves = ", ".join(f"{t} {v:.3g}" for t, v in zip(doc["mv_tags"], doc["controls"][0]))
-            cvs = ", ".join(f"{c.tag} {v:.3g}/{c.target:g} (±{_num(b, 2)})"
+            cvs = ", ".join(f"{c.tag} {v:.3g}/{_target_text(c)} (±{_num(b, 2)})"
                             for c, v, b in zip(spec.cvs, doc["predicted"][-1], doc["band"]))
+            value = economic_value(spec, doc["controls"][-1], doc["predicted"][-1])
+            if value is not None:
+                cvs += f"; economic cost {value:.4g}"
         else:
             moves, cvs = "(no plan)", "-"
-        rows.append(f"{doc['binding_id']:<10} {doc['template']:<24} {doc['status']:<11} {moves:<30} {cvs}")
+        rows.append(f"{doc['binding_id']:<13} {doc['template']:<24} {doc['status']:<11} {moves:<30} {cvs}")
     return "\n".join(rows)
 
 
