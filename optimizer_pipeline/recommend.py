@@ -145,7 +145,8 @@ def gain_conditions(artifact: ModelArtifact, problem: ProblemIR, evidence: Evide
 
 
 def improvement_conditions(binding: BindingSpec, result: SolveResult, candidate: SolveCandidate | None,
-                           band_engineering: Sequence[float | None], max_fraction: float) -> list[Condition]:
+                           band_engineering: Sequence[float | None], max_fraction: float,
+                           target: Sequence[float] | None = None) -> list[Condition]:
     """A move plan's band against the improvement it claims over holding the current MVs. With each
     CV's error divided by its range (hi - lo) and the norm taken over CVs: the plan's predicted error
     at its last step, widened by the band, ||(|planned - target| + band) / range||, must be at most
@@ -164,7 +165,9 @@ def improvement_conditions(binding: BindingSpec, result: SolveResult, candidate:
     hold = next((c for c in result.candidates if c.kind is CandidateKind.HOLD and c.predicted), None)
     if hold is None:
         return [Condition(name, "unknown", limit, False, "no hold prediction to compare the plan's improvement with")]
-    target = np.array([c.target for c in binding.cvs], float)
+    # the CV targets the plan tracks: the binding's, or those of the steady-state layer a steered plan
+    # was compiled with (decide passes the problem's)
+    target = np.array([c.target for c in binding.cvs] if target is None else target, float)
     span = np.array([c.hi - c.lo for c in binding.cvs], float)
     band = np.asarray(band_engineering, float)
     held = float(np.linalg.norm((np.asarray(hold.predicted[-1], float) - target) / span))
@@ -198,7 +201,8 @@ def decide(binding: BindingSpec, binding_revision: int, artifact: ModelArtifact,
     candidate = choose_candidate(result) if result.ok else None
     checked = (conditions(artifact, evidence, candidate, max_input_distance, now)
                + gain_conditions(artifact, problem, evidence, candidate)
-               + improvement_conditions(binding, result, candidate, band_engineering, max_band_fraction)
+               + improvement_conditions(binding, result, candidate, band_engineering, max_band_fraction,
+                                        np.asarray(problem.y_mean) + np.asarray(problem.y_std) * problem.y_target)
                + list(extra_conditions))
     if not result.ok:
         checked.insert(0, Condition("solver", str(result.error_code), "a result", False,

@@ -232,3 +232,21 @@ def test_a_plain_move_plan_is_not_steered():
     problem = compile_steered(spec, ARTIFACT, np.zeros(4), np.zeros(2), U_NOW, [])
     assert problem.u_target is None and problem.u_target_weight == 0.0 and not problem.economic
     assert problem == compile_problem(spec, ARTIFACT, np.zeros(4), np.zeros(2), U_NOW, [])
+
+
+def test_a_steered_plan_is_judged_against_the_layers_target():
+    # the band-against-improvement condition of a steered plan measures its end against the targets
+    # it was compiled with (the steady layer's), not the binding's (y1 has none)
+    from optimizer_pipeline.recommend import improvement_conditions
+
+    spec = binding_from_dict(doc(template="linear_mpc_quadratic@1", horizon=80, move_weight=0.1))
+    problem, result = solve(spec)
+    plan, hold = nominal(result), next(c for c in result.candidates if c.kind is CandidateKind.HOLD)
+    target = np.asarray(problem.y_mean) + np.asarray(problem.y_std) * problem.y_target
+    band = (0.1, 0.1)
+    [condition] = improvement_conditions(spec, result, plan, band, 0.25, target)
+    span = np.array([8.0, 8.0])
+    held = np.linalg.norm((np.asarray(hold.predicted[-1]) - target) / span)
+    widened = np.linalg.norm((np.abs(np.asarray(plan.predicted[-1]) - target) + band) / span)
+    assert condition.value.startswith(f"{widened / held:.3g} of holding's error")
+    assert condition.holds == (widened / held <= 0.25)
