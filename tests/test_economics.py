@@ -250,3 +250,18 @@ def test_a_steered_plan_is_judged_against_the_layers_target():
     widened = np.linalg.norm((np.abs(np.asarray(plan.predicted[-1]) - target) + band) / span)
     assert condition.value.startswith(f"{widened / held:.3g} of holding's error")
     assert condition.holds == (widened / held <= 0.25)
+
+
+def test_a_problem_without_economics_keeps_its_json_and_an_economic_one_round_trips():
+    from optimizer_pipeline.contracts.problem import OPTIONAL_FIELDS
+    from optimizer_pipeline.problem import problem_from_dict
+
+    plain = compile_problem(binding_from_dict(doc(mv_costs=(0.0, 0.0), y1=7.0)), ARTIFACT, np.zeros(4), np.zeros(2),
+                            U_NOW, [])
+    assert not OPTIONAL_FIELDS & set(plain.to_dict())  # the JSON (and hash) it had before economics existed
+    assert problem_from_dict(plain.to_dict()) == plain
+    for spec in (binding_from_dict(doc()), binding_from_dict(doc(template="linear_mpc_quadratic@1"))):
+        problem, _ = solve(spec)
+        assert OPTIONAL_FIELDS & set(problem.to_dict())
+        again = problem_from_dict(problem.to_dict())
+        assert again == problem and again.hash == problem.hash

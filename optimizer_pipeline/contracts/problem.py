@@ -1,7 +1,7 @@
 """ProblemIR: a fully compiled optimisation problem in normalised model units, and its hash."""
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 from optimizer_pipeline.contracts.binding import Template
@@ -74,9 +74,14 @@ class ProblemIR:
         return self.econ_u is not None
 
     def to_dict(self) -> dict[str, Any]:
-        return json.loads(canonical_json(self))
+        return json.loads(self.canonical_json())
 
     def canonical_json(self) -> str:
+        """Canonical JSON; the economic and steering fields are left out at their defaults, so a
+        problem without them keeps the JSON (and hash) it had before they existed."""
+        if self.u_target is None and self.u_target_weight == 0.0 and self.econ_u is None:
+            doc = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in OPTIONAL_FIELDS}
+            return canonical_json(doc)
         return canonical_json(self)
 
     @property
@@ -115,3 +120,4 @@ class ProblemIR:
 
 # the economic objective's vectors: all present or all None
 ECONOMIC_FIELDS = ("econ_u", "econ_uu", "econ_y", "econ_yy", "target_penalty")
+OPTIONAL_FIELDS = frozenset(ECONOMIC_FIELDS + ("u_target", "u_target_weight"))
