@@ -45,9 +45,11 @@ class NormalisedCosts:
 
 def normalised_costs(spec: BindingSpec, u_mean: np.ndarray, u_std: np.ndarray, y_mean: np.ndarray,
                      y_std: np.ndarray, gain: np.ndarray, u_lo: np.ndarray, u_hi: np.ndarray) -> NormalisedCosts:
-    """The binding's costs in normalised units (x = mean + std * z), divided by `scale`: the largest
-    absolute gradient of J with respect to one normalised MV over the MV box [u_lo, u_hi]
-    (normalised), the CVs' costs reaching the MVs through the steady-state gain (ny, nu). A binding
+    """The binding's costs in normalised units (x = mean + std * z), divided by `scale`: an estimate
+    of the largest absolute gradient of J with respect to one normalised MV over the MV box
+    [u_lo, u_hi] (normalised), the CVs' costs reaching the MVs through the steady-state gain (ny, nu)
+    (a CV's quadratic cost taken at |G| |u| at the box's far corner, the model's offset left out).
+    Only the ranking of the QP's terms depends on it, not the optimum of the costs alone. A binding
     whose costs have no gradient anywhere in the box keeps scale 1."""
     a_u = np.array([m.cost for m in spec.mvs], float)
     b_u = np.array([m.cost_quadratic for m in spec.mvs], float)
@@ -56,8 +58,7 @@ def normalised_costs(spec: BindingSpec, u_mean: np.ndarray, u_std: np.ndarray, y
     # a (mean + std z) + b (mean + std z)^2 = const + (a + 2 b mean) std z + b std^2 z^2
     lin_u, quad_u = (a_u + 2 * b_u * u_mean) * u_std, b_u * u_std ** 2
     lin_y, quad_y = (a_y + 2 * b_y * y_mean) * y_std, b_y * y_std ** 2
-    # gradient in u at a corner of the box: |lin_u + 2 quad_u u| + |G' (lin_y + 2 quad_y y)|, bounded
-    # with the box's largest |u| and the CVs' largest |y| over it
+    # gradient in u: |lin_u + 2 quad_u u| + |G' (lin_y + 2 quad_y y)|, at the box's largest |u|
     u_far = np.maximum(np.abs(u_lo), np.abs(u_hi))
     y_far = np.abs(gain) @ u_far
     bound = np.abs(lin_u) + 2 * quad_u * u_far + np.abs(gain).T @ (np.abs(lin_y) + 2 * quad_y * y_far)
