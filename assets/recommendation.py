@@ -95,10 +95,11 @@ def recommendation(env: StageEnv, inputs: BindingInputs) -> StageResult:
 
 
 def _side_by_side_table(doc: dict) -> MetadataValue:
-    """The what-if beside the recommendation it was compared with (whatif.side_by_side_rows)."""
-    (_, open_name, whatif_name), *rows = whatif.side_by_side_rows(doc)
-    columns = [TableColumn("row", "string"), TableColumn(open_name, "string"), TableColumn(whatif_name, "string")]
-    return MetadataValue.table([TableRecord({"row": r[0], open_name: r[1], whatif_name: r[2]}) for r in rows],
+    """The what-if beside the recommendation it was compared with (whatif.side_by_side_rows; the ids
+    are the metadata `compared_with` and `whatif_run_id`)."""
+    _, *rows = whatif.side_by_side_rows(doc)
+    columns = [TableColumn("row", "string"), TableColumn("open", "string"), TableColumn("what_if", "string")]
+    return MetadataValue.table([TableRecord({"row": r[0], "open": r[1], "what_if": r[2]}) for r in rows],
                                schema=TableSchema(columns=columns))
 
 
