@@ -215,34 +215,19 @@ def cmd_model(args: argparse.Namespace, home: Path) -> int:
 def cmd_whatif(args: argparse.Namespace, home: Path) -> int:
     """Solve the binding with overridden limits / targets / costs (in memory; the binding keeps its
     revision), record it as a what-if run and show it beside the binding's latest recommendation."""
-    from optimizer_pipeline import pipeline, whatif
-    from optimizer_pipeline.contracts import SolveResult, utc_now
+    from optimizer_pipeline import whatif
+    from optimizer_pipeline.contracts import utc_now
     from optimizer_pipeline.solver.errors import SolverError
-    from optimizer_pipeline.solver.shared import acquire
 
     ledger = _existing_ledger(home)
     stored = ledger.get_binding(args.binding_id)
     overrides, _ = whatif.whatif_spec(stored.spec, args.set)  # refused here, before anything is read or started
-    settings = load_settings(home)
-    artifact = pipeline.load_artifact(ledger, stored)
-    split, calibration = pipeline.load_split(ledger, stored), pipeline.load_calibration(ledger, artifact)
-    source = ledger.sample_source(stored.spec.id) or EvidenceSource.REAL.value
-    try:  # one solve: a pool of one worker, the same worker process and protocol as every solve
-        pool, owned = acquire(1, settings.solver_request_timeout_ms, settings.solver_threads)
-    except SolverError as exc:
-        raise UserError(f"whatif: the solver pool did not start ({exc.code}: {exc.message})") from None
     try:
-        solved = whatif.solve_whatif(stored, overrides, artifact, split, calibration,
-                                     lambda problem: SolveResult.from_dict(pool.solve(problem)), ledger, settings,
-                                     source, utc_now(), requested_by="cli")
-    finally:
-        if owned:
-            pool.shutdown()
+        solved = whatif.solve_from_ledger(ledger, stored, overrides, load_settings(home), utc_now(), requested_by="cli")
+    except SolverError as exc:  # the pool did not start (a failed solve is recorded, rejected)
+        raise UserError(f"whatif: the solver pool did not start ({exc.code}: {exc.message})") from None
     doc = whatif.comparison(ledger, solved.record)
-    if args.json:
-        print(json.dumps(doc, indent=2))
-    else:
-        print(_whatif_table(doc))
+    print(json.dumps(doc, indent=2) if args.json else whatif.side_by_side_text(doc))
     return 0
 
 
@@ -421,23 +406,6 @@ def _target_text(cv: Any) -> str:
     return f"[{cv.lo:g}, {cv.hi:g}]" if cv.target is None else f"{cv.target:g}"
 
 
-def _whatif_table(doc: dict[str, Any]) -> str:
-    """The what-if beside the recommendation it was compared with, one row per line, columns aligned."""
-    from optimizer_pipeline.whatif import side_by_side_rows
-
-    rows = side_by_side_rows(doc)
-    widths = [max(len(row[i]) for row in rows) for i in range(2)]
-    overrides = ", ".join(f"{o['path']}={'none' if o['value'] is None else _num(o['value'])}" for o in doc["overrides"])
-    lines = [f"what-if {doc['whatif_run_id']}  binding {doc['binding_id']}@r{doc['binding_revision']} "
-             f"(unchanged)  overrides: {overrides}"]
-    lines += [f"  {row[0]:<{widths[0]}}  {row[1]:<{widths[1]}}  {row[2]}".rstrip() for row in rows]
-    if doc["open"] is None:
-        lines.append("  (the binding has no recommendation yet to compare with)")
-    lines.append(f"  economic value: {doc['economic_value_basis']}" if doc["whatif"].get("economic_value") is not None
-                 else "  economic value: - (the what-if's binding has no costs)")
-    return "\n".join(lines)
-
-
 def _demo_table(docs: list[dict[str, Any]], plants: list[Any]) -> str:
     specs = {p.spec.id: p.spec for p in plants}
     header = (f"{'binding':<13} {'template':<24} {'status':<11} {'first move (MV values)':<30} "
@@ -518,10 +486,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("whatif", help="solve a binding with overridden limits / targets / costs, beside its "
                                       "recommendation (recorded as a what-if run; the binding is not changed)",
-                       description="Solve BINDING_ID as a normal solve would (its model, calibration and live state) "
-                                   "with overrides applied in memory only: no new binding revision, the open "
-                                   "recommendation stays open and latest. The what-if run is recorded in the "
-                                   "ledger with its overrides and shown beside the recommendation.")
+                       description="Solve BINDING_ID with its model, calibration and live state and the overrides "
+                                   "applied in memory only (no new revision; the open recommendation stays open and "
+                                   "latest); recorded as a what-if run and shown beside the recommendation.")
     p.add_argument("binding_id")
     p.add_argument("--set", action="append", required=True, metavar="PATH=VALUE",
                    help="an override: mvs.<tag>.{lo,hi,max_move,cost,cost_quadratic}, "

@@ -33,6 +33,7 @@ from optimizer_pipeline.contracts import (
     Calibration,
     Condition,
     ContractError,
+    EvidenceSource,
     HistorySplit,
     ModelArtifact,
     ProblemIR,
@@ -228,6 +229,26 @@ def solve_whatif(stored: StoredBinding, overrides: Sequence[Override], artifact:
     return WhatIfSolve(ledger.get_whatif(run_id), solved.decision.conditions)
 
 
+def solve_from_ledger(ledger: Ledger, stored: StoredBinding, overrides: Sequence[Override], settings: Settings,
+                      now: datetime, *, requested_by: str) -> WhatIfSolve:
+    """`solve_whatif` outside Dagster (the CLI): the split plant_history last recorded, the revision's
+    model artifact and calibration from the ledger (MissingInputError names what to run first), and
+    a solver pool of one worker, the same worker process and protocol as every solve, stopped after."""
+    from optimizer_pipeline.solver.shared import acquire  # the worker pool, started only here
+
+    artifact = pipeline.load_artifact(ledger, stored)
+    split, calibration = pipeline.load_split(ledger, stored), pipeline.load_calibration(ledger, artifact)
+    source = ledger.sample_source(stored.spec.id) or EvidenceSource.REAL.value
+    pool, owned = acquire(1, settings.solver_request_timeout_ms, settings.solver_threads)
+    try:
+        return solve_whatif(stored, overrides, artifact, split, calibration,
+                            lambda problem: SolveResult.from_dict(pool.solve(problem)), ledger, settings, source, now,
+                            requested_by=requested_by)
+    finally:
+        if owned:
+            pool.shutdown()
+
+
 # ---------------------------------------------------------------------------- side by side
 
 
@@ -306,3 +327,18 @@ def side_by_side_rows(doc: Mapping[str, Any]) -> list[tuple[str, str, str]]:
         rows.append(("reasons" if i == 0 else "", *((side.get("reasons") or [])[i] if i < len(side.get("reasons") or [])
                                                     else "" for side in (open_doc, whatif))))
     return rows
+
+
+def side_by_side_text(doc: Mapping[str, Any]) -> str:
+    """The comparison as aligned text lines (the CLI's table): a header, then `side_by_side_rows`."""
+    rows = side_by_side_rows(doc)
+    widths = [max(len(row[i]) for row in rows) for i in range(2)]
+    overrides = ", ".join(f"{o['path']}={'none' if o['value'] is None else _num(o['value'])}" for o in doc["overrides"])
+    lines = [f"what-if {doc['whatif_run_id']}  binding {doc['binding_id']}@r{doc['binding_revision']} "
+             f"(unchanged)  overrides: {overrides}"]
+    lines += [f"  {row[0]:<{widths[0]}}  {row[1]:<{widths[1]}}  {row[2]}".rstrip() for row in rows]
+    if doc["open"] is None:
+        lines.append("  (the binding has no recommendation yet to compare with)")
+    lines.append(f"  economic value: {doc['economic_value_basis']}" if doc["whatif"].get("economic_value") is not None
+                 else "  economic value: - (the what-if's binding has no costs)")
+    return "\n".join(lines)
