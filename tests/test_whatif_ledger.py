@@ -102,3 +102,57 @@ def test_a_version_4_ledger_opens_keeps_its_recommendation_and_records_whatifs(t
     run_id = record(ledger, spec, compared=rec_id)
     assert ledger.get_whatif(run_id).compared_recommendation_id == rec_id
     assert ledger.counts()["whatif_runs"] == 1 and ledger.counts()["optimizer_recommendations"] == 1
+
+
+def test_the_whatif_command_on_a_postgres_ledger_leaves_the_open_recommendation(postgres, tmp_path):
+    """The CLI end to end on PostgreSQL (ingest, materialize through Dagster, whatif, recommendation),
+    each command in its own process as a user runs them."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    from optimizer_pipeline.ledger.postgres_backend import PostgresBackend
+    from optimizer_pipeline.plants import get_plant
+
+    url, home = postgres.new_database(), tmp_path / "home"
+    plant = get_plant("heater")
+    binding, history = tmp_path / "heater.yaml", tmp_path / "history.csv"
+    binding.write_text(yaml.safe_dump(plant.binding_doc()))
+    plant.history(1).frame.to_csv(history, index=False)
+    env = {k: v for k, v in os.environ.items() if k not in ("OPTIMIZER_HOME", "DAGSTER_HOME")}
+    env["OPTIMIZER_LEDGER_URL"] = url
+
+    def cli(*args):
+        proc = subprocess.run([sys.executable, "-m", "optimizer_pipeline.cli", "--home", str(home), *args],
+                              capture_output=True, text=True, timeout=300, env=env)
+        return proc.returncode, proc.stdout, proc.stderr
+
+    for args in (("ingest", str(binding), str(history)), ("materialize", "heater-1")):
+        code, _, err = cli(*args)
+        assert code == 0, (args, err[-2000:])
+    ledger = Ledger(PostgresBackend(url))
+    try:
+        open_rec = ledger.latest_recommendation("heater-1")
+        before = ledger.counts()
+        code, out, err = cli("whatif", "heater-1", "--set", "cvs.t_out.hi=9", "--json")
+        assert (code, out, err.strip()) == (2, "", "error: override 'cvs.t_out.hi=9': cvs.t_out: lo (20) must be < "
+                                                   "hi (9)")
+        assert ledger.counts() == before
+        code, out, err = cli("whatif", "heater-1", "--set", "mvs.q_heat.max_move=5", "--json")
+        assert code == 0, err[-2000:]
+        doc = json.loads(out)
+        (record,) = ledger.list_whatifs("heater-1")
+        assert doc["whatif_run_id"] == record.run_id and doc["open"]["id"] == open_rec.id
+        assert record.overrides == [{"path": "mvs.q_heat.max_move", "value": 5.0}]
+        moves = [b[0] - a[0] for a, b in zip(record.result["controls"], record.result["controls"][1:])]
+        assert max(abs(m) for m in moves) <= 5.0 + 1e-6
+        assert len(ledger.list_candidates(run_id=record.run_id)) == 3
+        assert ledger.list_recommendations("heater-1") == [open_rec]
+        assert [r[0] for r in ledger.binding_revisions("heater-1")] == [1]
+        code, out, _ = cli("recommendation", "heater-1", "--json")
+        assert code == 0 and json.loads(out)["id"] == open_rec.id and json.loads(out)["status"] == open_rec.status
+    finally:
+        ledger.backend.close()
