@@ -52,7 +52,9 @@ REFERENCE_ORDERS = {"heater": (2, 2, 5), "tanks_nmp": (2, 2, 1), "column": (2, 2
 
 
 def variants() -> list:
-    plants = demo_plants()
+    # the judge measures tracking: a demo binding run for profit (a CV without a target) has no
+    # target to judge its error against (issue 17's economic blend), so it is not a variant here
+    plants = [p for p in demo_plants() if all(c.target is not None for c in p.spec.cvs)]
     unset = []
     for plant in plants:
         doc = plant.binding_doc()
