@@ -226,6 +226,8 @@ def cmd_whatif(args: argparse.Namespace, home: Path) -> int:
         solved = whatif.solve_from_ledger(ledger, stored, overrides, load_settings(home), utc_now(), requested_by="cli")
     except SolverError as exc:  # the pool did not start (a failed solve is recorded, rejected)
         raise UserError(f"whatif: the solver pool did not start ({exc.code}: {exc.message})") from None
+    except ValueError as exc:  # e.g. no live run in the stored history: nothing to start from
+        raise UserError(f"whatif: {exc}") from None
     doc = whatif.comparison(ledger, solved.record)
     print(json.dumps(doc, indent=2) if args.json else whatif.side_by_side_text(doc))
     return 0

@@ -221,6 +221,17 @@ def test_an_unknown_binding_or_no_override_is_refused_with_one_line(demo, capsys
     assert demo.ledger.counts() == before
 
 
+def test_a_binding_without_a_model_yet_is_refused_naming_what_to_run_first(demo, capsys):
+    plant = get_plant("heater")
+    demo.ledger.ingest(plant.spec, plant.history(1).frame, "simulation")
+    before = demo.ledger.counts()
+    code, out, err = run_cli(demo, capsys, "whatif", "heater-1", "--set", "cvs.t_out.hi=70")
+    assert (code, out) == (2, "")
+    assert err == ("error: binding heater-1 revision 1: no model artifact in the ledger; materialize model_artifact "
+                   "(job recalibrate or refresh) first\n")
+    assert demo.ledger.counts() == before
+
+
 # ---------------------------------------------------------------------------- the launchpad: the solve job's run config
 
 
