@@ -74,7 +74,7 @@ def reference_solve(problem, cache):
             status, z, report = solved[0], solved[1], dict(solved[2], shared_with_nominal=True)
         else:
             status, z, report = _run_qp(entry, q_k, l_k, u_k, None)
-            z = None if z is None else builder.settle(problem, z, lo, hi)
+        z = None if z is None else builder.settle(problem, z, lo, hi)
         if kind is CandidateKind.NOMINAL and z is not None:
             solved = (status, z, report)
         cost = None if z is None else _objective(entry, q_k, constant_k, z)

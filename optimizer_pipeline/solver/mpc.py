@@ -143,8 +143,14 @@ def with_cv_limits(problem: ProblemIR, l: np.ndarray, u: np.ndarray, y_lo: np.nd
 
 
 def settle(problem: ProblemIR, z: np.ndarray, y_lo: np.ndarray, y_hi: np.ndarray) -> np.ndarray:
-    """z unchanged (solver/steady.py settles its slacks and target distances; the move plan's N * ny
-    slacks have stayed within the verifier's cost tolerance without it)."""
+    """z with its slacks at their least admissible values max(0, lo - y_k, y_k - hi) for CV limits
+    y_lo / y_hi: OSQP leaves them up to its tolerance off, and a plan that rides a CV limit for many
+    steps (a steered economic target sits on one) sums N such errors at weight slack_weight into a
+    cost the verifier, taking the least values, would not agree with. Same x and u; cost not higher."""
+    _, y, _ = plan(problem, z)
+    z = z.copy()
+    N, ny = problem.horizon, len(problem.cv_tags)
+    z[len(z) - N * ny:] = np.maximum(0.0, np.maximum(y_lo - y, y - y_hi)).reshape(-1)
     return z
 
 

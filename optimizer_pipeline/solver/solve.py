@@ -204,7 +204,7 @@ def solve_problem(problem: ProblemIR, cache: SolverCache, time_limit_s: float | 
         r_lo, r_hi = robust_limits(problem)
         runs.append((2, CandidateKind.ROBUST, r_lo, r_hi, (q, *builder.with_cv_limits(problem, l, u, r_lo, r_hi),
                                                            constant)))
-    solved: tuple[str, np.ndarray, dict[str, Any], float, _Plan] | None = None  # the nominal optimum, once known
+    solved: tuple[str, np.ndarray, dict[str, Any]] | None = None  # the nominal optimum, once known
     for seq, kind, lo, hi, (q_k, l_k, u_k, constant_k) in runs:
         if should_cancel is not None and should_cancel():
             diagnostics["elapsed_s"] = time.perf_counter() - started
@@ -212,17 +212,18 @@ def solve_problem(problem: ProblemIR, cache: SolverCache, time_limit_s: float | 
                            diagnostics)
         if solved is not None and _still_optimal(entry, solved[1], q, constant, q_k, constant_k, l_k, u_k):
             # The robust QP only tightens soft CV limits (its feasible set lies inside the nominal one,
-            # same objective): a nominal optimum that already meets them is the robust optimum too,
-            # with the nominal's cost and plan (same point, same objective).
+            # same objective): a nominal optimum that already meets them (within FEASIBILITY_TOL) is
+            # the robust optimum too, the same MVs and CVs; its slacks are settled against the robust
+            # limits and its cost taken there (a plan riding a robust limit, as a steered economic
+            # target does, meets it only to the tolerance: N * ny slacks of ~1e-7 at weight 1e3).
             status, z, report = solved[0], solved[1], dict(solved[2], shared_with_nominal=True)
-            cost, plan = solved[3], solved[4]
         else:
             status, z, report = _run_qp(entry, q_k, l_k, u_k, deadline)
-            z = None if z is None else builder.settle(problem, z, lo, hi)
-            cost = None if z is None else _objective(entry, q_k, constant_k, z)
-            plan = None if z is None else _plan(problem, scales, z)
+        z = None if z is None else builder.settle(problem, z, lo, hi)
+        cost = None if z is None else _objective(entry, q_k, constant_k, z)
+        plan = None if z is None else _plan(problem, scales, z)
         if kind is CandidateKind.NOMINAL and z is not None:
-            solved = (status, z, report, cost, plan)
+            solved = (status, z, report)
         candidates.append(_candidate(seq, kind, status, plan, cost, lo, hi, report))
         diagnostics.setdefault("qp", {})[kind.value] = {k: report.get(k) for k in ("osqp_status", "iterations",
                                                                                  "solve_time_s")}
