@@ -7,6 +7,7 @@ from typing import Callable
 from dagster import MetadataValue, TableColumn, TableRecord, TableSchema
 
 from optimizer_pipeline import pipeline, plots, whatif
+from optimizer_pipeline.economics import economic_value
 from optimizer_pipeline.assets.batch import BindingInputs, Check, StageEnv, StageResult
 from optimizer_pipeline.contracts import (
     BindingSpec,
@@ -85,7 +86,9 @@ def recommendation(env: StageEnv, inputs: BindingInputs) -> StageResult:
         # plain numbers: Dagster's Plots tab draws their history per partition
         **{name: float(value) for name, value in (
             ("cost", rec.cost), ("independent_cost", rec.independent_cost),
-            ("input_distance", rec.evidence.get("input_distance"))) if _finite(value)},
+            ("input_distance", rec.evidence.get("input_distance")),
+            ("economic_cost", economic_value(stored.spec, rec.controls[-1], rec.predicted[-1]) if rec.controls
+             else None)) if _finite(value)},
     }
     check = Check("recommendation", stored.spec.id, "candidate_verified",
                   bool(chosen and chosen.feasible and chosen.verified),

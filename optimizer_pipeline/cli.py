@@ -184,7 +184,9 @@ def cmd_recommendation(args: argparse.Namespace, home: Path) -> int:
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
-        print(_describe(doc))
+        spec = ledger.get_binding(args.binding_id, revision=doc["binding_revision"]).spec
+        value = economic_value(spec, doc["controls"][-1], doc["predicted"][-1]) if doc["controls"] else None
+        print(_describe(doc) + ("" if value is None else f"\neconomic cost J at the plan's end: {value:.6g}"))
     return 0
 
 

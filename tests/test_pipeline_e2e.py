@@ -1,5 +1,8 @@
 """End to end through real Dagster, DuckDB, solver workers and the demo plants (issue 5)."""
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from dagster import AssetKey, AssetRecordsFilter, instance_for_test
@@ -109,6 +112,7 @@ def test_each_partition_shows_its_own_recommendation(demo):
         rec = demo.ledger.latest_recommendation(binding_id)
         assert metadata["recommendation_id"].value == rec.id
         assert metadata["status"].value == "verified"
+        assert ("economic_cost" in metadata) == demo.plants[binding_id].spec.has_costs
         assert len(metadata["plan"].value.records) == len(rec.document()["controls"])
         assert metadata["problem_ir_hash"].value == rec.problem_ir_hash
         assert f"{binding_id}: verified plan" in metadata["plot"].value
@@ -157,6 +161,15 @@ def test_the_economic_binding_earns_most_of_the_true_optimum_within_its_limits(d
     assert planned < held and (held - planned) >= 0.6 * (held - best), (held, planned, best)
     assert settled[1] <= 1.4 + 0.01  # the level limit holds on the true plant
     assert abs(settled[0] - 7.0) <= doc["band"][0]  # the target, within the band
+    # the UI shows J at the plan's end (a plain number: Dagster's Plots tab draws it per partition) ...
+    (record,) = demo.instance.fetch_materializations(
+        AssetRecordsFilter(asset_key=AssetKey("recommendation"), asset_partitions=["blend-econ-1"]), limit=1).records
+    assert record.asset_materialization.metadata["economic_cost"].value == pytest.approx(planned, rel=1e-12)
+    # ... and so does the CLI's description of the recommendation
+    shown = subprocess.run([sys.executable, "-m", "optimizer_pipeline.cli", "--home", str(demo.home), "recommendation",
+                            "blend-econ-1"], capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    assert f"economic cost J at the plan's end: {planned:.6g}" in shown.stdout
 
 
 def test_mpc_prediction_stays_inside_the_band_on_the_true_plant_within_p(demo):
