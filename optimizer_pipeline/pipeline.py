@@ -37,7 +37,8 @@ from optimizer_pipeline.deployment import WORKER_ENV
 from optimizer_pipeline.ledger import Ledger, LedgerError, new_id
 from optimizer_pipeline.model import current_state, identify
 from optimizer_pipeline.model.statespace import MAX_SETTLING_STEPS, settling_steps
-from optimizer_pipeline.solver.targets import compile_steered
+from optimizer_pipeline.problem import needs_steady_layer
+from optimizer_pipeline.solver.targets import compile_steered, steady_layer
 from optimizer_pipeline.recommend import Decision, EvidenceSnapshot, decide, max_live_age_s
 from optimizer_pipeline.settings import Settings
 from optimizer_pipeline.solver.errors import WORKER_INTERRUPTED, SolverError
@@ -223,6 +224,30 @@ class Solved:
     decision: Decision
 
 
+def steady_layer_evidence(binding: BindingSpec, artifact: ModelArtifact, split: HistorySplit, settings: Settings,
+                          now: datetime) -> tuple[np.ndarray | None, list[Condition]]:
+    """The band of a steered move plan's steady-state layer (solver/targets.py) and its condition.
+
+    The layer is a steady target: its robust CV limits need the band of the settled response (the
+    steady template's evidence, `block_rule`), not the plan's P-step band, which says nothing about
+    where the plant settles after P. Scored here on the split's val / test runs and gated like any
+    evidence (block scoring is cheap: ~6.5 M rows/s); not recorded as a calibration of its own.
+    Without it (too few settled blocks, or a failed gate) the layer falls back on the plan's band
+    and the condition fails, naming why: the recommendation is not `verified`. No band and no
+    condition for a binding that is not steered."""
+    if binding.profile.template is Template.STEADY_RESPONSE or not needs_steady_layer(binding):
+        return None, []
+    scores = score_blocks(steady_layer(binding), artifact, split)
+    evidence = uq.compute_block_uq(scores.val, scores.test, alpha=settings.uq_alpha, calibrated_at=iso_utc(now))
+    failures = uq.gate_failures(evidence, settings.uq_gate)
+    name, limit = "settled evidence of the steady-state target", "UQ gate on the settled response"
+    if failures:
+        return None, [Condition(name, "none" if not evidence.has_evidence else f"coverage {evidence.coverage:.3g}",
+                                limit, False, "the steady-state target the plan steers to has no settled evidence: "
+                                + "; ".join(failures))]
+    return np.asarray(evidence.qhat), [Condition(name, f"coverage {evidence.coverage:.3g}", limit, True)]
+
+
 def solve_and_decide(binding: BindingSpec, stored: StoredBinding, artifact: ModelArtifact, split: HistorySplit,
                      calibration: Calibration, solve: Callable[[ProblemIR], SolveResult], settings: Settings,
                      source: str, now: datetime) -> Solved:
@@ -234,7 +259,8 @@ def solve_and_decide(binding: BindingSpec, stored: StoredBinding, artifact: Mode
     x0, bias = current_state(artifact, live)
     evidence = calibration.evidence
     band = np.asarray(evidence.qhat) if evidence.has_evidence else None
-    problem = compile_steered(binding, artifact, x0, bias, live.u[-1], live.d[-1], band)
+    layer_band, layer_conditions = steady_layer_evidence(binding, artifact, split, settings, now)
+    problem = compile_steered(binding, artifact, x0, bias, live.u[-1], live.d[-1], band, layer_band)
     run_id = new_id("or")
     try:
         result = solve(problem)
@@ -250,7 +276,7 @@ def solve_and_decide(binding: BindingSpec, stored: StoredBinding, artifact: Mode
                   f"the binding is at revision {stored.revision}"),
         Condition("calibration of this model", calibration.artifact_hash[:12], artifact.artifact_hash[:12],
                   calibration.artifact_hash == artifact.artifact_hash, "calibration belongs to another model artifact"),
-        *newest_sample(split)]
+        *newest_sample(split), *layer_conditions]
     decision = decide(binding, stored.revision, artifact, problem, result, snapshot,
                       uq.band_engineering(evidence, artifact), settings.uq_max_input_distance, run_id, now,
                       extra_conditions=consistency, max_band_fraction=settings.uq_max_band_fraction)

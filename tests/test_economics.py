@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy.optimize import linprog, minimize
 
-from optimizer_pipeline.contracts import CandidateKind, ContractError, binding_from_dict
+from optimizer_pipeline.contracts import CandidateKind, ContractError, Template, binding_from_dict, utc_now
 from optimizer_pipeline.economics import economic_value
 from optimizer_pipeline.problem import ProblemError, compile_problem, validate_problem
 from optimizer_pipeline.solver.solve import SolverCache, solve_problem
@@ -265,3 +265,56 @@ def test_a_problem_without_economics_keeps_its_json_and_an_economic_one_round_tr
         assert OPTIONAL_FIELDS & set(problem.to_dict())
         again = problem_from_dict(problem.to_dict())
         assert again == problem and again.hash == problem.hash
+
+
+# --------------------------------------------------------------------------- the steered layer's evidence
+
+
+@pytest.fixture(scope="module")
+def steered_tank():
+    """The quadruple tank (demo plant) run for the cheapest pumping as a move plan: y2 has no target."""
+    from optimizer_pipeline.data import prepare_history, validate_history_frame
+    from optimizer_pipeline.model import identify
+    from optimizer_pipeline.plants import QuadrupleTank
+
+    doc = QuadrupleTank().binding_doc()
+    doc["mvs"][0]["cost"], doc["mvs"][1]["cost"] = 1.0, 1.4
+    doc["cvs"][1] = {"tag": "y2", "lo": 5.5, "hi": 9.5}
+    spec = binding_from_dict(doc)
+    split = prepare_history(validate_history_frame(QuadrupleTank().history(1).frame, spec, "test"), spec)
+    return spec, split, identify(split, spec, 1)
+
+
+def test_a_steered_plans_layer_is_tightened_by_the_settled_band(steered_tank):
+    from dataclasses import replace
+
+    from optimizer_pipeline import uq
+    from optimizer_pipeline.model.statespace import settling_steps
+    from optimizer_pipeline.pipeline import score_blocks, steady_layer_evidence
+    from optimizer_pipeline.settings import Settings
+
+    spec, split, artifact = steered_tank
+    band, [condition] = steady_layer_evidence(spec, artifact, split, Settings(), utc_now())
+    # independently: the steady template's settled-response scores of the same runs, calibrated
+    layer = replace(spec, profile=replace(spec.profile, template=Template.STEADY_RESPONSE))
+    scores = score_blocks(layer, artifact, split)
+    assert scores.val.h == settling_steps(artifact.state_space) > artifact.horizon
+    expected = uq.compute_block_uq(scores.val, scores.test, alpha=Settings().uq_alpha)
+    assert condition.holds and band is not None
+    np.testing.assert_array_equal(band, expected.qhat)
+    # too few settled blocks (val / test runs cut shorter than the settling horizon): no band, not verified
+    short = replace(split, val=tuple(replace(r, t=r.t[:40], u=r.u[:40], y=r.y[:40], d=r.d[:40]) for r in split.val),
+                    test=tuple(replace(r, t=r.t[:40], u=r.u[:40], y=r.y[:40], d=r.d[:40]) for r in split.test))
+    band, [condition] = steady_layer_evidence(spec, artifact, short, Settings(), utc_now())
+    assert band is None and not condition.holds
+    assert condition.reason.startswith("the steady-state target the plan steers to has no settled evidence: no UQ "
+                                       "evidence")
+
+
+def test_an_unsteered_binding_has_no_layer_evidence(steered_tank):
+    from optimizer_pipeline.pipeline import steady_layer_evidence
+    from optimizer_pipeline.plants import QuadrupleTank
+    from optimizer_pipeline.settings import Settings
+
+    _, split, artifact = steered_tank
+    assert steady_layer_evidence(QuadrupleTank().spec, artifact, split, Settings(), utc_now()) == (None, [])

@@ -26,13 +26,16 @@ def steady_layer(binding: BindingSpec) -> BindingSpec:
 
 
 def compile_steered(binding: BindingSpec, artifact: ModelArtifact, x0: Any, bias: Any, u_now: Any, d_now: Any,
-                    band: Any = None) -> ProblemIR:
+                    band: Any = None, layer_band: Any = None) -> ProblemIR:
     """compile_problem's problem, steered to the steady-state layer's target when the binding needs it
-    (a move plan with costs or a CV without a target); the same arguments. Raises ProblemError when
-    the layer finds no feasible target."""
+    (a move plan with costs or a CV without a target); the same arguments, and layer_band (ny,
+    normalised), the band of the settled response the layer's robust limits are tightened by
+    (pipeline.steady_layer_evidence; None: the plan's band). Raises ProblemError when the layer
+    finds no feasible target."""
     if binding.profile.template is Template.STEADY_RESPONSE or not needs_steady_layer(binding):
         return compile_problem(binding, artifact, x0, bias, u_now, d_now, band)
-    layer = compile_problem(steady_layer(binding), artifact, x0, bias, u_now, d_now, band)
+    layer = compile_problem(steady_layer(binding), artifact, x0, bias, u_now, d_now,
+                            band if layer_band is None else layer_band)
     result = solve_problem(layer, SolverCache(max_entries=1))
     chosen = choose_candidate(result) if result.ok else None
     if chosen is None:
