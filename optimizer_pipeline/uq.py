@@ -28,7 +28,7 @@ from optimizer_pipeline.contracts import (
     parse_iso_utc,
 )
 from optimizer_pipeline.model.artifact import stack_for
-from optimizer_pipeline.model.arx import Orders, Stacked, rollout_windows, window_rows
+from optimizer_pipeline.model.arx import Orders, disturbance_window, fit_disturbance, rollout_windows, window_rows
 from optimizer_pipeline.model.statespace import disturbance_gain
 from optimizer_pipeline.validation import (
     AT_LEAST_ONE,
@@ -72,8 +72,10 @@ SCORE_RULES = {
     SETTLED_RESIDUAL: "per CV: |measured - predicted| at the last of the h steps of an open-loop rollout "
                       "from the block's measured state, driven by the measured MVs / DVs and the disturbance "
                       "bias held (model.statespace), with h the model's settling horizon "
-                      "(model.statespace.settling_steps) and bias the mean one-step residual over the P rows "
-                      "before the block (the disturbance a steady target is predicted with)",
+                      "(model.statespace.settling_steps) and bias the held disturbance that best explains "
+                      "the open-loop prediction error of the W rows before the block, least squares, W = "
+                      "max(P, 2 x the settling horizon) (model.arx.fit_disturbance: the disturbance a steady "
+                      "target is predicted with)",
 }
 
 
@@ -104,8 +106,8 @@ def block_scores(artifact: ModelArtifact, runs: Sequence[RunSeries], h: int | No
     SCORE_RULES. h defaults to the artifact's P (the steady-state template passes its settling horizon
     with SETTLED_RESIDUAL).
 
-    Blocks start at the first row with a measured state (for SETTLED_RESIDUAL also P rows of one-step
-    residuals before it, for the bias) and tile each run without overlap; every block is rolled out
+    Blocks start at the first row with a measured state (for SETTLED_RESIDUAL also the W rows the held
+    disturbance is fitted over before it, model.arx.disturbance_window) and tile each run without overlap; every block is rolled out
     open-loop from its measured state with the measured MVs / DVs, all blocks of all runs at once
     (the only loop is over the h steps inside statespace.rollout).
     """
@@ -115,7 +117,8 @@ def block_scores(artifact: ModelArtifact, runs: Sequence[RunSeries], h: int | No
     stacked = stack_for(artifact, runs)
     orders = Orders(artifact.na, artifact.nb, artifact.delay)
     settled = score == SETTLED_RESIDUAL
-    first = orders.first_state_row + (artifact.horizon if settled else 0)
+    window = disturbance_window(artifact.state_space, artifact.horizon) if settled else 0
+    first = orders.first_state_row + window
     rows, which = window_rows(stacked, first, h, h)
     ny = len(artifact.cv_tags)
     if rows.size:
@@ -123,7 +126,9 @@ def block_scores(artifact: ModelArtifact, runs: Sequence[RunSeries], h: int | No
         with np.errstate(invalid="ignore", over="ignore"):
             residual = np.subtract(measured, predicted, out=predicted)  # in place: ~1e6 samples are timed
             if settled:
-                held = _bias_before(artifact, stacked, orders, rows) @ disturbance_gain(artifact.state_space, h).T
+                # the disturbance `current_state` would hold at row k: fitted over the W rows before it
+                bias = fit_disturbance(artifact.state_space, stacked, orders, rows, window)
+                held = bias @ disturbance_gain(artifact.state_space, h).T
                 scores = np.abs(residual[:, -1] - held)
             else:
                 scores = _max_over_steps(np.abs(residual, out=residual))
@@ -133,19 +138,6 @@ def block_scores(artifact: ModelArtifact, runs: Sequence[RunSeries], h: int | No
     return BlockScores(cv_tags=tuple(artifact.cv_tags), h=h, run_ids=run_ids,
                        starts=rows - stacked.offsets[which], scores=scores,
                        n_unique_steps=int(rows.size * h), n_runs=int(np.unique(which).size), score=score)
-
-
-def _bias_before(artifact: ModelArtifact, stacked: Stacked, orders: Orders, rows: np.ndarray) -> np.ndarray:
-    """(m, ny): for each start row k, the mean one-step residual y[r + 1] - predicted over the P rows
-    r = k - P .. k - 1 (all of one run, with a measured state) - the disturbance the model's
-    `current_state` would give at row k."""
-    window = artifact.horizon
-    starts, _ = window_rows(stacked, orders.first_state_row, 1, 1)
-    predicted, measured = rollout_windows(artifact.state_space, stacked, orders, starts, 1)
-    residual = np.zeros((stacked.y.shape[0] + 1, stacked.y.shape[1]))
-    residual[starts + 1] = measured[:, 0] - predicted[:, 0]  # row r's residual at index r + 1
-    total = np.cumsum(residual, axis=0)  # total[i] = sum of the residuals of rows < i
-    return (total[rows] - total[rows - window]) / window
 
 
 # --------------------------------------------------------------------------- evidence

@@ -6,7 +6,7 @@ from model_helpers import binding, excitation, run_series, simulate_arx, split_o
 
 from optimizer_pipeline.contracts import ContractError, ModelArtifact, Normalisation, RunSeries
 from optimizer_pipeline.model import ArxModel, Orders, artifact_from_model, current_state, identify, stack_for
-from optimizer_pipeline.model.arx import rollout_windows, window_rows
+from optimizer_pipeline.model.arx import disturbance_window, rollout_windows, window_rows
 
 # A stable 2x2 plant with one DV, na = nb = 2, delay = 2 (engineering units).
 A_TRUE = np.array([[[1.1, 0.1], [0.0, 0.9]], [[-0.35, 0.0], [0.05, -0.2]]])
@@ -253,15 +253,88 @@ def known_artifact():
     return artifact_from_model(KNOWN, spec, 1, Normalisation(("u0", "y0"), (0.5, 1.0), (4.0, 2.0)))
 
 
-def test_current_state_is_the_measured_state_at_the_last_row_and_bias_the_mean_recent_error():
+def known_simulation(yn, un, start, steps, bias):
+    """KNOWN's plain recursion in normalised units from the measured history at `start`, `bias` added to
+    every step: y[start + 1 .. start + steps]."""
+    sim = {start: yn[start]}
+    for t in range(start + 1, start + steps + 1):
+        sim[t] = 0.5 * sim[t - 1] + un[t - 1] + 0.25 * un[t - 2] + 0.1 + bias
+    return np.array([sim[t] for t in range(start + 1, start + steps + 1)])
+
+
+def fitted_bias(yn, un, window):
+    """The constant that, added to every step of KNOWN's recursion over the last `window` rows, fits
+    their measured y best: np.linalg.lstsq on the recursion's response to a unit bias."""
+    n = len(yn)
+    free = known_simulation(yn, un, n - 1 - window, window, 0.0)
+    response = known_simulation(yn, un, n - 1 - window, window, 1.0) - free
+    return np.linalg.lstsq(response[:, None], yn[n - window:] - free, rcond=None)[0]
+
+
+def test_disturbance_window_is_two_settling_horizons_at_least_p():
+    # KNOWN's unit MV step from rest: y = 1, 1.75, 2.125, 2.3125, 2.406, ... -> 2.5; within 5 % of 2.5
+    # (0.125) from the 5th step on (2.3125 is 0.19 away): settling horizon 5
+    ss = KNOWN.realise()
+    assert disturbance_window(ss, 3) == 10 and disturbance_window(ss, 12) == 12
+    integrating = ArxModel(Orders(1, 1, 1), A=np.array([[[1.0]]]), B=np.array([[[1.0]]]), D=np.zeros((1, 1, 0)),
+                           c=np.zeros(1))
+    assert disturbance_window(integrating.realise(), 7) == 7  # never settles: P
+
+
+def test_current_state_bias_is_the_disturbance_fitted_to_the_multi_step_error_of_the_last_window():
+    rng = np.random.default_rng(5)
+    y, u = rng.normal(size=30) * 2 + 1, rng.normal(size=30) * 4 + 0.5
+    run = RunSeries("live", np.arange(30.0), u[:, None], y[:, None], np.empty((30, 0)))
+    x0, bias = current_state(known_artifact(), run)
+    yn, un = (y - 1.0) / 2.0, (u - 0.5) / 4.0
+    np.testing.assert_allclose(x0, [yn[29], un[28]])  # x[t] = [y[t], u[t-1]]
+    np.testing.assert_allclose(bias, fitted_bias(yn, un, 10), rtol=1e-10)  # W = 2 x 5 settling steps
+    assert abs(bias[0] - fitted_bias(yn, un, 9)[0]) > 1e-3  # (the window matters)
+
+
+def test_current_state_fits_the_disturbance_over_the_rows_a_short_run_has():
     y = np.array([1.0, 2.0, 0.5, 3.0, 2.5, 4.0])
     u = np.array([0.0, 1.0, 2.0, -1.0, 3.0, 0.5])
     run = RunSeries("live", np.arange(6.0), u[:, None], y[:, None], np.empty((6, 0)))
-    x0, bias = current_state(known_artifact(), run)
+    _, bias = current_state(known_artifact(), run)
     yn, un = (y - 1.0) / 2.0, (u - 0.5) / 4.0
-    np.testing.assert_allclose(x0, [yn[5], un[4]])  # x[t] = [y[t], u[t-1]]
-    predicted = {t: 0.5 * yn[t - 1] + un[t - 1] + 0.25 * un[t - 2] + 0.1 for t in (3, 4, 5)}  # W = P = 3
-    np.testing.assert_allclose(bias, [np.mean([yn[t] - predicted[t] for t in (3, 4, 5)])])
+    np.testing.assert_allclose(bias, fitted_bias(yn, un, 4), rtol=1e-10)  # rows 1..4 have a state before them
+
+
+def test_current_state_recovers_a_held_disturbance_exactly_without_noise():
+    # the 2x2 truth of this module with its equation offset raised by a known disturbance, started away
+    # from rest and driven by moving MVs / DVs: the fitted disturbance is the raise (normalised units)
+    spec = binding(n_dv=1, na=2, nb=2, delay=2, horizon=6)
+    rng = np.random.default_rng(8)
+    u, d = MEAN_U + excitation(rng, 1, 120, 2), MEAN_D + 0.5 * excitation(rng, 1, 120, 1, hold=20)
+    raise_ = np.array([0.3, -0.2])
+    y = simulate_arx(A_TRUE, B_TRUE, D_TRUE, C_TRUE + raise_, 2, u, d, np.zeros((1, 120, 2)),
+                     y_init=rng.normal(size=(1, 3, 2)))
+    runs = run_series("r", u, y, d)
+    norm = Normalisation(spec.tags, (3.0, -1.0, 1.0, 2.0, 2.0), (2.0, 1.0, 3.0, 0.5, 1.5))
+    A, B, D, c = normalised_truth(norm, spec)
+    artifact = artifact_from_model(ArxModel(Orders(2, 2, 2), A, B, D, c), spec, 1, norm)
+    _, bias = current_state(artifact, runs[0])
+    np.testing.assert_allclose(bias, raise_ / np.array([3.0, 0.5]), atol=1e-9)
+
+
+def test_the_fitted_disturbance_reaches_the_settled_prediction_with_less_noise_than_the_mean_residual():
+    # a slow plant (steady disturbance gain 1 / (1 - 0.9) = 10) at rest under white measurement noise,
+    # model exact: the true disturbance is 0, so its settled effect G_ss * bias is pure noise. The mean
+    # one-step residual over P rows (the estimate before) carries its end samples' noise times G_ss / P
+    slow = ArxModel(Orders(1, 1, 1), A=np.array([[[0.9]]]), B=np.array([[[0.1]]]), D=np.zeros((1, 1, 0)),
+                    c=np.zeros(1))
+    spec = binding(n_mv=1, n_cv=1, na=1, nb=1, delay=1, horizon=8)
+    artifact = artifact_from_model(slow, spec, 1, unit_normalisation(spec))
+    rng = np.random.default_rng(3)
+    fitted, mean_residual = [], []
+    for _ in range(300):
+        y = 0.05 * rng.normal(size=200)
+        run = RunSeries("live", np.arange(200.0), np.zeros((200, 1)), y[:, None], np.empty((200, 0)))
+        fitted.append(current_state(artifact, run)[1][0] * 10)
+        mean_residual.append(np.mean(y[-8:] - 0.9 * y[-9:-1]) * 10)
+    assert abs(np.mean(fitted)) < 0.01  # unbiased
+    assert np.std(fitted) < 0.2 * np.std(mean_residual)  # measured: 0.0092 against 0.089
 
 
 def test_current_state_bias_is_zero_when_no_row_has_a_one_step_prediction():

@@ -6,6 +6,7 @@ from model_helpers import binding, run_series, simulate_arx
 
 from optimizer_pipeline.contracts import Normalisation, RunSeries
 from optimizer_pipeline.model import ArxModel, Orders, artifact_from_model
+from optimizer_pipeline.model.arx import disturbance_window
 from optimizer_pipeline.uq import SETTLED_RESIDUAL, UQInputError, block_scores
 
 MODEL = ArxModel(Orders(2, 2, 2), A=np.array([[[0.6, 0.1], [0.0, 0.5]], [[0.2, 0.0], [0.05, -0.1]]]),
@@ -97,9 +98,10 @@ def test_a_perfect_model_scores_zero():
 
 
 def naive_settled_scores(runs, h: int, window: int) -> tuple[list, list, list]:
-    """Per block: |y - simulated| at the block's last step, the simulation adding bias (the mean
-    one-step residual over the `window` rows before the block) to every step of the plain ARX
-    recursion in normalised units."""
+    """Per block: |y - simulated| at the block's last step, the simulation adding bias to every step of
+    the plain ARX recursion in normalised units; bias = the constant added to every step of the same
+    recursion run over the `window` rows before the block (from the measured history there) that fits
+    those rows' measured y best, by np.linalg.lstsq on the recursion's response to each unit bias."""
     mean, std = np.asarray(NORM.mean), np.asarray(NORM.std)
     ids, starts, scores = [], [], []
 
@@ -107,30 +109,38 @@ def naive_settled_scores(runs, h: int, window: int) -> tuple[list, list, list]:
         return (MODEL.A[0] @ y_at(t - 1) + MODEL.A[1] @ y_at(t - 2) + MODEL.c
                 + sum(MODEL.B[j] @ u[t - 2 - j] + MODEL.D[j] @ d[t - 2 - j] for j in range(2)))
 
+    def simulate(y, u, d, start, steps, bias):  # y[start + 1 .. start + steps] from the measured history at start
+        sim = {t: y[t] for t in range(start - 1, start + 1)}
+        for t in range(start + 1, start + steps + 1):
+            sim[t] = arx(t, sim.__getitem__, u, d) + bias
+        return np.array([sim[t] for t in range(start + 1, start + steps + 1)])
+
     for run in runs:
         u = (run.u - mean[:2]) / std[:2]
         y = (run.y - mean[2:4]) / std[2:4]
         d = (run.d - mean[4:]) / std[4:]
         k = MODEL.orders.first_state_row + window
         while k + h <= len(run) - 1:
-            bias = np.mean([y[r + 1] - arx(r + 1, lambda t: y[t], u, d) for r in range(k - window, k)], axis=0)
-            sim = {t: y[t] for t in range(k - 1, k + 1)}
-            for t in range(k + 1, k + h + 1):
-                sim[t] = arx(t, sim.__getitem__, u, d) + bias
-            scores.append(np.abs(y[k + h] - sim[k + h]))
+            free = simulate(y, u, d, k - window, window, np.zeros(2))
+            response = np.stack([simulate(y, u, d, k - window, window, unit) - free for unit in np.eye(2)], axis=-1)
+            bias = np.linalg.lstsq(response.reshape(-1, 2), (y[k - window + 1:k + 1] - free).ravel(), rcond=None)[0]
+            scores.append(np.abs(y[k + h] - simulate(y, u, d, k, h, bias)[-1]))
             ids.append(run.run_id)
             starts.append(k)
             k += h
     return ids, starts, scores
 
 
-def test_settled_scores_are_the_biased_residual_at_the_end_of_each_block():
+def test_settled_scores_hold_the_disturbance_fitted_to_the_rows_before_each_block():
     runs = random_runs([80, 45, 61], seed=2)
-    scores = block_scores(artifact(horizon=6), runs, h=9, score=SETTLED_RESIDUAL)
-    ids, starts, expected = naive_settled_scores(runs, 9, 6)
+    scored = artifact(horizon=6)
+    window = disturbance_window(scored.state_space, 6)
+    scores = block_scores(scored, runs, h=9, score=SETTLED_RESIDUAL)
+    ids, starts, expected = naive_settled_scores(runs, 9, window)
+    assert window > 6 and len(expected) >= 3  # the window is the model's, longer than P; blocks in 2+ runs
     assert scores.score == SETTLED_RESIDUAL and scores.h == 9
-    assert list(scores.run_ids) == ids and list(scores.starts) == starts and starts[0] == 2 + 6
-    np.testing.assert_allclose(scores.scores, np.array(expected), rtol=1e-10, atol=1e-12)
+    assert list(scores.run_ids) == ids and list(scores.starts) == starts and starts[0] == 2 + window
+    np.testing.assert_allclose(scores.scores, np.array(expected), rtol=1e-9, atol=1e-11)
     assert scores.n_unique_steps == len(expected) * 9
 
 

@@ -262,8 +262,9 @@ def stack_for(artifact: ModelArtifact, runs: Sequence[RunSeries]) -> Stacked:
 def current_state(artifact: ModelArtifact, run: RunSeries) -> tuple[np.ndarray, np.ndarray]:
     """x0 (nx,) at the run's last row from measured data, and the disturbance bias (ny,), normalised.
 
-    bias = mean of (measured - one-step predicted) y over the last W = min(P, available) rows
-    (the problem holds it in every state update: offset-free tracking, model/statespace.py).
+    bias = the held disturbance fitted to the multi-step prediction error of the last rows
+    (model.arx.state_and_bias; the problem holds it in every state update: offset-free tracking,
+    model/statespace.py).
     ContractError when the run is too short for the state.
     """
     orders = Orders(artifact.na, artifact.nb, artifact.delay)

@@ -27,7 +27,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from optimizer_pipeline.contracts import MIN_STD, ContractError, Normalisation, RunSeries, StateSpace
-from optimizer_pipeline.model.statespace import rollout
+from optimizer_pipeline.model.statespace import rollout, settling_steps
 
 log = logging.getLogger(__name__)
 
@@ -265,12 +265,63 @@ def rollout_nrmse(model: ArxModel, stacked: Stacked, h: int, max_windows: int = 
 
 # --------------------------------------------------------------------------- measured state of a run
 
+# The held disturbance is fitted over this many settling horizons of the model (docs/ARCHITECTURE.md,
+# "Offset-free prediction"): after one, a held disturbance has reached its settled effect, so over two
+# most residuals see that effect (the fit measures what a settled prediction holds instead of
+# extrapolating to it), and the measured start state's noise has died out in the first.
+DISTURBANCE_SETTLING_HORIZONS = 2
 
-def state_and_bias(ss: StateSpace, orders: Orders, stacked_run: Stacked, bias_window: int) -> tuple[np.ndarray, np.ndarray]:
-    """x0 (nx,) at the run's last row and the disturbance bias (ny,), normalised units.
 
-    bias = mean of (measured - one-step predicted) y over the last min(bias_window, available)
-    rows that have a one-step prediction; zeros when none has one (logged).
+def disturbance_window(ss: StateSpace, horizon: int) -> int:
+    """Rows W the held disturbance is fitted over: DISTURBANCE_SETTLING_HORIZONS x the model's settling
+    horizon (model.statespace.settling_steps), at least the training horizon P; P for a model that does
+    not settle."""
+    with np.errstate(over="ignore", invalid="ignore"):  # an unstable model overflows: it does not settle
+        settling = settling_steps(ss)
+    return max(int(horizon), DISTURBANCE_SETTLING_HORIZONS * settling) if settling is not None else int(horizon)
+
+
+def disturbance_step_gains(ss: StateSpace, steps: int) -> np.ndarray:
+    """(steps, ny, ny): G_j = C (I + A + ... + A^(j-1)) C', j = 1..steps: the outputs after j steps of a
+    held disturbance of one unit per output, from rest (model.statespace.disturbance_gain for every j)."""
+    A, _, _, _, C = ss.arrays()
+    x, total = C.T, np.zeros_like(C.T)
+    gains = np.empty((steps, C.shape[0], C.shape[0]))
+    for j in range(steps):
+        total = total + x
+        x = A @ x
+        gains[j] = C @ total
+    return gains
+
+
+def fit_disturbance(ss: StateSpace, stacked: Stacked, orders: Orders, rows: np.ndarray, window: int) -> np.ndarray:
+    """(m, ny): per global row k, the held disturbance e (normalised units) that best explains the open-loop
+    prediction error of the `window` rows up to k: least squares of r_j = G_j e over j = 1..window, where r_j
+    is y[k - window + j] minus the rollout from the measured state x[k - window] driven by the measured MVs /
+    DVs, and G_j its response to a held disturbance (`disturbance_step_gains`). Each k - window must be a
+    row of the same run with a measured state (callers' duty: `state_and_bias`, uq's block starts).
+
+    The mean one-step residual over the last P rows (the estimate before) sums to its end samples' noise
+    divided by P and, held, reaches the settled prediction amplified by the disturbance's steady gain
+    1 / (1 - sum of the AR coefficients); fitted on the multi-step error, the noise reaching the settled
+    prediction falls as 1 / sqrt(window) (BENCHMARKS.md, issue 15, "The judge, session 6").
+    """
+    ny = stacked.y.shape[1]
+    if rows.size == 0:
+        return np.empty((0, ny))
+    predicted, measured = rollout_windows(ss, stacked, orders, rows - window, window)
+    residual = measured - predicted  # (m, window, ny): y[k - window + j] - predicted, j = 1..window
+    gains = disturbance_step_gains(ss, window)
+    normal = np.einsum("jab,jac->bc", gains, gains)  # sum_j G_j' G_j: G_1 = C C' = I, so it is invertible
+    return np.linalg.solve(normal, np.einsum("jab,mja->bm", gains, residual)).T
+
+
+def state_and_bias(ss: StateSpace, orders: Orders, stacked_run: Stacked, horizon: int) -> tuple[np.ndarray, np.ndarray]:
+    """x0 (nx,) at the run's last row and the held disturbance `bias` (ny,), normalised units.
+
+    bias = `fit_disturbance` at the last row over W = min(disturbance_window(ss, horizon), available) rows,
+    available = the rows before it with a measured state; zeros when there is none (logged). uq's settled
+    scores hold the same estimate, fitted over the full W rows before each block.
     """
     n = int(stacked_run.lengths[0])
     first = orders.first_state_row
@@ -279,10 +330,8 @@ def state_and_bias(ss: StateSpace, orders: Orders, stacked_run: Stacked, bias_wi
                             f"(na={orders.na}, nb={orders.nb}, delay={orders.delay} needs >= {first + 1})")
     x0 = states_at(stacked_run, orders, np.array([n - 1]))[0]
     available = n - 1 - first
-    window = min(bias_window, available)
+    window = min(disturbance_window(ss, horizon), available)
     if window <= 0:
         log.warning("run %s: no row with a one-step prediction; disturbance bias set to 0", stacked_run.run_ids[0])
         return x0, np.zeros(stacked_run.y.shape[1])
-    rows = np.arange(n - 1 - window, n - 1)
-    predicted, measured = rollout_windows(ss, stacked_run, orders, rows, 1)
-    return x0, np.mean(measured[:, 0] - predicted[:, 0], axis=0)
+    return x0, fit_disturbance(ss, stacked_run, orders, np.array([n - 1]), window)[0]

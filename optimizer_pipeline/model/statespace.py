@@ -2,8 +2,8 @@
 the response to a held disturbance and settling horizon.
 
 The disturbance: a constant `e` (ny,) added to the state rows the outputs read (`C' e`: in the ARX
-realisation of model/arx.py, to the equation of y[t+1] at every step) - the live state's mean
-one-step residual, held over the prediction. Held this way, a prediction from a plant at rest
+realisation of model/arx.py, to the equation of y[t+1] at every step) - the live state's disturbance
+(model.arx.fit_disturbance), held over the prediction. Held this way, a prediction from a plant at rest
 stays where the plant is measured, whatever the model's gain error, so a receding-horizon
 controller has no steady-state offset (an output bias added to C x instead keeps an offset of
 (1 - sum of the AR coefficients) of the gain error's effect).
