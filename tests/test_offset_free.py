@@ -7,7 +7,8 @@ solved, the first move is applied."""
 import numpy as np
 import pytest
 
-from optimizer_pipeline.contracts import CandidateKind
+from optimizer_pipeline.contracts import CandidateKind, RunSeries
+from optimizer_pipeline.model import current_state
 from optimizer_pipeline.problem import compile_problem
 from optimizer_pipeline.solver.solve import SolverCache, solve_problem
 
@@ -46,3 +47,31 @@ def test_a_loop_whose_model_gain_is_30_percent_low_settles_on_the_target(templat
     # added to C x leaves (1 - 0.8) of the gain error's effect, ~0.1 here)
     assert abs(ys[-1] - TARGET) < 1e-3
     assert np.max(np.abs(ys[-10:] - TARGET)) < 1e-3
+
+
+def closed_loop_with_the_product_estimate(template: str, steps: int) -> np.ndarray:
+    """As `closed_loop`, the disturbance each step being the product's own estimate
+    (`model.current_state` on the live run so far: fitted to the multi-step error of its last
+    rows), the run starting with 10 samples at rest."""
+    artifact = scalar_artifact()
+    binding = scalar_binding(target=TARGET, template=template, horizon=6)
+    cache = SolverCache()
+    ys, us = [0.0] * 10, [0.0] * 10
+    for _ in range(steps):
+        run = RunSeries("live", np.arange(float(len(ys))), np.array(us)[:, None], np.array(ys)[:, None],
+                        np.empty((len(ys), 0)))
+        x0, bias = current_state(artifact, run)
+        result = solve_problem(compile_problem(binding, artifact, x0, bias, [us[-1]], []), cache)
+        [nominal] = [c for c in result.candidates if c.kind is CandidateKind.NOMINAL]
+        assert nominal.verified, nominal.verify_report
+        us.append(nominal.controls[0][0])
+        ys.append(MODEL_A * ys[-1] + PLANT_GAIN * MODEL_B * us[-1])
+    return np.asarray(ys)
+
+
+@pytest.mark.parametrize("template", ["linear_mpc_quadratic@1", "steady_response@1"])
+def test_the_products_disturbance_estimate_also_settles_a_loop_with_a_wrong_gain_on_the_target(template):
+    ys = closed_loop_with_the_product_estimate(template, 120)
+    assert abs(ys[-1] - TARGET) < 1e-3
+    assert np.max(np.abs(ys[-10:] - TARGET)) < 1e-3
+    assert abs(ys[40] - TARGET) > 1e-3  # (not there from the start: the estimate had to learn the gain error)
