@@ -489,3 +489,27 @@ def test_holdings_error_exactly_on_the_range_floor_is_holdings_error():
     hold = cand(CandidateKind.HOLD, 0, predicted=((20.0,),) * 4)
     [c] = improvement_conditions(one_cv, result(hold, plan), plan, (1.0,), 0.25)
     assert (c.value, c.holds) == ("0.1 of holding's error", True)
+
+
+def test_the_improvement_is_measured_against_the_targets_given():
+    # a steered plan's targets are the steady-state layer's, passed in: (10, -20) given to SPEC (whose own
+    # targets differ) gives TARGETED's exact 0.125
+    from optimizer_pipeline.recommend import improvement_conditions
+
+    plan, hold = ends((19.0, -32.0), (106.0, 108.0))
+    ranged = replace(SPEC, cvs=tuple(replace(cv, lo=-128.0, hi=128.0) for cv in SPEC.cvs))
+    assert [cv.target for cv in ranged.cvs] != [10.0, -20.0]
+    [c] = improvement_conditions(ranged, result(hold, plan), plan, (3.0, 4.0), 0.125, (10.0, -20.0))
+    assert (c.value, c.holds) == ("0.125 of holding's error", True)
+
+
+def test_decide_measures_the_improvement_against_the_problems_targets():
+    # the problem's compiled targets (normalised (48, 36): engineering (10 + 2 * 48, 0 + 3 * 36) = (106, 108),
+    # where holding ends), not the binding's (10, -20): holding's error is 0, so the floor counts
+    plan, hold = ends((19.0, -32.0), (106.0, 108.0))
+    problem = replace(PROBLEM, y_target=(48.0, 36.0))
+    decision = decide(TARGETED, 7, ARTIFACT, problem, result(hold, plan), snapshot(), (3.0, 4.0), 4.0, "or-abc123",
+                      NOW)
+    [c] = [c for c in decision.conditions if c.name == IMPROVEMENT]
+    widened = np.hypot(abs(19.0 - 106.0) + 3.0, abs(-32.0 - 108.0) + 4.0) / 256
+    assert c.value == f"{widened / (0.1 * np.sqrt(2)):.3g} of 0.1 of the CV ranges (holding's error is less)"
