@@ -243,13 +243,25 @@ def cmd_outcome(args: argparse.Namespace, home: Path) -> int:
     return 0
 
 
+def _override_text(override: dict[str, Any]) -> str:
+    """A recorded what-if override as it was given: PATH=VALUE."""
+    return f"{override['path']}={override['value']}"
+
+
 def cmd_ledger(args: argparse.Namespace, home: Path) -> int:
     ledger = _existing_ledger(home)
     if args.binding:
         ledger.get_binding(args.binding)
+    whatifs = ledger.list_whatifs(args.binding)
+    whatif_runs = {w.run_id for w in whatifs}
     sections = {
         "runs": (ledger.list_runs(args.binding),
-                 lambda r: f"{r.id}  {r.binding_id}@r{r.binding_revision}  {r.status:<9}  {r.started_at}"),
+                 lambda r: f"{r.id}  {r.binding_id}@r{r.binding_revision}  {r.status:<9}  {r.started_at}"
+                           + ("  what-if" if r.id in whatif_runs else "")),
+        "whatifs": (whatifs,
+                    lambda w: f"{w.run_id}  {w.binding_id}@r{w.binding_revision}  {w.result.get('status')}  "
+                              f"{' '.join(_override_text(o) for o in w.overrides)}  "
+                              f"beside {w.compared_recommendation_id or '(no recommendation)'}"),
         "candidates": (ledger.list_candidates(binding_id=args.binding),
                        lambda c: f"{c.id}  {c.kind:<7}  {c.solver_status:<10}  cost {_num(c.cost)}  "
                                  f"verified {c.verified}"),
@@ -501,7 +513,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="both sides as JSON")
     p.set_defaults(func=cmd_whatif)
 
-    p = sub.add_parser("ledger", help="runs, candidates, recommendations, outcomes")
+    p = sub.add_parser("ledger", help="runs, what-ifs, candidates, recommendations, outcomes")
     p.add_argument("--binding")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_ledger)

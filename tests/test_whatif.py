@@ -307,3 +307,21 @@ def test_a_tag_with_dots_is_found_by_its_last_dot(binding_doc):
     spec = binding_from_dict(binding_doc)
     (override,), changed = whatif.whatif_spec(spec, ["cvs.FIC101.PV.hi=9"])
     assert (override.tag, override.field, changed.cvs[0].hi) == ("FIC101.PV", "hi", 9.0)
+
+
+def test_the_ledger_command_marks_whatif_runs_and_lists_their_overrides(demo, capsys):
+    doc = whatif_json(demo, capsys, "tanks-1", "cvs.y1.hi=9.1")
+    code, out, err = run_cli(demo, capsys, "ledger", "--binding", "tanks-1")
+    assert code == 0, err
+    run_id = doc["whatif_run_id"]
+    [run_line] = [line for line in out.splitlines() if line.strip().startswith(run_id) and "@r" in line
+                  and "what-if" in line and "cvs." not in line]
+    assert run_line.rstrip().endswith("what-if")
+    [whatif_line] = [line for line in out.splitlines() if line.strip().startswith(run_id) and "cvs.y1.hi=9.1" in line]
+    assert f"beside {doc['open']['id']}" in whatif_line
+    ordinary = [r.id for r in demo.ledger.list_runs("tanks-1") if r.id not in {w.run_id for w in
+                                                                               demo.ledger.list_whatifs("tanks-1")}]
+    assert ordinary and all("what-if" not in line for line in out.splitlines() if line.strip().startswith(ordinary[0]))
+    code, out, err = run_cli(demo, capsys, "ledger", "--binding", "tanks-1", "--json")
+    whatifs = json.loads(out)["whatifs"]
+    assert any(w["run_id"] == run_id and w["overrides"] == [{"path": "cvs.y1.hi", "value": 9.1}] for w in whatifs)
