@@ -1,6 +1,6 @@
 """ARX models in normalised units: layout, realisation, stacked runs and their windows, rollouts and
-their NRMSE, and the measured state of a run. The regression and the multi-step refinement live in
-model/fit.py.
+their NRMSE, and the measured state of a run with the disturbance held over its prediction. The
+regression and the multi-step refinement live in model/fit.py.
 
 ARX convention (fixed; the MPC, the verifier and the UQ scores rely on it), normalised units:
 
