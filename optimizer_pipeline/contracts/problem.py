@@ -13,8 +13,9 @@ from optimizer_pipeline.contracts.model import StateSpace
 class ProblemIR:
     """A fully compiled optimisation problem in normalised model units.
 
-    Dynamics: `model` (x+ = A x + B u + E d + f, y = C x) with the disturbance `bias` (the live
-    state's mean one-step residual) added as C' bias to every state update, held over the horizon
+    Dynamics: `model` (x+ = A x + B u + E d + f, y = C x) with the disturbance `bias` (the constant
+    that best explains the live run's recent open-loop prediction error: model/arx.py
+    `fit_disturbance`) added as C' bias to every state update, held over the horizon
     (offset-free: model/statespace.py). Step k holds u[k] (k = 0 starts now) and predicts y at the
     end of step k. For steady_response@1 the steady-state relation y_ss = G u + Gd d + y0 is used
     (`steady_gain` G (ny, nu), `steady_dv_gain` Gd (ny, nd), `steady_offset` y0 (ny,): the model's
