@@ -47,6 +47,12 @@ class Check(NamedTuple):
     severity: AssetCheckSeverity = AssetCheckSeverity.WARN
 
 
+def shown(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """Metadata as Dagster shows it: a value given as a callable (a `plots.FigureQueue` entry) is
+    waited for and shown as markdown."""
+    return {k: MetadataValue.md(v()) if callable(v) else v for k, v in metadata.items()}
+
+
 @dataclass
 class StepReport:
     """What one step tells Dagster about its bindings, logged together at the end (`log_to`):
@@ -64,9 +70,7 @@ class StepReport:
 
     def log_to(self, context: AssetExecutionContext) -> None:
         for (asset, binding_id), metadata in self.materialized.items():
-            context.log_event(AssetMaterialization(
-                asset_key=asset, partition=binding_id,
-                metadata={k: MetadataValue.md(v()) if callable(v) else v for k, v in metadata.items()}))
+            context.log_event(AssetMaterialization(asset_key=asset, partition=binding_id, metadata=shown(metadata)))
         targets = self._targets(context)
         for c in self.checks:
             context.log_event(AssetCheckEvaluation(

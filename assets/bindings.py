@@ -41,6 +41,7 @@ from optimizer_pipeline.assets.batch import (
     StageResult,
     StepReport,
     in_ledger_sessions,
+    shown,
 )
 from optimizer_pipeline.assets.partitions import BINDINGS, CALIBRATION_GROUP, RECOMMENDATION_GROUP
 from optimizer_pipeline.contracts import ContractError, SolveResult
@@ -152,12 +153,14 @@ def whatif_step(context: AssetExecutionContext, texts: list[str], selected: list
     try:
         stored = store.get_binding(binding_id)
         overrides, _ = whatif.whatif_spec(stored.spec, texts)
-        env = StageEnv(store, settings.get(), None, lambda problem: SolveResult.from_dict(solver.solve(problem)),
-                       context.run.run_id)
-        result = recommendation.whatif_solve(env, BindingInputs(store, stored), overrides)
+        with plots.FigureQueue(1) as figures:  # one figure: drawn inline
+            env = StageEnv(store, settings.get(), figures,
+                           lambda problem: SolveResult.from_dict(solver.solve(problem)), context.run.run_id)
+            result = recommendation.whatif_solve(env, BindingInputs(store, stored), overrides)
+            metadata = shown(result.metadata)
     except (ContractError, LedgerError, ValueError) as exc:
         raise Failure(description=f"what-if of {binding_id}: {_one_line(exc)}") from None
-    context.log_event(AssetObservation(asset_key="recommendation", partition=binding_id, metadata=dict(result.metadata)))
+    context.log_event(AssetObservation(asset_key="recommendation", partition=binding_id, metadata=metadata))
     context.log.info(f"binding {binding_id}: what-if {result.value.run_id} is {result.value.result['status']} "
                      f"({', '.join(repr(t) for t in texts)}); solver: {solver.stats()}")
 

@@ -16,6 +16,7 @@ from optimizer_pipeline.contracts import (
     HistorySplit,
     Recommendation,
     SolveCandidate,
+    binding_from_dict,
     utc_now,
 )
 
@@ -119,8 +120,13 @@ def whatif_solve(env: StageEnv, inputs: BindingInputs, overrides: tuple) -> Stag
                                  source, utc_now(), requested_by="dagster", dagster_run_id=env.run_id)
     doc = whatif.comparison(ledger, solved.record)
     result, compared = doc["whatif"], doc["open"]
+    spec = binding_from_dict(solved.record.spec, source=f"what-if {solved.record.run_id}")
+    plot = env.figures.add(f"{spec.id}: what-if plan", plots.recommendation_figure,
+                           plots.whatif_series(spec, split.live, result, compared,
+                                               plots.HISTORY_HORIZONS * artifact.horizon))
     metadata = {
         "kind": "what-if (the binding and its recommendation are unchanged)",
+        "plot": plot,
         "whatif_run_id": solved.record.run_id, "status": result["status"],
         "overrides": MetadataValue.json(doc["overrides"]),
         "compared_with": compared["id"] if compared else "no recommendation yet",

@@ -172,7 +172,9 @@ class PlanSeries:
     controls (N, n_mv) and predicted (N, n_cv) (N = 0 without a plan); band (n_cv,) NaN = none;
     band_steps: the plan steps the band is calibrated for (Recommendation.band_steps; 0 = none);
     limits / targets per tag (engineering units). steady: the plan is a steady-state target
-    (predicted = the settled CVs, reached after an unknown time), not a trajectory."""
+    (predicted = the settled CVs, reached after an unknown time), not a trajectory. compared: the
+    plan another one is shown beside, (controls, predicted) of the same shape rules (a what-if's
+    open recommendation), drawn dashed and grey; None: none."""
 
     title: str
     steady: bool
@@ -191,6 +193,7 @@ class PlanSeries:
     cv_target: np.ndarray
     mv_lo: np.ndarray
     mv_hi: np.ndarray
+    compared: tuple[np.ndarray, np.ndarray] | None = None
 
 
 def plan_series(spec: BindingSpec, live: RunSeries, rec: Recommendation, history_samples: int) -> PlanSeries:
@@ -211,6 +214,42 @@ def plan_series(spec: BindingSpec, live: RunSeries, rec: Recommendation, history
         mv_lo=np.array([m.lo for m in spec.mvs]), mv_hi=np.array([m.hi for m in spec.mvs]))
 
 
+def whatif_series(spec: BindingSpec, live: RunSeries, whatif: Mapping[str, Any], compared: Mapping[str, Any] | None,
+                  history_samples: int) -> PlanSeries:
+    """A what-if's plan (`whatif`: its result document: status, template, controls, predicted, band,
+    band_steps) under its own spec (the overridden limits and targets), with the open recommendation
+    it was compared with (`compared`: its document, or None) drawn beside it."""
+    n = max(1, min(int(history_samples), len(live)))
+    t = np.asarray(live.t[-n:], float)
+    ny, nu = len(spec.cvs), len(spec.mvs)
+    other = None
+    if compared is not None and compared.get("controls"):
+        other = (np.asarray(compared["controls"], float).reshape(-1, nu),
+                 np.asarray(compared["predicted"], float).reshape(-1, ny))
+    return PlanSeries(
+        title=f"{spec.id}: what-if, {whatif['status']} ({whatif['template']}); dashed: the open recommendation",
+        steady=whatif["template"] == Template.STEADY_RESPONSE.value, period_s=spec.sample_period_s,
+        cv_tags=spec.cv_tags, mv_tags=spec.mv_tags, t_hist=t - t[-1],
+        y_hist=np.asarray(live.y[-n:], float), u_hist=np.asarray(live.u[-n:], float),
+        controls=np.asarray(whatif["controls"], float).reshape(-1, nu),
+        predicted=np.asarray(whatif["predicted"], float).reshape(-1, ny), band=_band(whatif.get("band"), ny),
+        band_steps=int(whatif.get("band_steps") or 0),
+        cv_lo=np.array([c.lo for c in spec.cvs]), cv_hi=np.array([c.hi for c in spec.cvs]),
+        cv_target=np.array([np.nan if c.target is None else c.target for c in spec.cvs]),
+        mv_lo=np.array([m.lo for m in spec.mvs]), mv_hi=np.array([m.hi for m in spec.mvs]), compared=other)
+
+
+def _compared_lines(s: PlanSeries, scale: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(t of the CVs, CVs, t of the moves, MVs) of the compared plan, drawn like the plan itself."""
+    controls, predicted = s.compared
+    if s.steady:
+        plan_s = max(s.period_s, -float(s.t_hist[0]) / 3)
+        return (np.array([0.5, 1.0]) * plan_s / scale, np.repeat(predicted[-1:], 2, axis=0),
+                np.array([0.0, plan_s]) / scale, controls[-1:])
+    n = controls.shape[0]
+    return (s.period_s * np.arange(1, n + 1) / scale, predicted, s.period_s * np.arange(n + 1) / scale, controls)
+
+
 def draw_plan(s: PlanSeries) -> Figure:
     """One panel per CV (history, predicted trajectory +- UQ band, limits, target), then one per MV
     (history and planned moves as a step plot, bounds).
@@ -222,7 +261,8 @@ def draw_plan(s: PlanSeries) -> Figure:
     """
     n_plan = s.controls.shape[0]
     history_s = -float(s.t_hist[0])
-    plan_s = max(s.period_s, history_s / 3) if s.steady else s.period_s * n_plan
+    n_shown = max(n_plan, 0 if s.compared is None else s.compared[0].shape[0])
+    plan_s = max(s.period_s, history_s / 3) if s.steady else s.period_s * n_shown
     scale, unit = _time_unit(history_s + plan_s)
     fig, axes = _figure(len(s.cv_tags) + len(s.mv_tags), s.title)
     if s.steady:
@@ -235,6 +275,7 @@ def draw_plan(s: PlanSeries) -> Figure:
         t_steps = s.period_s * np.arange(n_plan + 1) / scale
         predicted, controls = s.predicted, s.controls
     label = "steady-state prediction (time not to scale)" if s.steady else "predicted"
+    other = None if s.compared is None else _compared_lines(s, scale)
     for j, (ax, tag) in enumerate(zip(axes, s.cv_tags)):
         ax.plot(s.t_hist / scale, s.y_hist[:, j], color=MEASURED, lw=1.2, label="measured")
         if n_plan:
@@ -249,12 +290,15 @@ def draw_plan(s: PlanSeries) -> Figure:
                     for edge, text in ((lo, "band not calibrated beyond P"), (hi, None)):
                         ax.plot(t_pred[shaded - 1:], edge[shaded - 1:], color=PREDICTED, lw=0.8, ls="-.",
                                 alpha=0.6, label=text)
+        if other is not None:
+            ax.plot(np.concatenate([[0.0], other[0]]), np.concatenate([[s.y_hist[-1, j]], other[1][:, j]]),
+                    color=VAL, lw=1.2, ls="--", label="open recommendation")
         _limits(ax, s.cv_lo[j], s.cv_hi[j], "limits")
         targeted = bool(np.isfinite(s.cv_target[j]))
         if targeted:
             ax.axhline(s.cv_target[j], color=TARGET, ls=":", lw=1.2, label="target")
         shown = [s.y_hist[:, j], predicted[:, j] - np.nan_to_num(s.band[j]), predicted[:, j] + np.nan_to_num(s.band[j]),
-                 s.cv_target[j:j + 1] if targeted else []]
+                 s.cv_target[j:j + 1] if targeted else [], [] if other is None else other[1][:, j]]
         ax.set_ylim(*_zoom(np.concatenate(shown), (s.cv_lo[j], s.cv_hi[j])))
         ax.set_ylabel(f"CV {tag}", fontsize=8)
     for i, (ax, tag) in enumerate(zip(axes[len(s.cv_tags):], s.mv_tags)):
@@ -263,6 +307,9 @@ def draw_plan(s: PlanSeries) -> Figure:
             values = np.concatenate([controls[:, i], controls[-1:, i]])  # the last move holds to the end
             ax.step(t_steps, values, where="post", color=PREDICTED, lw=1.5,
                     label="steady-state target" if s.steady else "planned moves")
+        if other is not None:
+            ax.step(other[2], np.concatenate([other[3][:, i], other[3][-1:, i]]), where="post", color=VAL, lw=1.2,
+                    ls="--", label="open recommendation")
         _limits(ax, s.mv_lo[i], s.mv_hi[i], "bounds")
         ax.set_ylabel(f"MV {tag}", fontsize=8)
     for ax in axes:

@@ -115,6 +115,31 @@ def test_rejected_recommendation_shows_history_only():
     assert all(lines(ax, "measured") for ax in figure.axes)
 
 
+def test_a_whatif_plan_is_drawn_with_the_open_recommendation_dashed_beside_it():
+    from dataclasses import replace
+
+    from optimizer_pipeline.contracts import RunSeries
+
+    spec = binding(n_mv=2, n_cv=2, na=1, nb=1, delay=1, horizon=4)
+    spec = replace(spec, cvs=(replace(spec.cvs[0], target=None), spec.cvs[1]))  # y0 without a target
+    live = RunSeries("live", 10.0 * np.arange(12.0), np.full((12, 2), 1.0), np.full((12, 2), 0.5), np.zeros((12, 0)))
+    whatif = {"status": "unverified", "template": "linear_mpc_quadratic@1", "controls": [[1.5, 1.0]] * 6,
+              "predicted": [[0.7, 0.6]] * 6, "band": [0.1, None], "band_steps": 4}
+    compared = {"controls": [[2.0, 1.0]] * 8, "predicted": [[0.9, 0.8]] * 8}
+    s = plots.whatif_series(spec, live, whatif, compared, 10)
+    assert s.title.startswith(f"{spec.id}: what-if, unverified") and np.isnan(s.cv_target[0])
+    figure = plots.draw_plan(s)
+    for j, ax in enumerate(figure.axes[:2]):
+        [other] = lines(ax, "open recommendation")
+        assert other.get_linestyle() == "--"
+        np.testing.assert_allclose(other.get_ydata(), [0.5] + [compared["predicted"][0][j]] * 8)
+        assert other.get_xdata()[0] == 0.0 and np.all(np.diff(other.get_xdata()) > 0)  # now, then its 8 steps
+    assert not lines(figure.axes[0], "target") and lines(figure.axes[1], "target")  # y0 has none
+    [moves] = lines(figure.axes[2], "open recommendation")
+    np.testing.assert_allclose(moves.get_ydata(), [2.0] * 9)
+    assert plots.whatif_series(spec, live, whatif, None, 10).compared is None
+
+
 def test_steady_plan_is_drawn_as_settled_values_after_now():
     s = plan(n_plan=1, steady=True)
     ax = plots.draw_plan(s).axes[0]

@@ -266,6 +266,8 @@ def test_the_solve_job_with_whatif_run_config_records_a_whatif_and_observes_it(d
     side = {r.data["row"]: r.data for r in metadata["side_by_side"].value.records}
     assert (side["cvs.y2.hi"]["open"], side["cvs.y2.hi"]["what_if"]) == ("9.5", "7.3")
     assert (side["status"]["open"], side["status"]["what_if"]) == ("verified", record.result["status"])
+    plot = metadata["plot"].value  # the what-if's plan, the open one dashed beside it: a PNG inline
+    assert plot.startswith("![tanks-1: what-if plan](data:image/png;base64,") and len(plot) > 5000
 
 
 def test_the_solve_job_refuses_a_bad_whatif_config_with_its_line_and_writes_nothing(demo):
