@@ -296,7 +296,7 @@ def cmd_demo(args: argparse.Namespace, home: Path) -> int:
     for plant in plants:
         upsert, rows = ledger.ingest(plant.spec, plant.history(DEMO_SEED).frame,
                                      EvidenceSource.SIMULATION.value)
-        print(f"  {plant.spec.id:<10} revision {upsert.revision}, {rows} new samples")
+        print(f"  {plant.spec.id:<13} revision {upsert.revision}, {rows} new samples")
     print("materializing every asset of every binding through Dagster (job refresh) ...")
     results = run_partitions(home, [p.spec.id for p in plants])
     failed = [f"{run.binding_id} ({run.detail})" for run in results if not run.ok]
