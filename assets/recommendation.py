@@ -88,7 +88,7 @@ def recommendation(env: StageEnv, inputs: BindingInputs) -> StageResult:
         **{name: float(value) for name, value in (
             ("cost", rec.cost), ("independent_cost", rec.independent_cost),
             ("input_distance", rec.evidence.get("input_distance")),
-            ("economic_cost", economic_value(stored.spec, rec.controls[-1], rec.predicted[-1]) if rec.controls
+            ("economic_value", economic_value(stored.spec, rec.controls[-1], rec.predicted[-1]) if rec.controls
              else None)) if _finite(value)},
     }
     check = Check("recommendation", stored.spec.id, "candidate_verified",

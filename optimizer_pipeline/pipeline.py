@@ -38,10 +38,10 @@ from optimizer_pipeline.ledger import Ledger, LedgerError, new_id
 from optimizer_pipeline.model import current_state, identify
 from optimizer_pipeline.model.statespace import MAX_SETTLING_STEPS, settling_steps
 from optimizer_pipeline.problem import needs_steady_layer
-from optimizer_pipeline.solver.targets import compile_steered, steady_layer
 from optimizer_pipeline.recommend import Decision, EvidenceSnapshot, decide, max_live_age_s
 from optimizer_pipeline.settings import Settings
-from optimizer_pipeline.solver.errors import WORKER_INTERRUPTED, SolverError
+from optimizer_pipeline.solver.errors import STEADY_STAGE_INFEASIBLE, WORKER_INTERRUPTED, SolverError
+from optimizer_pipeline.solver.targets import SteadyLayerError, compile_steered, steady_layer
 
 log = logging.getLogger(__name__)
 
@@ -260,14 +260,22 @@ def solve_and_decide(binding: BindingSpec, stored: StoredBinding, artifact: Mode
     evidence = calibration.evidence
     band = np.asarray(evidence.qhat) if evidence.has_evidence else None
     layer_band, layer_conditions = steady_layer_evidence(binding, artifact, split, settings, now)
-    problem = compile_steered(binding, artifact, x0, bias, live.u[-1], live.d[-1], band, layer_band)
     run_id = new_id("or")
     try:
-        result = solve(problem)
-    except SolverError as exc:  # recorded as a failed run with a rejected recommendation, not lost
-        log.warning("binding %s: solve failed: %s", binding.id, exc)
-        result = SolveResult(problem.hash, ok=False, candidates=(), diagnostics={}, error_code=exc.code,
-                             error_message=exc.message)
+        problem = compile_steered(binding, artifact, x0, bias, live.u[-1], live.d[-1], band, layer_band)
+    except SteadyLayerError as exc:  # recorded like a failed solve: the stage's problem, a rejected recommendation
+        log.warning("binding %s: %s", binding.id, exc)
+        problem = exc.problem
+        result = SolveResult(problem.hash, ok=False, candidates=exc.result.candidates,
+                             diagnostics=exc.result.diagnostics, error_code=STEADY_STAGE_INFEASIBLE,
+                             error_message=str(exc))
+    else:
+        try:
+            result = solve(problem)
+        except SolverError as exc:  # recorded as a failed run with a rejected recommendation, not lost
+            log.warning("binding %s: solve failed: %s", binding.id, exc)
+            result = SolveResult(problem.hash, ok=False, candidates=(), diagnostics={}, error_code=exc.code,
+                                 error_message=exc.message)
     snapshot = evidence_snapshot(calibration, artifact, live.u[-1], live.y[-1], source, settings, now, float(live.t[-1]))
     consistency = [
         Condition("model from the binding's revision", f"r{artifact.binding_revision}", f"r{stored.revision}",

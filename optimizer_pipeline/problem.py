@@ -160,8 +160,11 @@ def _check_economics(problem: ProblemIR, nu: int, ny: int) -> None:
             missing = next(name for name in ECONOMIC_FIELDS if name not in present)
             raise ProblemError(f"{p}.{missing}: required with {present[0]} (economics come whole)")
         for name, length, bounds in (("econ_u", nu, None), ("econ_uu", nu, NON_NEGATIVE), ("econ_y", ny, None),
-                                     ("econ_yy", ny, NON_NEGATIVE), ("target_penalty", ny, NON_NEGATIVE)):
+                                     ("econ_yy", ny, NON_NEGATIVE), ("target_hold", ny, None)):
             check_vector(getattr(problem, name), f"{p}.{name}", length, bounds, error=error)
+        for j, flag in enumerate(problem.target_hold):
+            if flag not in (0.0, 1.0):
+                raise ProblemError(f"{p}.target_hold[{j}]: must be 0 or 1, got {flag!r}")
     check_number(problem.u_target_weight, f"{p}.u_target_weight", NON_NEGATIVE, error=error)
     if problem.u_target is not None:
         check_vector(problem.u_target, f"{p}.u_target", nu, error=error)
@@ -236,15 +239,17 @@ def robust_limits(problem: ProblemIR) -> tuple[np.ndarray, np.ndarray]:
 
 def compile_problem(binding: BindingSpec, artifact: ModelArtifact, x0: Any, bias: Any, u_now: Any, d_now: Any,
                     band: Any = None, slack_weight: float = DEFAULT_SLACK_WEIGHT,
-                    steering: tuple[Any, Any] | None = None) -> ProblemIR:
+                    steering: tuple[Any, Any] | None = None, held: Any = None) -> ProblemIR:
     """Compile the optimisation problem of one binding revision at "now".
 
     x0 (nx,) and bias (ny,) are normalised (model module's `current_state`); u_now (nu,) and d_now
     (nd,) are the current MVs / DVs in engineering units; band (ny,) the UQ half-widths in
     normalised units or None without evidence. MV bounds and max moves are scaled by the MV std,
     CV limits and targets normalised with the CV mean / std; weights come from binding.cvs,
-    move_weight and horizon N from binding.profile. A CV without a target gets tracking weight 0;
-    a steady target of a binding with costs carries its economics (`economic_terms`).
+    move_weight and horizon N from binding.profile. A CV without a target gets tracking weight 0.
+    held (ny,) engineering units, a steady target of a binding with costs only (required there):
+    the CVs the targets-first stage reached (solver/targets.py), at which every CV with a target
+    and a weight > 0 is held exactly while the costs (`economic_terms`) spend what freedom is left.
     steering (u_ss (nu,), y_ss (ny,), engineering units): the steady-state layer's target a move
     plan steers to (two layers, solver/targets.py): it replaces the CV targets and adds the MV
     target; required for a move plan whose binding has costs or a CV without a target.
@@ -267,6 +272,9 @@ def compile_problem(binding: BindingSpec, artifact: ModelArtifact, x0: Any, bias
     steady_template = binding.profile.template is Template.STEADY_RESPONSE
     if steady_template and steering is not None:
         raise ProblemError(f"{where}.steering: only a move plan is steered to a steady-state target")
+    if (held is None) == (steady_template and binding.has_costs):
+        raise ProblemError(f"{where}.held: a steady target with costs needs the targets-first stage's CVs "
+                           f"(solver/targets.py), and only it takes them")
     if not steady_template and steering is None and needs_steady_layer(binding):
         raise ProblemError(f"{where}.steering: a move plan with costs or a CV without a target needs the "
                            f"steady-state layer's target (solver/targets.py compile_steered)")
@@ -306,9 +314,12 @@ def compile_problem(binding: BindingSpec, artifact: ModelArtifact, x0: Any, bias
         for name, value in steady.items():
             if not np.all(np.isfinite(value)):
                 raise ProblemError(f"{where}.{name}: the model's steady state is not finite")
-        if binding.has_costs:
+        if held is not None:
+            held = check_vector(held, f"{where}.held", ny, error=ProblemError)
+            hold = targeted & (weight > 0)
+            cv_target = np.where(hold, held, cv_target)  # held where the targets-first stage reached
             steady.update(economic_terms(binding, G, (mv_lo - u_mean) / u_std, (mv_hi - u_mean) / u_std, u_mean,
-                                         u_std, y_mean, y_std, targeted & (weight > 0), slack_weight))
+                                         u_std, y_mean, y_std, hold))
         steady = {name: _rows(v) if name in ("steady_gain", "steady_dv_gain") else _flat(v)
                   for name, v in steady.items()}
 
@@ -335,9 +346,6 @@ def compile_problem(binding: BindingSpec, artifact: ModelArtifact, x0: Any, bias
 # weight, enough to pick the economic MVs among those reaching the CV targets equally well, small
 # enough not to pull the CVs off their targets on the way
 STEERING_MV_WEIGHT = 0.1
-# the target penalty (solver/steady.py, "Priorities") exceeds the largest multiplier the scaled
-# economics can put on a target by this factor, and stays this factor below the CV limits' penalty
-TARGET_MARGIN = 10.0
 
 
 def needs_steady_layer(binding: BindingSpec) -> bool:
@@ -346,21 +354,14 @@ def needs_steady_layer(binding: BindingSpec) -> bool:
 
 
 def economic_terms(binding: BindingSpec, gain: np.ndarray, u_lo: np.ndarray, u_hi: np.ndarray, u_mean: np.ndarray,
-                   u_std: np.ndarray, y_mean: np.ndarray, y_std: np.ndarray, held: np.ndarray,
-                   slack_weight: float) -> dict[str, np.ndarray]:
+                   u_std: np.ndarray, y_mean: np.ndarray, y_std: np.ndarray,
+                   hold: np.ndarray) -> dict[str, np.ndarray]:
     """The ProblemIR's economic vectors: the costs in normalised units (economics.normalised_costs,
-    largest gradient 1 per MV over the box) and the exact target penalty of every CV held at a
-    target (`held`, (ny,) bool): TARGET_MARGIN times the largest multiplier the economics can put
-    on those targets (||pinv(G_held)|| ||grad J|| with ||grad J|| <= sqrt(nu)), at least
-    TARGET_MARGIN, at most slack_weight / TARGET_MARGIN (the CV limits rank above the targets)."""
+    largest gradient 1 per MV over the box) and `target_hold`, 1.0 for every CV held at its target
+    (`hold`, (ny,) bool)."""
     costs = normalised_costs(binding, u_mean, u_std, y_mean, y_std, gain, u_lo, u_hi)
-    penalty = TARGET_MARGIN
-    if held.any():
-        rows = np.asarray(gain, float)[held]
-        penalty = TARGET_MARGIN * max(1.0, float(np.linalg.norm(np.linalg.pinv(rows), 2)) * np.sqrt(len(u_lo)))
-    penalty = min(penalty, slack_weight / TARGET_MARGIN)
     return {"econ_u": costs.u_linear, "econ_uu": costs.u_quadratic, "econ_y": costs.y_linear,
-            "econ_yy": costs.y_quadratic, "target_penalty": np.where(held, penalty, 0.0)}
+            "econ_yy": costs.y_quadratic, "target_hold": hold.astype(float)}
 
 
 def _flat(values: Any) -> tuple[float, ...]:

@@ -102,7 +102,7 @@ def test_linear_costs_reach_the_lp_optimum():
     # vertex (v1 at its upper bound), solved independently by scipy's linprog in engineering units
     spec = binding_from_dict(doc())
     problem, result = solve(spec)
-    assert problem.economic and problem.target_penalty[0] == 0.0 and problem.target_penalty[1] > 0
+    assert problem.economic and problem.target_hold == (0.0, 1.0)  # y2 held where the targets-first stage got
     Ge, y0 = engineering_gain()
     lp = linprog([-1.0, 0.5], A_ub=np.vstack([Ge[0], -Ge[0]]), b_ub=[10.0 - y0[0], y0[0] - 2.0],
                  A_eq=Ge[1:], b_eq=[7.5 - y0[1]], bounds=[(0.0, 6.0)] * 2)
@@ -192,7 +192,7 @@ def test_the_hold_candidate_and_the_verifier_price_the_same_objective():
 
 
 def test_economics_belong_to_the_steady_template():
-    problem = compile_problem(binding_from_dict(doc()), ARTIFACT, np.zeros(4), np.zeros(2), U_NOW, [])
+    problem = compile_steered(binding_from_dict(doc()), ARTIFACT, np.zeros(4), np.zeros(2), U_NOW, [])
     from dataclasses import replace
     mpc = replace(problem, template=compile_problem(binding_from_dict(doc(template="linear_mpc_quadratic@1", y1=7.0,
                                                                            mv_costs=(0.0, 0.0))),
@@ -203,6 +203,14 @@ def test_economics_belong_to_the_steady_template():
         validate_problem(replace(problem, econ_yy=None))
     with pytest.raises(ProblemError, match=r"problem.econ_uu\[1\]: must be >= 0"):
         validate_problem(replace(problem, econ_uu=(0.0, -1.0)))
+    with pytest.raises(ProblemError, match=r"problem.target_hold\[0\]: must be 0 or 1, got 0.5"):
+        validate_problem(replace(problem, target_hold=(0.5, 1.0)))
+    # a steady target with costs is compiled with the targets-first stage's CVs, and only it
+    with pytest.raises(ProblemError, match=r"problem\[tanks-1\].held: a steady target with costs needs"):
+        compile_problem(binding_from_dict(doc()), ARTIFACT, np.zeros(4), np.zeros(2), U_NOW, [])
+    with pytest.raises(ProblemError, match=r"problem\[tanks-1\].held:"):
+        compile_problem(binding_from_dict(doc(mv_costs=(0.0, 0.0), y1=7.0)), ARTIFACT, np.zeros(4), np.zeros(2),
+                        U_NOW, [], held=(7.0, 7.5))
 
 
 # --------------------------------------------------------------------------- two layers
@@ -318,3 +326,101 @@ def test_an_unsteered_binding_has_no_layer_evidence(steered_tank):
 
     _, split, artifact = steered_tank
     assert steady_layer_evidence(QuadrupleTank().spec, artifact, split, Settings(), utc_now()) == (None, [])
+
+
+# --------------------------------------------------------------------------- ill-conditioned gains, failures
+
+
+def ill_conditioned_artifact(ratio: float = 1.0125):
+    """Two first-order channels sharing a gain matrix [[1, 1], [1, ratio]] (condition ~320 at 1.0125):
+    x+ = 0.8 x + 0.2 G u, y = x, so the steady-state gain is G; normalisation mean 0, std 1."""
+    from optimizer_pipeline.contracts import ModelArtifact, Normalisation, StateSpace
+
+    G = np.array([[1.0, 1.0], [1.0, ratio]])
+    ss = StateSpace.of(0.8 * np.eye(2), 0.2 * G, np.zeros((2, 0)), np.zeros(2), np.eye(2))
+    return G, ModelArtifact(
+        binding_id="tanks-1", binding_revision=1, mv_tags=("v1", "v2"), cv_tags=("y1", "y2"), dv_tags=(), na=1, nb=1,
+        delay=1, horizon=10, sample_period_s=5.0, coefficients={}, state_space=ss,
+        normalisation=Normalisation(("v1", "v2", "y1", "y2"), (0.0,) * 4, (1.0,) * 4), gates=(), splits={},
+        training_data_hash="2" * 64)
+
+
+def ill_doc(y1=None, y2=None, costs=(0.1, 0.2)):
+    d = doc(mv_costs=costs, y1=y1, y2=y2, horizon=400)
+    for m in d["mvs"]:
+        m["lo"], m["hi"] = -3.0, 3.0
+    for c in d["cvs"]:
+        c["lo"], c["hi"] = -4.0, 4.0
+    return d
+
+
+@pytest.mark.parametrize("targets", [(1.0, 1.02), (1.5, None)])
+def test_an_ill_conditioned_plant_keeps_its_targets_and_reaches_the_lp_optimum(targets):
+    # both targets (no freedom left: the costs must not move them) or one (the costs choose along the
+    # weak direction): the lexicographic optimum by linprog, targets as equalities
+    G, artifact = ill_conditioned_artifact()
+    assert np.linalg.cond(G) > 300
+    spec = binding_from_dict(ill_doc(*targets))
+    problem = compile_steered(spec, artifact, np.zeros(2), np.zeros(2), (0.0, 0.0), [])
+    best = nominal(solve_problem(problem, SolverCache()))
+    assert best.solver_status == "solved" and best.verified, best.verify_report["reasons"]
+    held = [j for j, t in enumerate(targets) if t is not None]
+    lp = linprog([0.1, 0.2], A_eq=G[held], b_eq=[targets[j] for j in held], A_ub=np.vstack([G, -G]),
+                 b_ub=np.full(4, 4.0), bounds=[(-3.0, 3.0)] * 2)
+    assert lp.status == 0
+    # the MVs to 1e-3: along the weak direction (singular value ~3e-3) OSQP's 1e-7 leaves ~7e-4 of u
+    np.testing.assert_allclose(best.controls[0], lp.x, atol=1e-3)
+    np.testing.assert_allclose([best.predicted[0][j] for j in held], [targets[j] for j in held], atol=1e-5)
+
+
+def test_a_steady_stage_without_a_feasible_point_is_an_error_with_its_problem():
+    from optimizer_pipeline.solver.targets import SteadyLayerError
+
+    # the MVs now at 3 and bounded at [0, 1] with a move reach of 0.05: no MV setting is admissible
+    d = doc(template="linear_mpc_quadratic@1", horizon=1)
+    for m in d["mvs"]:
+        m["lo"], m["hi"], m["max_move"] = 0.0, 1.0, 0.05
+    spec = binding_from_dict(d)
+    with pytest.raises(SteadyLayerError, match=r"problem\[tanks-1\]: the targets-first stage found no feasible "
+                                               r"steady state \(hold hold, nominal primal infeasible") as caught:
+        compile_steered(spec, ARTIFACT, np.zeros(4), np.zeros(2), U_NOW, [])
+    assert caught.value.problem.template is Template.STEADY_RESPONSE and not caught.value.problem.economic
+    assert not caught.value.result.candidates[1].controls
+
+
+def test_the_steering_layer_keeps_its_limits_by_the_band_it_is_given():
+    # y1 has no target and the costs push it to its upper limit 9: the layer stops a band under it,
+    # the plan's band (0.1 std) when no layer band is given, the layer band (0.5 std) when it is
+    spec = binding_from_dict(doc(template="linear_mpc_quadratic@1", horizon=80, move_weight=0.1, y1_hi=9.0))
+    y_std = np.asarray(ARTIFACT.normalisation.std)[2:]
+    for layer_band, expected in ((None, 9.0 - 0.1 * y_std[0]), (np.array([0.5, 0.5]), 9.0 - 0.5 * y_std[0])):
+        problem = compile_steered(spec, ARTIFACT, np.zeros(4), np.zeros(2), U_NOW, [], band=np.array([0.1, 0.1]),
+                                  layer_band=layer_band)
+        steered = np.asarray(problem.y_mean) + np.asarray(problem.y_std) * problem.y_target
+        assert steered[0] == pytest.approx(expected, abs=1e-4)
+
+
+def test_a_failed_steady_stage_is_decided_as_a_rejected_solve_of_that_stage(steered_tank):
+    # the live MVs are ~3 V; bounds [0.5, 1] with a reach of 50 x 0.01: the steering layer has no
+    # admissible point. The solve is still decided (and would be recorded): rejected, naming the stage
+    from dataclasses import replace
+
+    from optimizer_pipeline import pipeline, uq
+    from optimizer_pipeline.contracts import Calibration, RecommendationStatus, StoredBinding
+    from optimizer_pipeline.settings import Settings
+    from optimizer_pipeline.solver import errors
+
+    spec, split, artifact = steered_tank
+    bad = replace(spec, mvs=tuple(replace(m, lo=0.5, hi=1.0, max_move=0.01) for m in spec.mvs))
+    scores = pipeline.score_blocks(bad, artifact, split)
+    calibration = Calibration("cal-test", artifact.artifact_hash, uq.compute_block_uq(scores.val, scores.test))
+    solved = pipeline.solve_and_decide(bad, StoredBinding(bad, 1, bad.spec_hash, utc_now()), artifact, split,
+                                       calibration, lambda p: solve_problem(p, SolverCache()), Settings(),
+                                       "simulation", utc_now())
+    rec = solved.decision.recommendation
+    assert rec.status is RecommendationStatus.REJECTED and rec.controls == ()
+    assert (solved.result.ok, solved.result.error_code) == (False, errors.STEADY_STAGE_INFEASIBLE)
+    assert any(r.startswith("solver error STEADY_STAGE_INFEASIBLE: problem[tanks-1]: the targets-first stage found "
+                            "no feasible steady state") for r in rec.reasons), rec.reasons
+    # the run records the failed stage's problem (the layer's targets-first stage: a steady target)
+    assert solved.problem.template is Template.STEADY_RESPONSE and solved.run["problem_ir_hash"] == solved.problem.hash

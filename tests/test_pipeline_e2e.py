@@ -112,7 +112,7 @@ def test_each_partition_shows_its_own_recommendation(demo):
         rec = demo.ledger.latest_recommendation(binding_id)
         assert metadata["recommendation_id"].value == rec.id
         assert metadata["status"].value == "verified"
-        assert ("economic_cost" in metadata) == demo.plants[binding_id].spec.has_costs
+        assert ("economic_value" in metadata) == demo.plants[binding_id].spec.has_costs
         assert len(metadata["plan"].value.records) == len(rec.document()["controls"])
         assert metadata["problem_ir_hash"].value == rec.problem_ir_hash
         assert f"{binding_id}: verified plan" in metadata["plot"].value
@@ -164,7 +164,7 @@ def test_the_economic_binding_earns_most_of_the_true_optimum_within_its_limits(d
     # the UI shows J at the plan's end (a plain number: Dagster's Plots tab draws it per partition) ...
     (record,) = demo.instance.fetch_materializations(
         AssetRecordsFilter(asset_key=AssetKey("recommendation"), asset_partitions=["blend-econ-1"]), limit=1).records
-    assert record.asset_materialization.metadata["economic_cost"].value == pytest.approx(planned, rel=1e-12)
+    assert record.asset_materialization.metadata["economic_value"].value == pytest.approx(planned, rel=1e-12)
     # ... and so does the CLI's description of the recommendation
     shown = subprocess.run([sys.executable, "-m", "optimizer_pipeline.cli", "--home", str(demo.home), "recommendation",
                             "blend-econ-1"], capture_output=True, text=True, timeout=120)

@@ -54,7 +54,7 @@ def test_problem_read_back_by_the_worker_equals_the_original_and_hashes_alike():
 def test_an_economic_and_a_steered_problem_read_back_equal_and_hash_alike():
     steady = replace(_problem(), template=Template.STEADY_RESPONSE, steady_gain=((0.5, 0.25), (0.1, 1 / 3)),
                      steady_dv_gain=((), ()), steady_offset=(0.0, 0.2), econ_u=(-1 / 3, 0.5), econ_uu=(0.0, 0.1),
-                     econ_y=(0.0, 0.7), econ_yy=(0.05, 0.0), target_penalty=(11.0, 0.0))
+                     econ_y=(0.0, 0.7), econ_yy=(0.05, 0.0), target_hold=(1.0, 0.0))
     steered = replace(_problem(), u_target=(0.1 + 0.2, -1.0), u_target_weight=0.1)
     for problem in (steady, steered):
         again = ProblemIR.from_dict(codec.decode(codec.encode(problem)))

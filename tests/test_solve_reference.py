@@ -26,6 +26,7 @@ from optimizer_pipeline.solver.solve import (
     _still_optimal,
     solve_problem,
 )
+from optimizer_pipeline.solver.targets import compile_steered
 from optimizer_pipeline.solver.verify import verify_candidate
 from test_solver_qp_support import scalar_artifact, scalar_binding, tank_artifact, tank_binding, tank_problem
 
@@ -127,7 +128,7 @@ def sequences():
     economic = replace(tank_binding(template="steady_response@1", horizon=3),
                        mvs=tuple(replace(m, cost=c) for m, c in zip(tank_binding().mvs, (-1.0, 0.5))))
     economic = replace(economic, cvs=(replace(economic.cvs[0], target=None), economic.cvs[1]))
-    yield "steady tank, economics", [compile_problem(economic, tank_artifact(), [0.0] * 4, [0.0, 0.0],
+    yield "steady tank, economics", [compile_steered(economic, tank_artifact(), [0.0] * 4, [0.0, 0.0],
                                                      tuple(rng.uniform(1, 5, 2)), [], band=(0.2, 0.4))
                                      for _ in range(3)]
     yield "scalar, infeasible and band wider than the limits", [

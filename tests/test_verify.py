@@ -126,7 +126,7 @@ def test_independent_cost_of_a_known_economic_target():
     # a steady target with hand-set economics: every term at a known point, each with its own size
     problem = replace(tank_problem(template="steady_response@1", horizon=1),
                       econ_u=(0.3, -0.2), econ_uu=(0.05, 0.0), econ_y=(0.0, 0.7), econ_yy=(0.4, 0.0),
-                      target_penalty=(0.0, 11.0))
+                      target_hold=(0.0, 1.0))
     u = np.array([[0.5, -1.0]])
     y = np.array([[0.2, np.asarray(problem.y_target)[1] - 0.3]])
     lo, hi = np.array([-5.0, -5.0]), np.array([5.0, 0.0])
@@ -135,7 +135,7 @@ def test_independent_cost_of_a_known_economic_target():
     slack = max(0.0, y[0, 1] - hi[1])
     expected = (w @ (y[0] - t) ** 2 + 0.01 * problem.move_weight * du @ du
                 + problem.slack_weight * (slack + slack ** 2)
-                + 0.3 * 0.5 - 0.2 * -1.0 + 0.05 * 0.25 + 0.7 * y[0, 1] + 0.4 * 0.04 + 11.0 * 0.3)
+                + 0.3 * 0.5 - 0.2 * -1.0 + 0.05 * 0.25 + 0.7 * y[0, 1] + 0.4 * 0.04)
     assert slack > 0  # the slack term counts too
     assert independent_cost(problem, u, y, lo, hi) == pytest.approx(expected, rel=1e-12)
 

@@ -23,9 +23,10 @@ class ProblemIR:
     Limits `y_lo` / `y_hi` are soft (slack penalty `slack_weight`); `u_lo` / `u_hi` / `du_max` hard.
 
     Economics (None without costs; optimizer_pipeline/economics.py): the steady-state template adds
-    econ_u @ u + econ_uu @ u**2 + econ_y @ y + econ_yy @ y**2 and holds each CV with a positive
-    `target_penalty` at its target by that exact (absolute value) penalty (solver/steady.py,
-    "Priorities"). A move plan steered by the steady-state layer (two layers: problem.py
+    econ_u @ u + econ_uu @ u**2 + econ_y @ y + econ_yy @ y**2 and holds each CV with `target_hold`
+    1 exactly at its `y_target` (a hard equality: the value the targets-first stage reached,
+    solver/targets.py), so the costs only spend the freedom the targets leave (solver/steady.py,
+    "Priorities"). A move plan steered by the steady-state layer (two layers, solver/targets.py
     `compile_steered`) also tracks the layer's MV target `u_target` with weight `u_target_weight`.
     """
 
@@ -65,7 +66,7 @@ class ProblemIR:
     econ_uu: tuple[float, ...] | None = None
     econ_y: tuple[float, ...] | None = None
     econ_yy: tuple[float, ...] | None = None
-    target_penalty: tuple[float, ...] | None = None
+    target_hold: tuple[float, ...] | None = None  # 1.0: the CV is held at y_target, 0.0: not
     u_target: tuple[float, ...] | None = None
     u_target_weight: float = 0.0
 
@@ -120,5 +121,5 @@ class ProblemIR:
 
 
 # the economic objective's vectors: all present or all None
-ECONOMIC_FIELDS = ("econ_u", "econ_uu", "econ_y", "econ_yy", "target_penalty")
+ECONOMIC_FIELDS = ("econ_u", "econ_uu", "econ_y", "econ_yy", "target_hold")
 OPTIONAL_FIELDS = frozenset(ECONOMIC_FIELDS + ("u_target", "u_target_weight"))

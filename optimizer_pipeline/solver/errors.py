@@ -25,6 +25,9 @@ WORKER_BUSY = "WORKER_BUSY"  # a second solve while one is in flight (the pool n
 CANCELLED = "CANCELLED"  # the in-flight request was cancelled by a "cancel" frame
 SOLVE_FAILED = "SOLVE_FAILED"  # the solver raised; the message names the exception
 
+# Caller-side: a steady-state stage solved before the problem goes to a worker (solver/targets.py).
+STEADY_STAGE_INFEASIBLE = "STEADY_STAGE_INFEASIBLE"  # targets-first stage or steering layer: no feasible point
+
 
 class SolverError(Exception):
     """A solve did not produce a result; `code` is one of the constants above."""

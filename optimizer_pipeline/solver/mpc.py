@@ -30,6 +30,8 @@ import scipy.sparse.linalg
 
 from optimizer_pipeline.contracts import ProblemIR, StateSpace, Template
 
+OSQP_TOLERANCES: dict[str, float] = {}  # solver/solve.py's OSQP_SETTINGS as they are
+
 # (model, its arrays) of the last model asked for: one solve needs them ~5 times (vectors twice,
 # plans, hold point), ~8 us a conversion at 10 states. One tuple, swapped whole: thread safe.
 _last_arrays: tuple[StateSpace | None, tuple[np.ndarray, ...]] = (None, ())

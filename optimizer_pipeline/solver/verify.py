@@ -14,7 +14,7 @@ Tolerances (documented defaults of `Tolerances`):
   this tolerance): a plant already outside a limit gets a plan that brings it back, not a refusal.
 * predicted CVs vs re-simulation: 1e-3 normalised units (0.1 % of a CV's train std).
 * cost agreement: |cost - independent| <= 1e-6 + 1e-4 * max(|cost|, |independent|); the cost
-  includes a steered plan's MV target term and a steady target's economics and target penalty.
+  includes a steered plan's MV target term and a steady target's economics.
 `verified` = feasible, predictions agree and costs agree; every failed condition is listed in
 verify_report["reasons"].
 """
@@ -125,9 +125,9 @@ class _Reference:
         p = self.problem
         if p.u_target is not None:  # a plan steered to the steady-state layer's MV target
             total += p.u_target_weight * float(((u - np.asarray(p.u_target)) ** 2).sum())
-        if p.economic:  # the steady target's costs and its exact target penalty, term by term
-            for j, (a, b, rho) in enumerate(zip(p.econ_y, p.econ_yy, p.target_penalty)):
-                total += float((a * y[:, j] + b * y[:, j] ** 2 + rho * np.abs(y[:, j] - self.target[j])).sum())
+        if p.economic:  # the steady target's costs, term by term
+            for j, (a, b) in enumerate(zip(p.econ_y, p.econ_yy)):
+                total += float((a * y[:, j] + b * y[:, j] ** 2).sum())
             for i, (a, b) in enumerate(zip(p.econ_u, p.econ_uu)):
                 total += float((a * u[:, i] + b * u[:, i] ** 2).sum())
         return total
