@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, Sequence
 
@@ -293,7 +294,14 @@ def cmd_demo(args: argparse.Namespace, home: Path) -> int:
     ledger = open_ledger(home)
     plants = demo_plants()
     print(f"home {home}: seeding {len(plants)} demo plants (simulated history)")
+    seeded = ledger.newest_samples()
     for plant in plants:
+        if plant.spec.id in seeded:  # a second copy under later timestamps would count its data twice
+            upsert = ledger.upsert_binding(plant.spec)
+            age = time.time() - seeded[plant.spec.id]
+            print(f"  {plant.spec.id:<13} revision {upsert.revision}, already seeded (history ends {age / 60:.0f} min "
+                  "ago: a fresh --home seeds a current live state)")
+            continue
         upsert, rows = ledger.ingest(plant.spec, plant.history(DEMO_SEED).frame,
                                      EvidenceSource.SIMULATION.value)
         print(f"  {plant.spec.id:<13} revision {upsert.revision}, {rows} new samples")

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from optimizer_pipeline.plants import demo_plants
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "optimizer_pipeline"
 COMPOSITION = {"definitions.py", "automation.py", "cli.py"}  # the only package modules wired to Dagster
@@ -129,3 +131,7 @@ def test_a_non_editable_install_runs_the_demo_from_another_directory(wheel, tmp_
     assert first.startswith(str(target)) and second.startswith(str(target))
     assert proc.stdout.count("verified") >= 3
     assert (elsewhere / "h" / "optimizer.duckdb").exists()
+    again = subprocess.run([sys.executable, "-c", code], cwd=elsewhere, env=env, capture_output=True, text=True,
+                           timeout=600)  # a second demo on the home keeps its history: no second copy of it
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    assert again.stdout.count("already seeded") == len(demo_plants()) and "new samples" not in again.stdout
