@@ -265,7 +265,7 @@ def cmd_ledger(args: argparse.Namespace, home: Path) -> int:
                               f"beside {w.compared_recommendation_id or '(no recommendation)'}"),
         "candidates": (ledger.list_candidates(binding_id=args.binding),
                        lambda c: f"{c.id}  {c.kind:<7}  {c.solver_status:<10}  cost {_num(c.cost)}  "
-                                 f"verified {c.verified}"),
+                                 f"verified {c.verified}" + ("  what-if" if c.run_id in whatif_runs else "")),
         "recommendations": (ledger.list_recommendations(args.binding),
                             lambda r: f"{r.id}  {r.binding_id}@r{r.binding_revision}  {r.status:<10}  "
                                       f"valid until {r.valid_until}"),

@@ -8,6 +8,7 @@ the same call chain loads it from there (`load_split`, `load_artifact`, `load_sc
 that names what to run first.
 """
 
+import hashlib
 import logging
 import os
 from dataclasses import dataclass
@@ -213,6 +214,26 @@ def newest_sample(split: HistorySplit) -> list[Condition]:
                       f"samples were dropped in cleaning)")]
 
 
+def score_rule_condition(evidence: uq.UQEvidence) -> list[Condition]:
+    """The calibration was scored by this version's rule for its score (uq.SCORE_RULES): evidence from
+    an older rule (e.g. stored before an upgrade changed what a block score measures) does not claim
+    what the band now means. Not judged without evidence (its own condition fails)."""
+    if not evidence.has_evidence:
+        return []
+    score = evidence.score or uq.MAX_RESIDUAL  # unnamed scores predate the named rules
+    recorded = evidence.score_rule if evidence.score is not None else None
+    current = uq.SCORE_RULES.get(score)
+    return [Condition("calibration scored by this version's rule", f"{score}, rule {_digest(recorded)}",
+                      f"{score}, rule {_digest(current)}", recorded is not None and recorded == current,
+                      f"the calibration was scored by an older {score} rule than this version's: run the "
+                      f"recalibrate job")]
+
+
+def _digest(text: str | None) -> str:
+    """A short fingerprint of a score rule's text for the conditions table."""
+    return "unrecorded" if text is None else hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
 @dataclass(frozen=True)
 class Solved:
     """One solve of a binding spec from the live state, decided but not yet recorded: the run row to
@@ -284,7 +305,7 @@ def solve_and_decide(binding: BindingSpec, stored: StoredBinding, artifact: Mode
                   f"the binding is at revision {stored.revision}"),
         Condition("calibration of this model", calibration.artifact_hash[:12], artifact.artifact_hash[:12],
                   calibration.artifact_hash == artifact.artifact_hash, "calibration belongs to another model artifact"),
-        *newest_sample(split), *layer_conditions]
+        *score_rule_condition(evidence), *newest_sample(split), *layer_conditions]
     decision = decide(binding, stored.revision, artifact, problem, result, snapshot,
                       uq.band_engineering(evidence, artifact), settings.uq_max_input_distance, run_id, now,
                       extra_conditions=consistency, max_band_fraction=settings.uq_max_band_fraction)

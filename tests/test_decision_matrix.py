@@ -11,6 +11,7 @@ expected, or puts one condition exactly on its limit, where the recommendation m
 A new condition is one more row: `test_every_condition_of_verified_has_a_row` fails until it has one.
 """
 
+import hashlib
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any, Mapping
@@ -19,7 +20,7 @@ import numpy as np
 import pytest
 from model_helpers import binding
 
-from optimizer_pipeline import pipeline
+from optimizer_pipeline import pipeline, uq
 from optimizer_pipeline.contracts import (
     Calibration,
     CandidateKind,
@@ -94,7 +95,8 @@ class World:
 EVIDENCE = dict(method="split_conformal", alpha=0.1, block_length=10, cv_tags=("y0",), qhat=(0.5,), rank_k=9,
                 safety_factor=None, n_val_blocks=9, n_val_runs=2, n_test_blocks=20, n_test_runs=2,
                 n_unique_test_steps=200, coverage=0.9, coverage_per_cv=(0.9,), coverage_threshold=0.8,
-                coverage_lower_95=0.85, exchangeability_p=0.5, exchangeability_test="beta-binomial", reasons=())
+                coverage_lower_95=0.85, exchangeability_p=0.5, exchangeability_test="beta-binomial", reasons=(),
+                score=uq.MAX_RESIDUAL, score_rule=uq.SCORE_RULES[uq.MAX_RESIDUAL])
 NO_EVIDENCE = dict(method=None, qhat=None, rank_k=None, coverage=None, coverage_per_cv=None, coverage_threshold=None,
                    coverage_lower_95=None, exchangeability_p=None, reasons=("1 val block(s); at least 2 are needed",))
 
@@ -295,6 +297,14 @@ MATRIX = [
     Row("calibration of another model artifact", "calibration of this model",
         replace(BASE, calibration_of_other_artifact=True),
         UNVERIFIED, ("calibration belongs to another model artifact",)),
+    Row("calibration scored by an older rule", "calibration scored by this version's rule",
+        replace(BASE, evidence={"score_rule": "per CV: the largest |measured - predicted| (an older text)"}),
+        UNVERIFIED, ("the calibration was scored by an older max_residual rule than this version's: run the "
+                     "recalibrate job",)),
+    Row("calibration stored before scores were named", "calibration scored by this version's rule",
+        replace(BASE, evidence={"score": None, "score_rule": None}),
+        UNVERIFIED, ("the calibration was scored by an older max_residual rule than this version's: run the "
+                     "recalibrate job",)),
 ]
 
 
@@ -416,6 +426,7 @@ def test_unknown_input_distance_is_its_own_reason(ledger):
 def test_the_conditions_table_shows_what_each_condition_was_judged_on_and_its_limit(ledger):
     record = recommend(ledger, BASE)
     h = record.recommendation.model_artifact_hash[:12]
+    rule = hashlib.sha256(uq.SCORE_RULES[uq.MAX_RESIDUAL].encode()).hexdigest()[:8]
     assert [(c.name, c.value, c.limit) for c in record.conditions] == [
         ("feasible candidate", "robust (seq 2)", "robust, else nominal, feasible"),
         ("UQ evidence", "split_conformal", "split_conformal or empirical_max"),
@@ -430,7 +441,8 @@ def test_the_conditions_table_shows_what_each_condition_was_judged_on_and_its_li
         ("band against the improvement over holding", "0.05 of 0.1 of the CV ranges (holding's error is less)",
          "<= 0.25 (uq.max_band_fraction)"),
         ("model from the binding's revision", "r1", "r1"),
-        ("calibration of this model", h, h)]
+        ("calibration of this model", h, h),
+        ("calibration scored by this version's rule", f"max_residual, rule {rule}", f"max_residual, rule {rule}")]
 
 
 def test_the_conditions_table_of_a_rejected_solve_and_an_unknown_calibration_time(ledger):

@@ -321,6 +321,12 @@ def test_the_ledger_command_marks_whatif_runs_and_lists_their_overrides(demo, ca
     assert run_line.rstrip().endswith("what-if")
     [whatif_line] = [line for line in out.splitlines() if line.strip().startswith(run_id) and "cvs.y1.hi=9.1" in line]
     assert f"beside {doc['open']['id']}" in whatif_line
+    candidates = demo.ledger.list_candidates(binding_id="tanks-1")
+    marked = {line.split()[0] for line in out.splitlines() if line.strip().startswith("oc-") and
+              line.rstrip().endswith("what-if")}
+    whatif_runs = {w.run_id for w in demo.ledger.list_whatifs("tanks-1")}  # earlier tests' what-ifs too
+    assert {c.id for c in candidates if c.run_id == run_id} <= marked
+    assert marked == {c.id for c in candidates if c.run_id in whatif_runs} != {c.id for c in candidates}
     ordinary = [r.id for r in demo.ledger.list_runs("tanks-1") if r.id not in {w.run_id for w in
                                                                                demo.ledger.list_whatifs("tanks-1")}]
     assert ordinary and all("what-if" not in line for line in out.splitlines() if line.strip().startswith(ordinary[0]))
