@@ -11,7 +11,7 @@ that names what to run first.
 import hashlib
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Callable
 
@@ -21,6 +21,7 @@ from optimizer_pipeline import uq
 from optimizer_pipeline.contracts import (
     BindingSpec,
     Calibration,
+    CandidateKind,
     Condition,
     HistorySplit,
     ModelArtifact,
@@ -37,6 +38,8 @@ from optimizer_pipeline.data import prepare_history, validate_history_frame
 from optimizer_pipeline.deployment import WORKER_ENV
 from optimizer_pipeline.ledger import Ledger, LedgerError, new_id
 from optimizer_pipeline.model import current_state, identify
+from optimizer_pipeline.model.artifact import local_artifact
+from optimizer_pipeline.model.local import LOCAL, OperatingPoint, steady_procedure
 from optimizer_pipeline.model.statespace import MAX_SETTLING_STEPS, settling_steps
 from optimizer_pipeline.problem import needs_steady_layer
 from optimizer_pipeline.recommend import Decision, EvidenceSnapshot, decide, max_live_age_s
@@ -122,16 +125,18 @@ def block_rule(binding: BindingSpec, artifact: ModelArtifact) -> tuple[int, str]
     """Block length h and score of the UQ evidence (docs/ARCHITECTURE.md, UQ evidence rules), what
     the recommendation predicts: a move plan, the largest residual of P-step blocks; a steady target,
     the settled response, scored at the end of blocks as long as the model's settling horizon (a
-    model that does not settle within MAX_SETTLING_STEPS gets blocks no run holds: no evidence)."""
+    model that does not settle within MAX_SETTLING_STEPS gets blocks no run holds: no evidence), by the
+    local procedure when identification chose it for steady targets (model/local.py)."""
     if binding.profile.template is Template.STEADY_RESPONSE:
         settling = settling_steps(artifact.state_space)
-        return (MAX_SETTLING_STEPS + 1 if settling is None else settling), uq.SETTLED_RESIDUAL
+        score = uq.SETTLED_LOCAL if steady_procedure(artifact) == LOCAL else uq.SETTLED_RESIDUAL
+        return (MAX_SETTLING_STEPS + 1 if settling is None else settling), score
     return artifact.horizon, uq.MAX_RESIDUAL
 
 
 def score_blocks(binding: BindingSpec, artifact: ModelArtifact, split: HistorySplit) -> Scores:
     h, score = block_rule(binding, artifact)
-    return Scores(uq.block_scores(artifact, split.val, h, score), uq.block_scores(artifact, split.test, h, score))
+    return Scores(*(uq.block_scores(artifact, runs, h, score, split.train) for runs in (split.val, split.test)))
 
 
 def score_and_store(ledger: Ledger, binding: BindingSpec, artifact: ModelArtifact, split: HistorySplit) -> Scores:
@@ -234,6 +239,29 @@ def _digest(text: str | None) -> str:
     return "unrecorded" if text is None else hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
+def _planned_end(result: SolveResult) -> tuple[np.ndarray, np.ndarray] | None:
+    """The MVs and the settled CVs (engineering units) of the first solve's nominal steady target; None
+    when it has none (the solve failed: that result is decided as it is)."""
+    nominal = [c for c in result.candidates if c.kind is CandidateKind.NOMINAL and c.controls]
+    if not result.ok or not nominal:
+        return None
+    return np.asarray(nominal[0].controls[-1], float), np.asarray(nominal[0].predicted[-1], float)
+
+
+def _local_model(binding: BindingSpec, artifact: ModelArtifact, split: HistorySplit,
+                 end: tuple[np.ndarray, np.ndarray]) -> tuple[ModelArtifact, dict]:
+    """The artifact refitted midway between the live state and the first solve's target (model/local.py),
+    and what the run records of it."""
+    live = split.live
+    u_mean, u_std = artifact.normalisation.of(artifact.mv_tags)
+    y_mean, y_std = artifact.normalisation.of(artifact.cv_tags)
+    point = OperatingPoint.of_move((live.u[-1] - u_mean) / u_std, (live.y[-1] - y_mean) / y_std,
+                                   (end[0] - u_mean) / u_std, (end[1] - y_mean) / y_std)
+    local, effective_rows = local_artifact(artifact, binding, split.train, point)
+    return local, {"procedure": LOCAL, "operating_point": point.to_json_dict(),
+                   "effective_rows": round(effective_rows, 1), "first_target": end[0].tolist()}
+
+
 @dataclass(frozen=True)
 class Solved:
     """One solve of a binding spec from the live state, decided but not yet recorded: the run row to
@@ -277,26 +305,36 @@ def solve_and_decide(binding: BindingSpec, stored: StoredBinding, artifact: Mode
     live = split.live
     if live is None:
         raise ValueError(f"binding {binding.id}: no live run in the history, so there is no current state")
-    x0, bias = current_state(artifact, live)
     evidence = calibration.evidence
     band = np.asarray(evidence.qhat) if evidence.has_evidence else None
     layer_band, layer_conditions = steady_layer_evidence(binding, artifact, split, settings, now)
     run_id = new_id("or")
-    try:
-        problem = compile_steered(binding, artifact, x0, bias, live.u[-1], live.d[-1], band, layer_band)
-    except SteadyLayerError as exc:  # recorded like a failed solve: the stage's problem, a rejected recommendation
-        log.warning("binding %s: %s", binding.id, exc)
-        problem = exc.problem
-        result = SolveResult(problem.hash, ok=False, candidates=exc.result.candidates,
-                             diagnostics=exc.result.diagnostics, error_code=STEADY_STAGE_INFEASIBLE,
-                             error_message=str(exc))
-    else:
+
+    def compile_and_solve(model: ModelArtifact, x0: np.ndarray, bias: np.ndarray) -> tuple[ProblemIR, SolveResult]:
+        """A problem names the identified artifact, also when a local refit of it is its model."""
         try:
-            result = solve(problem)
+            problem = replace(compile_steered(binding, model, x0, bias, live.u[-1], live.d[-1], band, layer_band),
+                              model_artifact_hash=artifact.artifact_hash)
+        except SteadyLayerError as exc:  # recorded like a failed solve: the stage's problem, a rejected recommendation
+            log.warning("binding %s: %s", binding.id, exc)
+            stage = replace(exc.problem, model_artifact_hash=artifact.artifact_hash)
+            return stage, SolveResult(stage.hash, ok=False, candidates=exc.result.candidates,
+                                      diagnostics=exc.result.diagnostics, error_code=STEADY_STAGE_INFEASIBLE,
+                                      error_message=str(exc))
+        try:
+            return problem, solve(problem)
         except SolverError as exc:  # recorded as a failed run with a rejected recommendation, not lost
             log.warning("binding %s: solve failed: %s", binding.id, exc)
-            result = SolveResult(problem.hash, ok=False, candidates=(), diagnostics={}, error_code=exc.code,
-                                 error_message=exc.message)
+            return problem, SolveResult(problem.hash, ok=False, candidates=(), diagnostics={}, error_code=exc.code,
+                                        error_message=exc.message)
+
+    problem, result = compile_and_solve(artifact, *current_state(artifact, live))
+    decided_with, local = artifact, None
+    if binding.profile.template is Template.STEADY_RESPONSE and steady_procedure(artifact) == LOCAL:
+        end = _planned_end(result)
+        if end is not None:  # the target again, with the model refitted midway to the first one (model/local.py)
+            decided_with, local = _local_model(binding, artifact, split, end)
+            problem, result = compile_and_solve(decided_with, *current_state(decided_with, live, artifact))
     snapshot = evidence_snapshot(calibration, artifact, live.u[-1], live.y[-1], source, settings, now, float(live.t[-1]))
     consistency = [
         Condition("model from the binding's revision", f"r{artifact.binding_revision}", f"r{stored.revision}",
@@ -308,13 +346,15 @@ def solve_and_decide(binding: BindingSpec, stored: StoredBinding, artifact: Mode
         *score_rule_condition(evidence), *newest_sample(split), *layer_conditions]
     decision = decide(binding, stored.revision, artifact, problem, result, snapshot,
                       uq.band_engineering(evidence, artifact), settings.uq_max_input_distance, run_id, now,
-                      extra_conditions=consistency, max_band_fraction=settings.uq_max_band_fraction)
+                      extra_conditions=consistency, max_band_fraction=settings.uq_max_band_fraction,
+                      steady_gain=decided_with.steady_gain)
     run = {"id": run_id, "binding_id": binding.id, "binding_revision": stored.revision,
            "profile_id": binding.profile.id, "profile_version": binding.profile.version,
            "problem_ir_hash": problem.hash, "problem": problem.to_dict(), "started_at": now,
            "context": {"live_run": live.run_id, "live_t": float(live.t[-1]), "calibration_id": calibration.calibration_id,
                        "model_artifact_hash": artifact.artifact_hash, "evidence_source": source,
-                       "worker": os.environ.get(WORKER_ENV, "local")}}
+                       "worker": os.environ.get(WORKER_ENV, "local"),
+                       **({"steady_model": local} if local is not None else {})}}
     return Solved(run, problem, result, decision)
 
 

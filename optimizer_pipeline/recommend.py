@@ -10,7 +10,7 @@ the UI's conditions table shows them all, so there is one rule, not two.
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -120,7 +120,7 @@ def conditions(artifact: ModelArtifact, evidence: EvidenceSnapshot, candidate: S
 
 
 def gain_conditions(artifact: ModelArtifact, problem: ProblemIR, evidence: EvidenceSnapshot,
-                    candidate: SolveCandidate | None) -> list[Condition]:
+                    candidate: SolveCandidate | None, steady_gain: Mapping[str, Any]) -> list[Condition]:
     """The planned move against the steady-gain uncertainty: per CV, GAIN_SIGMAS standard errors of
     the gain along the move from the current MVs to the plan's last MVs, sqrt(du' cov_i du), must fit
     inside the band (qhat_i), or the settled value may be off by more than the evidence says. No
@@ -128,7 +128,7 @@ def gain_conditions(artifact: ModelArtifact, problem: ProblemIR, evidence: Evide
     if candidate is None or not evidence.has_evidence:
         return []
     name, limit = "steady-gain uncertainty along the planned move", f"<= band ({GAIN_SIGMAS:g} standard errors)"
-    uncertainty = artifact.steady_gain.get("uncertainty")
+    uncertainty = steady_gain.get("uncertainty")
     if not uncertainty:
         return [Condition(name, "unknown", limit, False,
                           "steady-gain uncertainty unknown (the model records none: fewer than 2 train runs)")]
@@ -195,12 +195,16 @@ def decide(binding: BindingSpec, binding_revision: int, artifact: ModelArtifact,
            result: SolveResult, evidence: EvidenceSnapshot, band_engineering: Sequence[float | None],
            max_input_distance: float, run_id: str, now: datetime,
            extra_conditions: Sequence[Condition] = (),
-           max_band_fraction: float = Settings.uq_max_band_fraction) -> Decision:
+           max_band_fraction: float = Settings.uq_max_band_fraction,
+           steady_gain: Mapping[str, Any] | None = None) -> Decision:
     """Build the recommendation of one solve: `rejected` without a feasible candidate, `verified`
-    when every condition holds, `unverified` otherwise (with every failed condition listed)."""
+    when every condition holds, `unverified` otherwise (with every failed condition listed).
+    `steady_gain`: the gain record of the model the problem was compiled with when that is not the
+    artifact's own (a local refit, model/local.py)."""
     candidate = choose_candidate(result) if result.ok else None
     checked = (conditions(artifact, evidence, candidate, max_input_distance, now)
-               + gain_conditions(artifact, problem, evidence, candidate)
+               + gain_conditions(artifact, problem, evidence, candidate,
+                                 artifact.steady_gain if steady_gain is None else steady_gain)
                + improvement_conditions(binding, result, candidate, band_engineering, max_band_fraction,
                                         np.asarray(problem.y_mean) + np.asarray(problem.y_std) * problem.y_target)
                + list(extra_conditions))

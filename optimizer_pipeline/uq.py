@@ -28,7 +28,9 @@ from optimizer_pipeline.contracts import (
     parse_iso_utc,
 )
 from optimizer_pipeline.model.artifact import stack_for
-from optimizer_pipeline.model.arx import Orders, disturbance_window, fit_disturbance, rollout_windows, window_rows
+from optimizer_pipeline.model.arx import (Orders, Stacked, disturbance_window, fit_disturbance, rollout_windows,
+                                         window_rows)
+from optimizer_pipeline.model.local import LocalFitter, settled_local
 from optimizer_pipeline.model.statespace import disturbance_gain
 from optimizer_pipeline.validation import (
     AT_LEAST_ONE,
@@ -66,6 +68,7 @@ EXCHANGEABILITY_TEST = (
 
 MAX_RESIDUAL = "max_residual"
 SETTLED_RESIDUAL = "settled_residual"
+SETTLED_LOCAL = "settled_residual_local"
 SCORE_RULES = {
     MAX_RESIDUAL: "per CV: the largest |measured - predicted| over the h steps of an open-loop rollout from the "
                   "block's measured state, driven by the measured MVs / DVs",
@@ -76,6 +79,12 @@ SCORE_RULES = {
                       "the open-loop prediction error of the W rows before the block, least squares, W = "
                       "max(P, 2 x the settling horizon) (model.arx.fit_disturbance: the disturbance a steady "
                       "target is predicted with)",
+    SETTLED_LOCAL: "as settled_residual, but each block predicted by the model refitted around the block's "
+                   "operating point (model.local: the artifact's structure and ridge, train rows weighted by a "
+                   "Gaussian kernel of width 1 train std over the MVs and CVs of the row before them, centred "
+                   "midway between the block's MVs and measured CVs at its start and its last MVs and the "
+                   "global model's settled prediction), its held disturbance fitted by that model over the "
+                   "same W rows: the procedure a steady target of such an artifact is solved with",
 }
 
 
@@ -101,10 +110,10 @@ def _max_over_steps(values: np.ndarray) -> np.ndarray:
 
 
 def block_scores(artifact: ModelArtifact, runs: Sequence[RunSeries], h: int | None = None,
-                 score: str = MAX_RESIDUAL) -> BlockScores:
+                 score: str = MAX_RESIDUAL, train: Sequence[RunSeries] = ()) -> BlockScores:
     """Block scores of `runs` (docs/ARCHITECTURE.md, "UQ evidence rules": score) by the rule `score` of
     SCORE_RULES. h defaults to the artifact's P (the steady-state template passes its settling horizon
-    with SETTLED_RESIDUAL).
+    with SETTLED_RESIDUAL or SETTLED_LOCAL; the latter refits on the `train` runs).
 
     Blocks start at the first row with a measured state (for SETTLED_RESIDUAL also the W rows the held
     disturbance is fitted over before it, model.arx.disturbance_window) and tile each run without overlap; every block is rolled out
@@ -116,21 +125,23 @@ def block_scores(artifact: ModelArtifact, runs: Sequence[RunSeries], h: int | No
     check_choice(score, tuple(SCORE_RULES), "block scores", what="score", error=UQInputError)
     stacked = stack_for(artifact, runs)
     orders = Orders(artifact.na, artifact.nb, artifact.delay)
-    settled = score == SETTLED_RESIDUAL
-    window = disturbance_window(artifact.state_space, artifact.horizon) if settled else 0
+    settled = score in (SETTLED_RESIDUAL, SETTLED_LOCAL)
+    ss = artifact.state_space
+    window = disturbance_window(ss, artifact.horizon) if settled else 0
     first = orders.first_state_row + window
     rows, which = window_rows(stacked, first, h, h)
     ny = len(artifact.cv_tags)
     if rows.size:
-        predicted, measured = rollout_windows(artifact.state_space, stacked, orders, rows, h)
+        predicted, measured = rollout_windows(ss, stacked, orders, rows, h)
         with np.errstate(invalid="ignore", over="ignore"):
-            residual = np.subtract(measured, predicted, out=predicted)  # in place: ~1e6 samples are timed
             if settled:
                 # the disturbance `current_state` would hold at row k: fitted over the W rows before it
-                bias = fit_disturbance(artifact.state_space, stacked, orders, rows, window)
-                held = bias @ disturbance_gain(artifact.state_space, h).T
-                scores = np.abs(residual[:, -1] - held)
+                end = predicted[:, -1] + fit_disturbance(ss, stacked, orders, rows, window) @ disturbance_gain(ss, h).T
+                if score == SETTLED_LOCAL:
+                    end = _settled_local_ends(artifact, stacked, orders, rows, h, window, end, train)
+                scores = np.abs(measured[:, -1] - end)
             else:
+                residual = np.subtract(measured, predicted, out=predicted)  # in place: ~1e6 samples are timed
                 scores = _max_over_steps(np.abs(residual, out=residual))
     else:
         scores = np.empty((0, ny))
@@ -138,6 +149,19 @@ def block_scores(artifact: ModelArtifact, runs: Sequence[RunSeries], h: int | No
     return BlockScores(cv_tags=tuple(artifact.cv_tags), h=h, run_ids=run_ids,
                        starts=rows - stacked.offsets[which], scores=scores,
                        n_unique_steps=int(rows.size * h), n_runs=int(np.unique(which).size), score=score)
+
+
+def _settled_local_ends(artifact: ModelArtifact, stacked: Stacked, orders: Orders, rows: np.ndarray, h: int,
+                        window: int, global_end: np.ndarray, train: Sequence[RunSeries]) -> np.ndarray:
+    """SETTLED_LOCAL's prediction of each block's last row: the local model at the block's operating
+    point (model.local.settled_local) with its own held disturbance over the same W rows."""
+    if not train:
+        raise UQInputError(f"block scores: {SETTLED_LOCAL} refits on the train runs, and none were given")
+    fitter = LocalFitter.for_artifact(artifact, stack_for(artifact, train))
+    models, ends = settled_local(fitter, stacked, orders, rows, h, global_end)
+    for i, (local, k) in enumerate(zip(models, rows)):
+        ends[i] += fit_disturbance(local, stacked, orders, np.array([k]), window)[0] @ disturbance_gain(local, h).T
+    return ends
 
 
 # --------------------------------------------------------------------------- evidence

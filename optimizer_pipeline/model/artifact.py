@@ -18,10 +18,12 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from optimizer_pipeline.contracts import (BindingSpec, ContractError, Gate, HistorySplit, ModelArtifact, Normalisation,
-                                          RunSeries, StateSpace)
+                                          RunSeries, StateSpace, Template)
 from optimizer_pipeline.model.arx import (ArxModel, Orders, Stacked, nrmse, rollout_nrmse, rollout_windows, stack_runs,
-                                          state_and_bias, stride_for, window_rows)
+                                          disturbance_window, state_and_bias, stride_for, window_rows)
 from optimizer_pipeline.model.fit import RidgeProblem, Structure, free_mask, refine_multistep
+from optimizer_pipeline.model.local import (GLOBAL, LOCAL, LocalFitter, OperatingPoint, settled_local,
+                                           steady_model_record)
 from optimizer_pipeline.model.select import (FIR_NA, MAX_CHANNEL_DELAY, ORDER_STAGE_RIDGE, RIDGE_GRID,
                                              RIDGE_STAGE_ORDERS, SELECTION_WINDOWS, Selector, best, candidates,
                                              finite_or_none, per_channel, window_lag)
@@ -37,6 +39,7 @@ G4_ROWS_PER_PARAM = 10
 G4_MIN_RUNS = 2
 
 GAIN_CONDITION_WARN = 100.0
+LOCAL_WINDOWS = 120  # held-out windows the steady-model choice refits at (one weighted fit each)
 
 GAIN_JACKKNIFE = ("jackknife over the train runs: the chosen structure refitted by ridge least squares "
                   "without one train run at a time; cov = (K - 1) / K * sum_r (g_r - mean g)(g_r - mean g)' "
@@ -129,6 +132,26 @@ def _settled_error(model: ArxModel, selector: Selector) -> float:
     return value if np.isfinite(value) else np.inf
 
 
+def _steady_model(model: ArxModel, structure: Structure, ridge: float, train: Stacked,
+                  selector: Selector) -> Mapping[str, Any]:
+    """Which procedure predicts a steady target's settled values closer on held-out windows (the
+    selection data, at most LOCAL_WINDOWS windows of the model's settling horizon): the model as
+    identified, or refitted around each window's operating point (model/local.py)."""
+    ss = model.realise()
+    h = settling_steps(ss)
+    rows = None if h is None else window_rows(selector.data, selector.first_row, h,
+                                              stride_for(selector.data, selector.first_row, h, LOCAL_WINDOWS))[0]
+    if rows is None or rows.size == 0:
+        return steady_model_record(GLOBAL, np.inf, np.inf)
+    with np.errstate(over="ignore", invalid="ignore"):
+        predicted, measured = rollout_windows(ss, selector.data, model.orders, rows, h)
+        _, local_end = settled_local(LocalFitter(structure, ridge, train), selector.data, model.orders, rows, h,
+                                     predicted[:, -1])
+        errors = [float(np.mean(nrmse(end, measured[:, -1]))) for end in (predicted[:, -1], local_end)]
+    global_error, local_error = (e if np.isfinite(e) else np.inf for e in errors)
+    return steady_model_record(LOCAL if local_error < global_error else GLOBAL, global_error, local_error)
+
+
 def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -> ModelArtifact:
     """Identify the ARX model of a binding revision from its train runs (module docstring).
 
@@ -190,6 +213,8 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
     else:
         refinement["kept"] = False
     model = final.model
+    steady = binding.profile.template is Template.STEADY_RESPONSE
+    steady_model = _steady_model(model, final.structure, final.ridge, train, selector) if steady else None
     replicates = jackknife_models(problem, final.structure, final.ridge)
     gain = steady_gain_record(model, replicates)
     if gain["ill_conditioned"]:
@@ -212,6 +237,7 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
         "structure": final.structure.record(),
         "stable": final.stable,
         "regression_rows": problem.n_rows,
+        **({"steady_model": steady_model} if steady_model is not None else {}),
         "seconds": round(time.perf_counter() - started, 4),
     }
     artifact = artifact_from_model(
@@ -248,6 +274,21 @@ def artifact_from_model(model: ArxModel, binding: BindingSpec, binding_revision:
         step_response=None if step_response is None else dict(step_response))
 
 
+def local_artifact(artifact: ModelArtifact, binding: BindingSpec, train: Sequence[RunSeries],
+                   point: OperatingPoint) -> tuple[ModelArtifact, float]:
+    """The artifact refitted around `point` (model/local.py) as an artifact of its own, with the
+    jackknife gain uncertainty of the weighted fit, the same gates, normalisation and selection record;
+    and the fit's effective number of rows."""
+    fitter = LocalFitter.for_artifact(artifact, stack_for(artifact, train))
+    problem = fitter.problem_at(point)
+    model = problem.fit(fitter.structure, fitter.ridge)
+    gain = steady_gain_record(model, jackknife_models(problem, fitter.structure, fitter.ridge))
+    local = artifact_from_model(model, binding, artifact.binding_revision, artifact.normalisation, gates=artifact.gates,
+                                splits=artifact.splits, training_data_hash=artifact.training_data_hash,
+                                selection=artifact.selection, steady_gain=gain)
+    return local, fitter.effective_rows(point)
+
+
 def arx_of(artifact: ModelArtifact) -> ArxModel:
     """The artifact's ARX coefficients as arrays."""
     return ArxModel.from_dict(Orders(artifact.na, artifact.nb, artifact.delay), artifact.coefficients,
@@ -259,13 +300,16 @@ def stack_for(artifact: ModelArtifact, runs: Sequence[RunSeries]) -> Stacked:
     return stack_runs(runs, artifact.normalisation, artifact.mv_tags, artifact.cv_tags, artifact.dv_tags)
 
 
-def current_state(artifact: ModelArtifact, run: RunSeries) -> tuple[np.ndarray, np.ndarray]:
+def current_state(artifact: ModelArtifact, run: RunSeries,
+                  identified: ModelArtifact | None = None) -> tuple[np.ndarray, np.ndarray]:
     """x0 (nx,) at the run's last row from measured data, and the disturbance bias (ny,), normalised.
 
     bias = the held disturbance fitted to the multi-step prediction error of the last rows
     (model.arx.state_and_bias; the problem holds it in every state update: offset-free tracking,
-    model/statespace.py).
+    model/statespace.py), over the rows the `identified` artifact's own fit uses when `artifact` is a
+    local refit of it (its evidence fits the same rows, uq.SETTLED_LOCAL).
     ContractError when the run is too short for the state.
     """
     orders = Orders(artifact.na, artifact.nb, artifact.delay)
-    return state_and_bias(artifact.state_space, orders, stack_for(artifact, [run]), artifact.horizon)
+    window = None if identified is None else disturbance_window(identified.state_space, identified.horizon)
+    return state_and_bias(artifact.state_space, orders, stack_for(artifact, [run]), artifact.horizon, window)

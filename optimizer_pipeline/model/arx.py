@@ -316,12 +316,14 @@ def fit_disturbance(ss: StateSpace, stacked: Stacked, orders: Orders, rows: np.n
     return np.linalg.solve(normal, np.einsum("jab,mja->bm", gains, residual)).T
 
 
-def state_and_bias(ss: StateSpace, orders: Orders, stacked_run: Stacked, horizon: int) -> tuple[np.ndarray, np.ndarray]:
+def state_and_bias(ss: StateSpace, orders: Orders, stacked_run: Stacked, horizon: int,
+                   window: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """x0 (nx,) at the run's last row and the held disturbance `bias` (ny,), normalised units.
 
-    bias = `fit_disturbance` at the last row over W = min(disturbance_window(ss, horizon), available) rows,
-    available = the rows before it with a measured state; zeros when there is none (logged). uq's settled
-    scores hold the same estimate, fitted over the full W rows before each block.
+    bias = `fit_disturbance` at the last row over W = min(window, available) rows, window defaulting to
+    disturbance_window(ss, horizon) (a local model passes its artifact's, model/local.py), available =
+    the rows before it with a measured state; zeros when there is none (logged). uq's settled scores
+    hold the same estimate, fitted over the full W rows before each block.
     """
     n = int(stacked_run.lengths[0])
     first = orders.first_state_row
@@ -330,7 +332,7 @@ def state_and_bias(ss: StateSpace, orders: Orders, stacked_run: Stacked, horizon
                             f"(na={orders.na}, nb={orders.nb}, delay={orders.delay} needs >= {first + 1})")
     x0 = states_at(stacked_run, orders, np.array([n - 1]))[0]
     available = n - 1 - first
-    window = min(disturbance_window(ss, horizon), available)
+    window = min(disturbance_window(ss, horizon) if window is None else int(window), available)
     if window <= 0:
         log.warning("run %s: no row with a one-step prediction; disturbance bias set to 0", stacked_run.run_ids[0])
         return x0, np.zeros(stacked_run.y.shape[1])

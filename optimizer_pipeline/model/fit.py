@@ -8,6 +8,7 @@ A structure is realised as an ArxModel (model/arx.py layout) whose coefficients 
 structure are zero: delay = the smallest channel delay, nb = the span of lags any channel uses.
 """
 
+import copy
 import math
 import time
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from optimizer_pipeline.model.arx import ArxModel, Orders, Stacked, stride_for, 
 
 # A tiny floor keeps collinear regressors (e.g. a constant MV) solvable without changing the fit.
 SOLVE_FLOOR = 1e-12
+MIN_WEIGHT = 1e-12  # a fit's total row weight is at least this (no rows: the ridge alone decides)
 
 
 @dataclass(frozen=True)
@@ -107,21 +109,33 @@ class RidgeProblem:
 
     Target rows start after the largest lag so every structure sees the same rows; regressors never
     cross run boundaries. Objective per CV: mean squared one-step error + ridge * ||theta without
-    intercept||^2 (normalised units, so one ridge scale fits every tag).
+    intercept||^2 (normalised units, so one ridge scale fits every tag). `weighted` gives the same
+    problem with the mean weighted per target row (model/local.py: a fit around an operating point);
+    run_rows then holds each run's total weight.
     """
 
     def __init__(self, train: Stacked, na_full: int, lag_full: int):
         self.na_full, self.lag_full = na_full, lag_full
-        rows, which = window_rows(train, max(na_full, lag_full), 0, 1)  # every target row with all its lags
-        self.n_rows = rows.size
+        self.rows, self._which = window_rows(train, max(na_full, lag_full), 0, 1)  # every target row with its lags
+        self.n_rows = self.rows.size
         self.dims = train.y.shape[1], train.u.shape[1], train.d.shape[1]
-        phi = _lagged(train, rows, na_full, lag_full)
+        self._phi, self._target = _lagged(train, self.rows, na_full, lag_full), train.y[self.rows]
+        self._accumulate(np.ones(self.n_rows))
+
+    def _accumulate(self, w: np.ndarray) -> None:
+        phi, which = self._phi, self._which
         runs = np.unique(which)
-        self.run_rows = np.array([np.sum(which == r) for r in runs])
-        self.run_gram = np.stack([phi[which == r].T @ phi[which == r] for r in runs]) if runs.size else \
-            np.zeros((0, phi.shape[1], phi.shape[1]))
-        self.run_cross = np.stack([phi[which == r].T @ train.y[rows[which == r]] for r in runs]) if runs.size else \
-            np.zeros((0, phi.shape[1], self.dims[0]))
+        self.run_rows = np.array([w[which == r].sum() for r in runs])
+        self.run_gram = np.stack([(phi[which == r] * w[which == r, None]).T @ phi[which == r] for r in runs]) \
+            if runs.size else np.zeros((0, phi.shape[1], phi.shape[1]))
+        self.run_cross = np.stack([(phi[which == r] * w[which == r, None]).T @ self._target[which == r]
+                                   for r in runs]) if runs.size else np.zeros((0, phi.shape[1], self.dims[0]))
+
+    def weighted(self, weights: np.ndarray) -> "RidgeProblem":
+        """The same regression with target row i (of `rows`) weighted by weights[i] >= 0."""
+        problem = copy.copy(self)
+        problem._accumulate(np.asarray(weights, float))
+        return problem
 
     @staticmethod
     def for_orders(train: Stacked, candidates: list[Orders]) -> "RidgeProblem":
@@ -140,7 +154,7 @@ class RidgeProblem:
         keep = np.ones(self.n_runs, bool)
         if without is not None:
             keep[without] = False
-        n = max(int(self.run_rows[keep].sum()), 1)
+        n = max(float(self.run_rows[keep].sum()), MIN_WEIGHT)
         gram, cross = self.run_gram[keep].sum(axis=0) / n, self.run_cross[keep].sum(axis=0) / n
         orders = structure.orders
         theta = np.zeros((orders.n_params(ny, nu, nd) // ny, ny))
