@@ -449,3 +449,25 @@ def test_the_conditions_table_of_a_rejected_solve_and_an_unknown_calibration_tim
     world = replace(MATRIX[0].world, calibrated_before=None)
     table = {c.name: c.value for c in recommend(ledger, world).conditions}
     assert (table["feasible candidate"], table["calibration fresh"]) == ("none", "calibration time unknown")
+
+
+def test_the_gain_condition_judges_the_gain_of_the_model_the_plan_was_solved_with(ledger):
+    """A steady target solved with a local refit (model/local.py) carries that refit's gain record:
+    its uncertainty, not the identified artifact's, decides the steady-gain condition."""
+    world = replace(BASE, plan_end=2.0)  # a move of one normalised unit: 2 x 0.125 <= band 0.5
+    record = recommend(ledger, world)
+    _, artifact, split, calibration, _, settings = inputs(world)
+    snapshot = pipeline.evidence_snapshot(calibration, artifact, [1.0], [12.0], "simulation", settings, NOW,
+                                          split.live.t[-1])
+    result = SolveResult(record.problem.hash, True,
+                         tuple(candidate(p, record.problem.horizon, plan_end=2.0) for p in HONEST), {})
+    wide = {**artifact.steady_gain, "uncertainty": {**artifact.steady_gain["uncertainty"], "cov": [[[1.0]]],
+                                                    "std": [[1.0]]}}
+
+    def failing(steady_gain):
+        decision = decide(SPEC, 1, artifact, record.problem, result, snapshot, (1.0,), 4.0, "or-test", NOW,
+                          steady_gain=steady_gain)
+        return [c.name for c in decision.conditions if not c.holds]
+
+    assert "steady-gain uncertainty along the planned move" not in failing(None)
+    assert "steady-gain uncertainty along the planned move" in failing(wide)  # 2 x 1.0 > band 0.5

@@ -1,0 +1,157 @@
+"""Local refits for steady targets (model/local.py): the weighted regression, the local gain of a plant
+whose gain changes with the operating point, the choice identify records, and SETTLED_LOCAL scores."""
+
+import numpy as np
+import pytest
+from model_helpers import binding, run_series, split_of, unit_normalisation
+
+from optimizer_pipeline import uq
+from optimizer_pipeline.contracts import binding_from_dict
+from optimizer_pipeline.model import ArxModel, Orders, artifact_from_model, identify, stack_for
+from optimizer_pipeline.model.arx import disturbance_window, fit_disturbance, rollout_windows, window_rows
+from optimizer_pipeline.model.fit import RidgeProblem, Structure
+from optimizer_pipeline.model.local import LOCAL_BANDWIDTH, LocalFitter, OperatingPoint, steady_procedure, structure_of
+from optimizer_pipeline.model.statespace import disturbance_gain, settling_steps, steady_state
+
+POLE, INPUT = 0.8, 0.2  # y[t] = 0.8 y[t-1] + 0.2 f(u[t-1]): steady y = f(u)
+
+
+def curved(u: np.ndarray) -> np.ndarray:
+    """A static nonlinearity whose local gain f'(u) = 1 + u runs from -1 to 3 over [-2, 2]."""
+    return u + 0.5 * u ** 2
+
+
+def hammerstein_runs(seed: int, runs: int = 8, n: int = 400, noise: float = 0.0):
+    """Runs of y[t] = POLE y[t-1] + INPUT f(u[t-1]) (+ noise), u random steps in [-2, 2] held 30-60 rows."""
+    rng = np.random.default_rng(seed)
+    u = np.empty((runs, n, 1))
+    for r in range(runs):
+        row = 0
+        while row < n:
+            hold = int(rng.integers(30, 61))
+            u[r, row:row + hold, 0] = rng.uniform(-2.0, 2.0)
+            row += hold
+    y = np.zeros((runs, n, 1))
+    y[:, 0] = curved(u[:, 0])
+    for t in range(1, n):
+        y[:, t] = POLE * y[:, t - 1] + INPUT * curved(u[:, t - 1])
+    y += noise * rng.normal(size=y.shape)
+    return run_series("h", u, y, np.zeros((runs, n, 0)))
+
+
+def split_runs(spec, runs):
+    """Half the runs train, a quarter val, the rest test (no live run)."""
+    n_train = len(runs) // 2
+    n_val = (len(runs) - n_train) // 2
+    return split_of(spec, runs, n_train, n_val, len(runs) - n_train - n_val)
+
+
+def steady_binding(na=1, nb=1, delay=1):
+    doc = binding(n_mv=1, n_cv=1, na=na, nb=nb, delay=delay, horizon=10).to_dict()
+    doc["profile"] = {**doc["profile"], "template": "steady_response@1", "horizon": 1}
+    return binding_from_dict(doc)
+
+
+def test_the_weighted_regression_is_least_squares_with_the_rows_weighted():
+    runs = hammerstein_runs(1, runs=3, n=120, noise=0.05)
+    spec = steady_binding()
+    split = split_runs(spec, runs)
+    train = stack_for(identify(split, spec, 1), split.train)
+    problem = RidgeProblem(train, 1, 1)
+    weights = np.random.default_rng(0).uniform(0.1, 2.0, problem.n_rows)
+    model = problem.weighted(weights).fit(Orders(1, 1, 1), 0.0)
+    rows = problem.rows  # independent: lstsq of sqrt(w) [y[t-1], u[t-1], 1] against sqrt(w) y[t]
+    phi = np.column_stack([train.y[rows - 1, 0], train.u[rows - 1, 0], np.ones(rows.size)])
+    root = np.sqrt(weights)
+    theta = np.linalg.lstsq(phi * root[:, None], train.y[rows, 0] * root, rcond=None)[0]
+    np.testing.assert_allclose([model.A[0, 0, 0], model.B[0, 0, 0], model.c[0]], theta, rtol=1e-7, atol=1e-9)
+    # all-ones weights are the plain regression
+    plain, ones = problem.fit(Orders(1, 1, 1), 1e-3), problem.weighted(np.ones(problem.n_rows)).fit(Orders(1, 1, 1), 1e-3)
+    for name in ("A", "B", "c"):
+        np.testing.assert_allclose(getattr(ones, name), getattr(plain, name), rtol=1e-12)
+
+
+def test_the_local_model_has_the_plants_local_gain_where_the_global_fit_has_the_average():
+    """Noise-free Hammerstein data: the global fit's steady gain is the average slope of f over the
+    data (~1), the refit around u = 1 the slope there (f'(1) = 2), in engineering units."""
+    spec = steady_binding()
+    split = split_runs(spec, hammerstein_runs(2))
+    artifact = identify(split, spec, 1)
+    train = stack_for(artifact, split.train)
+    (u_mean,), (u_std,) = artifact.normalisation.of(spec.mv_tags)
+    (y_mean,), (y_std,) = artifact.normalisation.of(spec.cv_tags)
+
+    def gain(model: ArxModel) -> float:
+        return float(steady_state(model.realise())[0][0, 0] * y_std / u_std)
+
+    point = OperatingPoint(np.array([(1.0 - u_mean) / u_std]), np.array([(curved(1.0) - y_mean) / y_std]))
+    fitter = LocalFitter.for_artifact(artifact, train)
+    local = gain(fitter.model_at(point))
+    overall = float(steady_state(artifact.state_space)[0][0, 0] * y_std / u_std)
+    assert abs(overall - 1.0) < 0.3  # the average slope of 1 + u over u in [-2, 2]
+    assert abs(local - 2.0) < 0.6 * abs(overall - 2.0), (local, overall)  # the kernel's width still averages
+    # the kernel: a row's weight falls with its previous MVs' / CVs' distance from the point
+    w = fitter.weights(point)
+    rows = fitter.problem.rows
+    z = ((train.u[rows - 1, 0] - point.u[0]) ** 2 + (train.y[rows - 1, 0] - point.y[0]) ** 2)
+    np.testing.assert_allclose(w, np.exp(-0.5 * z / LOCAL_BANDWIDTH ** 2))
+    assert 10 < fitter.effective_rows(point) < 0.9 * rows.size
+
+
+def test_identify_keeps_the_local_procedure_where_it_settles_closer_and_only_for_steady_targets():
+    split = split_runs(steady_binding(), hammerstein_runs(3, noise=0.01))
+    artifact = identify(split, steady_binding(), 1)
+    choice = artifact.selection["steady_model"]
+    assert steady_procedure(artifact) == choice["procedure"] == "local"
+    assert choice["settled_nrmse"]["local"] < 0.85 * choice["settled_nrmse"]["global"]
+    move_plan = binding(n_mv=1, n_cv=1, na=1, nb=1, delay=1)
+    plain = identify(split_runs(move_plan, hammerstein_runs(3, noise=0.01)), move_plan, 1)
+    assert "steady_model" not in plain.selection and steady_procedure(plain) == "global"
+
+
+def test_settled_local_scores_refit_each_block_at_its_own_operating_point():
+    spec = steady_binding()
+    split = split_runs(spec, hammerstein_runs(4, noise=0.01))
+    artifact = identify(split, spec, 1)
+    h = settling_steps(artifact.state_space)
+    local = uq.block_scores(artifact, split.val, h, uq.SETTLED_LOCAL, split.train)
+    plain = uq.block_scores(artifact, split.val, h, uq.SETTLED_RESIDUAL)
+    assert local.score == uq.SETTLED_LOCAL and local.scores.shape == plain.scores.shape and local.scores.size > 5
+    np.testing.assert_array_equal(local.starts, plain.starts)  # the same blocks
+    assert np.median(local.scores) < 0.85 * np.median(plain.scores)
+    # one block by hand: the centre, the weighted fit (lstsq), then the product's rollout and held disturbance
+    stacked, train = stack_for(artifact, split.val), stack_for(artifact, split.train)
+    orders, ss = Orders(1, 1, 1), artifact.state_space
+    window = disturbance_window(ss, artifact.horizon)
+    rows, _ = window_rows(stacked, orders.first_state_row + window, h, h)
+    k = rows[:1]
+    predicted, measured = rollout_windows(ss, stacked, orders, k, h)
+    global_end = predicted[0, -1] + fit_disturbance(ss, stacked, orders, k, window)[0] @ disturbance_gain(ss, h).T
+    cu, cy = (stacked.u[k[0]] + stacked.u[k[0] + h - 1]) / 2, (stacked.y[k[0]] + global_end) / 2
+    target_rows, _ = window_rows(train, 1, 0, 1)
+    z = (train.u[target_rows - 1] - cu) ** 2 + (train.y[target_rows - 1] - cy) ** 2
+    root = np.sqrt(np.exp(-0.5 * z[:, 0] / LOCAL_BANDWIDTH ** 2))
+    phi = np.column_stack([train.y[target_rows - 1, 0], train.u[target_rows - 1, 0], np.ones(target_rows.size)])
+    ridge = artifact.selection["final"]["ridge"]
+    gram = (phi * root[:, None] ** 2).T @ phi / root.dot(root) + np.diag([ridge, ridge, 0.0])
+    a, b, c = np.linalg.solve(gram, (phi * root[:, None] ** 2).T @ train.y[target_rows, 0] / root.dot(root))
+    by_hand = ArxModel(Orders(1, 1, 1), np.array([[[a]]]), np.array([[[b]]]), np.zeros((1, 1, 0)), np.array([c]))
+    mine = by_hand.realise()
+    end = rollout_windows(mine, stacked, orders, k, h)[0][0, -1]
+    end = end + fit_disturbance(mine, stacked, orders, k, window)[0] @ disturbance_gain(mine, h).T
+    assert local.scores[0, 0] == pytest.approx(abs(measured[0, -1, 0] - end[0]), rel=1e-6, abs=1e-9)
+
+
+def test_settled_local_scores_need_the_train_runs():
+    spec = steady_binding()
+    split = split_runs(spec, hammerstein_runs(5, runs=6, n=200))
+    artifact = identify(split, spec, 1)
+    with pytest.raises(uq.UQInputError, match="train runs"):
+        uq.block_scores(artifact, split.val, 20, uq.SETTLED_LOCAL)
+
+
+def test_a_structure_without_a_record_is_refitted_with_its_orders():
+    spec = steady_binding(na=2, nb=2, delay=1)
+    model = ArxModel(Orders(2, 2, 1), np.zeros((2, 1, 1)), np.zeros((2, 1, 1)), np.zeros((2, 1, 0)), np.zeros(1))
+    structure, ridge = structure_of(artifact_from_model(model, spec, 1, unit_normalisation(spec)))
+    assert (structure, ridge) == (Structure.common(Orders(2, 2, 1), 1, 1), 0.0)
