@@ -120,15 +120,16 @@ def conditions(artifact: ModelArtifact, evidence: EvidenceSnapshot, candidate: S
 
 
 def gain_conditions(artifact: ModelArtifact, problem: ProblemIR, evidence: EvidenceSnapshot,
-                    candidate: SolveCandidate | None, steady_gain: Mapping[str, Any]) -> list[Condition]:
+                    candidate: SolveCandidate | None, steady_gain: Mapping[str, Any] | None = None) -> list[Condition]:
     """The planned move against the steady-gain uncertainty: per CV, GAIN_SIGMAS standard errors of
     the gain along the move from the current MVs to the plan's last MVs, sqrt(du' cov_i du), must fit
     inside the band (qhat_i), or the settled value may be off by more than the evidence says. No
-    condition without a candidate or without evidence (no band to compare with; that fails anyway)."""
+    condition without a candidate or without evidence (no band to compare with; that fails anyway).
+    steady_gain: the gain record of the model the plan was solved with, when not the artifact's."""
     if candidate is None or not evidence.has_evidence:
         return []
     name, limit = "steady-gain uncertainty along the planned move", f"<= band ({GAIN_SIGMAS:g} standard errors)"
-    uncertainty = steady_gain.get("uncertainty")
+    uncertainty = (artifact.steady_gain if steady_gain is None else steady_gain).get("uncertainty")
     if not uncertainty:
         return [Condition(name, "unknown", limit, False,
                           "steady-gain uncertainty unknown (the model records none: fewer than 2 train runs)")]
@@ -203,8 +204,7 @@ def decide(binding: BindingSpec, binding_revision: int, artifact: ModelArtifact,
     artifact's own (a local refit, model/local.py)."""
     candidate = choose_candidate(result) if result.ok else None
     checked = (conditions(artifact, evidence, candidate, max_input_distance, now)
-               + gain_conditions(artifact, problem, evidence, candidate,
-                                 artifact.steady_gain if steady_gain is None else steady_gain)
+               + gain_conditions(artifact, problem, evidence, candidate, steady_gain)
                + improvement_conditions(binding, result, candidate, band_engineering, max_band_fraction,
                                         np.asarray(problem.y_mean) + np.asarray(problem.y_std) * problem.y_target)
                + list(extra_conditions))
