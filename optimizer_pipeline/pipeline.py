@@ -27,6 +27,7 @@ from optimizer_pipeline.contracts import (
     ModelArtifact,
     ProblemIR,
     Recommendation,
+    RunSeries,
     Scores,
     SolveCandidate,
     SolveResult,
@@ -39,7 +40,7 @@ from optimizer_pipeline.deployment import WORKER_ENV
 from optimizer_pipeline.ledger import Ledger, LedgerError, new_id
 from optimizer_pipeline.model import current_state, identify
 from optimizer_pipeline.model.artifact import local_artifact
-from optimizer_pipeline.model.local import LOCAL, OperatingPoint, steady_procedure
+from optimizer_pipeline.model.local import LOCAL, SETTLE_FACTOR, OperatingPoint, steady_procedure
 from optimizer_pipeline.model.statespace import MAX_SETTLING_STEPS, settling_steps
 from optimizer_pipeline.problem import needs_steady_layer
 from optimizer_pipeline.recommend import Decision, EvidenceSnapshot, decide, max_live_age_s
@@ -136,7 +137,8 @@ def block_rule(binding: BindingSpec, artifact: ModelArtifact) -> tuple[int, str]
 
 def score_blocks(binding: BindingSpec, artifact: ModelArtifact, split: HistorySplit) -> Scores:
     h, score = block_rule(binding, artifact)
-    return Scores(*(uq.block_scores(artifact, runs, h, score, split.train) for runs in (split.val, split.test)))
+    train = train_runs(artifact, split) if score == uq.SETTLED_LOCAL else ()
+    return Scores(*(uq.block_scores(artifact, runs, h, score, train) for runs in (split.val, split.test)))
 
 
 def score_and_store(ledger: Ledger, binding: BindingSpec, artifact: ModelArtifact, split: HistorySplit) -> Scores:
@@ -250,16 +252,31 @@ def _planned_end(result: SolveResult) -> tuple[np.ndarray, np.ndarray] | None:
 
 def _local_model(binding: BindingSpec, artifact: ModelArtifact, split: HistorySplit,
                  end: tuple[np.ndarray, np.ndarray]) -> tuple[ModelArtifact, dict]:
-    """The artifact refitted midway between the live state and the first solve's target (model/local.py),
-    and what the run records of it."""
+    """The artifact refitted midway between the live state and the first solve's target (model/local.py)
+    on the artifact's own train runs, or the artifact itself when the refit is refused (as the
+    evidence's blocks fall back); and what the run records of it."""
     live = split.live
     u_mean, u_std = artifact.normalisation.of(artifact.mv_tags)
     y_mean, y_std = artifact.normalisation.of(artifact.cv_tags)
     point = OperatingPoint.of_move((live.u[-1] - u_mean) / u_std, (live.y[-1] - y_mean) / y_std,
                                    (end[0] - u_mean) / u_std, (end[1] - y_mean) / y_std)
-    local, effective_rows = local_artifact(artifact, binding, split.train, point)
-    return local, {"procedure": LOCAL, "operating_point": point.to_json_dict(),
-                   "effective_rows": round(effective_rows, 1), "first_target": end[0].tolist()}
+    local, record = local_artifact(artifact, binding, train_runs(artifact, split), point,
+                                   SETTLE_FACTOR * block_rule(binding, artifact)[0])
+    return (artifact if local is None else local), {**record, "first_target": end[0].tolist(),
+                                                    "first_settled": end[1].tolist()}
+
+
+def train_runs(artifact: ModelArtifact, split: HistorySplit) -> tuple[RunSeries, ...]:
+    """The runs the artifact was identified on, from a later split of the same history (a run that
+    has ended never changes; the split of the runs may, when a new run arrives). MissingInputError
+    when one is gone (the binding's history was replaced): identify again."""
+    wanted = tuple(artifact.splits.get("train", ()))
+    runs = {run.run_id: run for run in (*split.train, *split.val, *split.test)}
+    missing = [run_id for run_id in wanted if run_id not in runs]
+    if missing:
+        raise MissingInputError(f"binding {artifact.binding_id}: the model's train run(s) {', '.join(missing)} are "
+                                f"not in the history; materialize model_artifact (job refresh) again")
+    return tuple(runs[run_id] for run_id in wanted)
 
 
 @dataclass(frozen=True)
@@ -334,7 +351,8 @@ def solve_and_decide(binding: BindingSpec, stored: StoredBinding, artifact: Mode
         end = _planned_end(result)
         if end is not None:  # the target again, with the model refitted midway to the first one (model/local.py)
             decided_with, local = _local_model(binding, artifact, split, end)
-            problem, result = compile_and_solve(decided_with, *current_state(decided_with, live, artifact))
+            if decided_with is not artifact:  # else the refit was refused: the first solve stands
+                problem, result = compile_and_solve(decided_with, *current_state(decided_with, live, artifact))
     snapshot = evidence_snapshot(calibration, artifact, live.u[-1], live.y[-1], source, settings, now, float(live.t[-1]))
     consistency = [
         Condition("model from the binding's revision", f"r{artifact.binding_revision}", f"r{stored.revision}",

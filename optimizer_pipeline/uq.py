@@ -28,9 +28,8 @@ from optimizer_pipeline.contracts import (
     parse_iso_utc,
 )
 from optimizer_pipeline.model.artifact import stack_for
-from optimizer_pipeline.model.arx import (Orders, Stacked, disturbance_window, fit_disturbance, rollout_windows,
-                                         window_rows)
-from optimizer_pipeline.model.local import LocalFitter, settled_local
+from optimizer_pipeline.model.arx import Orders, disturbance_window, fit_disturbance, rollout_windows, window_rows
+from optimizer_pipeline.model.local import LocalFitter, settled_ends
 from optimizer_pipeline.model.statespace import disturbance_gain
 from optimizer_pipeline.validation import (
     AT_LEAST_ONE,
@@ -80,11 +79,14 @@ SCORE_RULES = {
                       "max(P, 2 x the settling horizon) (model.arx.fit_disturbance: the disturbance a steady "
                       "target is predicted with)",
     SETTLED_LOCAL: "as settled_residual, but each block predicted by the model refitted around the block's "
-                   "operating point (model.local: the artifact's structure and ridge, train rows weighted by a "
-                   "Gaussian kernel of width 1 train std over the MVs and CVs of the row before them, centred "
-                   "midway between the block's MVs and measured CVs at its start and its last MVs and the "
-                   "global model's settled prediction), its held disturbance fitted by that model over the "
-                   "same W rows: the procedure a steady target of such an artifact is solved with",
+                   "operating point (model.local: the artifact's structure and ridge on its train runs, train "
+                   "rows weighted by a Gaussian kernel of width 1 train std over the MVs and CVs (not the DVs) "
+                   "of the row before them, the nearest weighing 1, centred midway between the block's MVs and "
+                   "measured CVs at its start and its last MVs and the identified model's settled "
+                   "prediction), its held disturbance fitted by that model over the same W rows; a refit with "
+                   "fewer than 10 effective rows per parameter, unstable or not settling within h is refused "
+                   "and the block predicted by the identified model: the procedure a steady target of such "
+                   "an artifact is solved with",
 }
 
 
@@ -134,11 +136,14 @@ def block_scores(artifact: ModelArtifact, runs: Sequence[RunSeries], h: int | No
     if rows.size:
         predicted, measured = rollout_windows(ss, stacked, orders, rows, h)
         with np.errstate(invalid="ignore", over="ignore"):
-            if settled:
+            if score == SETTLED_LOCAL:
+                if not train:
+                    raise UQInputError(f"block scores: {SETTLED_LOCAL} refits on the train runs, and none were given")
+                fitter = LocalFitter.for_artifact(artifact, stack_for(artifact, train))
+                scores = np.abs(measured[:, -1] - settled_ends(fitter, ss, stacked, orders, rows, h, window)[1])
+            elif settled:
                 # the disturbance `current_state` would hold at row k: fitted over the W rows before it
                 end = predicted[:, -1] + fit_disturbance(ss, stacked, orders, rows, window) @ disturbance_gain(ss, h).T
-                if score == SETTLED_LOCAL:
-                    end = _settled_local_ends(artifact, stacked, orders, rows, h, window, end, train)
                 scores = np.abs(measured[:, -1] - end)
             else:
                 residual = np.subtract(measured, predicted, out=predicted)  # in place: ~1e6 samples are timed
@@ -149,19 +154,6 @@ def block_scores(artifact: ModelArtifact, runs: Sequence[RunSeries], h: int | No
     return BlockScores(cv_tags=tuple(artifact.cv_tags), h=h, run_ids=run_ids,
                        starts=rows - stacked.offsets[which], scores=scores,
                        n_unique_steps=int(rows.size * h), n_runs=int(np.unique(which).size), score=score)
-
-
-def _settled_local_ends(artifact: ModelArtifact, stacked: Stacked, orders: Orders, rows: np.ndarray, h: int,
-                        window: int, global_end: np.ndarray, train: Sequence[RunSeries]) -> np.ndarray:
-    """SETTLED_LOCAL's prediction of each block's last row: the local model at the block's operating
-    point (model.local.settled_local) with its own held disturbance over the same W rows."""
-    if not train:
-        raise UQInputError(f"block scores: {SETTLED_LOCAL} refits on the train runs, and none were given")
-    fitter = LocalFitter.for_artifact(artifact, stack_for(artifact, train))
-    models, ends = settled_local(fitter, stacked, orders, rows, h, global_end)
-    for i, (local, k) in enumerate(zip(models, rows)):
-        ends[i] += fit_disturbance(local, stacked, orders, np.array([k]), window)[0] @ disturbance_gain(local, h).T
-    return ends
 
 
 # --------------------------------------------------------------------------- evidence

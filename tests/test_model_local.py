@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from model_helpers import binding, run_series, split_of, unit_normalisation
 
-from optimizer_pipeline import uq
+from optimizer_pipeline import pipeline, uq
 from optimizer_pipeline.contracts import binding_from_dict
 from optimizer_pipeline.model import ArxModel, Orders, artifact_from_model, identify, stack_for
 from optimizer_pipeline.model.arx import disturbance_window, fit_disturbance, rollout_windows, window_rows
@@ -86,16 +86,33 @@ def test_the_local_model_has_the_plants_local_gain_where_the_global_fit_has_the_
 
     point = OperatingPoint(np.array([(1.0 - u_mean) / u_std]), np.array([(curved(1.0) - y_mean) / y_std]))
     fitter = LocalFitter.for_artifact(artifact, train)
-    local = gain(fitter.model_at(point))
+    fit, refused = fitter.refit(point, 1000)
+    local = gain(fit.model)
     overall = float(steady_state(artifact.state_space)[0][0, 0] * y_std / u_std)
-    assert abs(overall - 1.0) < 0.3  # the average slope of 1 + u over u in [-2, 2]
+    assert refused == "" and abs(overall - 1.0) < 0.3  # the average slope of 1 + u over u in [-2, 2]
     assert abs(local - 2.0) < 0.6 * abs(overall - 2.0), (local, overall)  # the kernel's width still averages
-    # the kernel: a row's weight falls with its previous MVs' / CVs' distance from the point
+    # the kernel: a row's weight falls with its previous MVs' / CVs' distance from the point, the nearest 1
     w = fitter.weights(point)
     rows = fitter.problem.rows
     z = ((train.u[rows - 1, 0] - point.u[0]) ** 2 + (train.y[rows - 1, 0] - point.y[0]) ** 2)
-    np.testing.assert_allclose(w, np.exp(-0.5 * z / LOCAL_BANDWIDTH ** 2))
-    assert 10 < fitter.effective_rows(point) < 0.9 * rows.size
+    np.testing.assert_allclose(w, np.exp(-0.5 * (z - z.min()) / LOCAL_BANDWIDTH ** 2))
+    assert fit.effective_rows == pytest.approx(w.sum() ** 2 / np.sum(w ** 2)) and 10 < fit.effective_rows < rows.size
+
+
+def test_a_refit_far_from_the_data_or_too_slow_is_refused():
+    """Far from every train row the kernel leaves a handful of effective rows: refused, whatever the
+    weights' scale; a refit that cannot settle within the steps the evidence scores: refused."""
+    spec = steady_binding()
+    split = split_runs(spec, hammerstein_runs(2))
+    artifact = identify(split, spec, 1)
+    fitter = LocalFitter.for_artifact(artifact, stack_for(artifact, split.train))
+    far = OperatingPoint(np.array([8.0]), np.array([-8.0]))  # 8 train std out on both axes
+    fit, refused = fitter.refit(far, 1000)
+    assert fit is None and "effective train rows near the operating point, fewer than 30" in refused  # 10 x 3
+    near = OperatingPoint(np.array([0.0]), np.array([0.0]))
+    assert fitter.refit(near, 1000)[0] is not None
+    fit, refused = fitter.refit(near, 2)  # the pole 0.8 needs ~14 steps to come within 5 %
+    assert fit is None and refused.startswith("the refit does not settle within 2 steps")
 
 
 def test_identify_keeps_the_local_procedure_where_it_settles_closer_and_only_for_steady_targets():
@@ -104,6 +121,7 @@ def test_identify_keeps_the_local_procedure_where_it_settles_closer_and_only_for
     choice = artifact.selection["steady_model"]
     assert steady_procedure(artifact) == choice["procedure"] == "local"
     assert choice["settled_nrmse"]["local"] < 0.85 * choice["settled_nrmse"]["global"]
+    assert choice["windows"] > 10 and choice["refits"] == choice["windows"]
     move_plan = binding(n_mv=1, n_cv=1, na=1, nb=1, delay=1)
     plain = identify(split_runs(move_plan, hammerstein_runs(3, noise=0.01)), move_plan, 1)
     assert "steady_model" not in plain.selection and steady_procedure(plain) == "global"
@@ -155,3 +173,17 @@ def test_a_structure_without_a_record_is_refitted_with_its_orders():
     model = ArxModel(Orders(2, 2, 1), np.zeros((2, 1, 1)), np.zeros((2, 1, 1)), np.zeros((2, 1, 0)), np.zeros(1))
     structure, ridge = structure_of(artifact_from_model(model, spec, 1, unit_normalisation(spec)))
     assert (structure, ridge) == (Structure.common(Orders(2, 2, 1), 1, 1), 0.0)
+
+
+def test_a_later_split_refits_on_the_artifacts_own_train_runs():
+    """A solve re-reads the history, whose runs a new run can assign anew: the refit (and its evidence)
+    still trains on the runs the artifact was identified on, never on a run its evidence held out."""
+    spec = steady_binding()
+    runs = hammerstein_runs(6, runs=8)
+    artifact = identify(split_runs(spec, runs), spec, 1)
+    later = split_of(spec, runs[::-1], 4, 2, 2)  # the same runs, the val / test ones now in train
+    assert {r.run_id for r in later.train} != set(artifact.splits["train"])
+    assert [r.run_id for r in pipeline.train_runs(artifact, later)] == list(artifact.splits["train"])
+    gone = split_of(spec, runs[1:], 3, 2, 2)
+    with pytest.raises(pipeline.MissingInputError, match=r"the model's train run\(s\) h0 are not in the history"):
+        pipeline.train_runs(artifact, gone)

@@ -8,8 +8,12 @@ import pytest
 from dagster import AssetKey, AssetRecordsFilter, instance_for_test
 
 from optimizer_pipeline import pipeline
-from optimizer_pipeline.contracts import Template
+from optimizer_pipeline.contracts import Template, utc_now
+from optimizer_pipeline.model.artifact import local_artifact
+from optimizer_pipeline.model.local import OperatingPoint
 from optimizer_pipeline.plants import demo_plants
+from optimizer_pipeline.settings import Settings
+from optimizer_pipeline.solver.solve import SolverCache, solve_problem
 
 from pipeline_fixtures import SEED, DemoHome, seed_home
 
@@ -160,9 +164,28 @@ def test_the_blend_target_is_solved_with_the_model_refitted_midway_and_reaches_t
     u_mean, u_std = artifact.normalisation.of(spec.mv_tags)
     first = (np.asarray(recorded["first_target"]) - u_mean) / u_std
     assert np.allclose(recorded["operating_point"]["u"], ((live.u - u_mean) / u_std + first) / 2)
-    assert recorded["effective_rows"] > 50
+    y_mean, y_std = artifact.normalisation.of(spec.cv_tags)
+    split = pipeline.load_split(demo.ledger, demo.ledger.get_binding("blend-1"))
+    settled_first = (np.asarray(recorded["first_settled"]) - y_mean) / y_std  # the first target's CVs
+    assert np.allclose(recorded["operating_point"]["y"], ((split.live.y[-1] - y_mean) / y_std + settled_first) / 2)
+    assert recorded["effective_rows"] > 50 and recorded["procedure"] == "local"
     assert run.problem["model_artifact_hash"] == artifact.artifact_hash == doc["model_artifact_hash"]
-    assert not np.allclose(run.problem["model"]["B"], artifact.state_space.B)  # solved with the refit
+    # the problem holds the refit at the recorded point, on the artifact's own train runs
+    point = OperatingPoint(np.asarray(recorded["operating_point"]["u"]), np.asarray(recorded["operating_point"]["y"]))
+    refit, _ = local_artifact(artifact, spec, pipeline.train_runs(artifact, split), point, 10_000)
+    assert np.allclose(run.problem["model"]["B"], refit.state_space.B, rtol=1e-9, atol=1e-12)
+    assert not np.allclose(run.problem["model"]["B"], artifact.state_space.B)
+    # the same solve again in process: the same refit, and its steady-gain condition judged the refit's
+    # gain uncertainty, not the artifact's
+    stored, cache = demo.ledger.get_binding("blend-1"), SolverCache()
+    solved = pipeline.solve_and_decide(spec, stored, artifact, split, pipeline.load_calibration(demo.ledger, artifact),
+                                       lambda p: solve_problem(p, cache), Settings(), "simulation", utc_now())
+    assert solved.problem.to_dict()["model"] == run.problem["model"]
+    (gain_row,) = [c for c in solved.decision.conditions if c.name == "steady-gain uncertainty along the planned move"]
+    move = (np.asarray(doc["controls"][-1]) - u_mean) / u_std - (live.u - u_mean) / u_std
+    spread = 2 * np.sqrt(np.einsum("a,iab,b->i", move, np.asarray(refit.steady_gain["uncertainty"]["cov"]), move))
+    worst = int(np.argmax(spread / np.asarray(doc["evidence"]["uq"]["qhat"])))
+    assert gain_row.value.startswith(f"{spec.cv_tags[worst]}: {spread[worst] * y_std[worst]:.4g} against band")
     target = np.array([c.target for c in spec.cvs])
     scale = np.array([c.hi - c.lo for c in spec.cvs])
     settled = plant.apply_plan(live, np.repeat(np.asarray(doc["controls"]), 6 * spec.model.horizon, axis=0))[-1]

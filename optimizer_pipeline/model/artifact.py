@@ -22,7 +22,7 @@ from optimizer_pipeline.contracts import (BindingSpec, ContractError, Gate, Hist
 from optimizer_pipeline.model.arx import (ArxModel, Orders, Stacked, nrmse, rollout_nrmse, rollout_windows, stack_runs,
                                           disturbance_window, state_and_bias, stride_for, window_rows)
 from optimizer_pipeline.model.fit import RidgeProblem, Structure, free_mask, refine_multistep
-from optimizer_pipeline.model.local import (GLOBAL, LOCAL, LocalFitter, OperatingPoint, settled_local,
+from optimizer_pipeline.model.local import (GLOBAL, LOCAL, LocalFitter, OperatingPoint, settled_ends,
                                            steady_model_record)
 from optimizer_pipeline.model.select import (FIR_NA, MAX_CHANNEL_DELAY, ORDER_STAGE_RIDGE, RIDGE_GRID,
                                              RIDGE_STAGE_ORDERS, SELECTION_WINDOWS, Selector, best, candidates,
@@ -132,24 +132,30 @@ def _settled_error(model: ArxModel, selector: Selector) -> float:
     return value if np.isfinite(value) else np.inf
 
 
-def _steady_model(model: ArxModel, structure: Structure, ridge: float, train: Stacked,
-                  selector: Selector) -> Mapping[str, Any]:
-    """Which procedure predicts a steady target's settled values closer on held-out windows (the
-    selection data, at most LOCAL_WINDOWS windows of the model's settling horizon): the model as
-    identified, or refitted around each window's operating point (model/local.py)."""
+def _steady_model(model: ArxModel, structure: Structure, ridge: float, train: Stacked, selector: Selector,
+                  held_out: bool) -> Mapping[str, Any]:
+    """Which model predicts a steady target's settled values closer on the held-out windows (at most
+    LOCAL_WINDOWS windows of the model's settling horizon, open-loop from the measured state, no
+    disturbance held: what the refit changes is the model's own prediction): the model as identified,
+    or refitted around each window's operating point (model/local.py). Without held-out runs the
+    identified model is kept (the refit has seen train)."""
+    if not held_out:
+        return steady_model_record(GLOBAL, note="no val run to compare on")
     ss = model.realise()
     h = settling_steps(ss)
-    rows = None if h is None else window_rows(selector.data, selector.first_row, h,
-                                              stride_for(selector.data, selector.first_row, h, LOCAL_WINDOWS))[0]
+    first = model.orders.first_state_row
+    rows = None if h is None else window_rows(selector.data, first, h,
+                                              stride_for(selector.data, first, h, LOCAL_WINDOWS))[0]
     if rows is None or rows.size == 0:
-        return steady_model_record(GLOBAL, np.inf, np.inf)
+        return steady_model_record(GLOBAL, note="no held-out window of the settling horizon")
+    global_end, local_end, used = settled_ends(LocalFitter(structure, ridge, train), ss, selector.data, model.orders,
+                                               rows, h, None)
+    measured = selector.data.y[rows + h]
     with np.errstate(over="ignore", invalid="ignore"):
-        predicted, measured = rollout_windows(ss, selector.data, model.orders, rows, h)
-        _, local_end = settled_local(LocalFitter(structure, ridge, train), selector.data, model.orders, rows, h,
-                                     predicted[:, -1])
-        errors = [float(np.mean(nrmse(end, measured[:, -1]))) for end in (predicted[:, -1], local_end)]
+        errors = [float(np.mean(nrmse(end, measured))) for end in (global_end, local_end)]
     global_error, local_error = (e if np.isfinite(e) else np.inf for e in errors)
-    return steady_model_record(LOCAL if local_error < global_error else GLOBAL, global_error, local_error)
+    return steady_model_record(LOCAL if local_error < global_error else GLOBAL, global_error, local_error,
+                               windows=rows.size, refits=int(used.sum()))
 
 
 def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -> ModelArtifact:
@@ -214,7 +220,8 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
         refinement["kept"] = False
     model = final.model
     steady = binding.profile.template is Template.STEADY_RESPONSE
-    steady_model = _steady_model(model, final.structure, final.ridge, train, selector) if steady else None
+    steady_model = _steady_model(model, final.structure, final.ridge, train, selector,
+                                 selection_data == "val") if steady else None
     replicates = jackknife_models(problem, final.structure, final.ridge)
     gain = steady_gain_record(model, replicates)
     if gain["ill_conditioned"]:
@@ -274,19 +281,22 @@ def artifact_from_model(model: ArxModel, binding: BindingSpec, binding_revision:
         step_response=None if step_response is None else dict(step_response))
 
 
-def local_artifact(artifact: ModelArtifact, binding: BindingSpec, train: Sequence[RunSeries],
-                   point: OperatingPoint) -> tuple[ModelArtifact, float]:
-    """The artifact refitted around `point` (model/local.py) as an artifact of its own, with the
-    jackknife gain uncertainty of the weighted fit, the same gates, normalisation and selection record;
-    and the fit's effective number of rows."""
+def local_artifact(artifact: ModelArtifact, binding: BindingSpec, train: Sequence[RunSeries], point: OperatingPoint,
+                   settle_within: int) -> tuple[ModelArtifact | None, dict[str, Any]]:
+    """The artifact refitted around `point` on its `train` runs (model/local.py) as an artifact of its
+    own, with the jackknife gain uncertainty of the weighted fit and the same gates, normalisation and
+    selection record; None when the refit is refused (`LocalFitter.refit`). Also what a run records of it."""
     fitter = LocalFitter.for_artifact(artifact, stack_for(artifact, train))
-    problem = fitter.problem_at(point)
-    model = problem.fit(fitter.structure, fitter.ridge)
-    gain = steady_gain_record(model, jackknife_models(problem, fitter.structure, fitter.ridge))
-    local = artifact_from_model(model, binding, artifact.binding_revision, artifact.normalisation, gates=artifact.gates,
-                                splits=artifact.splits, training_data_hash=artifact.training_data_hash,
-                                selection=artifact.selection, steady_gain=gain)
-    return local, fitter.effective_rows(point)
+    fit, refused = fitter.refit(point, settle_within)
+    if fit is None:
+        return None, {"procedure": GLOBAL, "refused": refused, "operating_point": point.to_json_dict()}
+    gain = steady_gain_record(fit.model, jackknife_models(fit.problem, fitter.structure, fitter.ridge))
+    local = artifact_from_model(fit.model, binding, artifact.binding_revision, artifact.normalisation,
+                                gates=artifact.gates, splits=artifact.splits,
+                                training_data_hash=artifact.training_data_hash, selection=artifact.selection,
+                                steady_gain=gain)
+    return local, {"procedure": LOCAL, "operating_point": point.to_json_dict(),
+                   "effective_rows": round(fit.effective_rows, 1)}
 
 
 def arx_of(artifact: ModelArtifact) -> ArxModel:

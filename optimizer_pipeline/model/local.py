@@ -8,15 +8,19 @@ and the secant from the live point to the answer, which no better global fit can
 so the steady solve refits the model there (pipeline.solve_and_decide):
 
 * the operating point of a move is the midpoint of its start (the MVs held there, the CVs measured
-  there) and its predicted end (the MVs it holds, the CVs the global model predicts they settle to);
-* the local model is the artifact's structure and ridge refitted by least squares with every train
-  target row weighted by a Gaussian kernel of the distance between the MVs / CVs of the row before it
-  and that point, in normalised units (train standard deviations), width LOCAL_BANDWIDTH;
-* identification keeps the local procedure for a steady target only when it predicts the settled
-  values of held-out data closer than the global model (model/artifact.py, `selection.steady_model`),
-  and its evidence scores the same procedure on every val / test block (uq.SETTLED_LOCAL): each block
-  predicted by the model refitted at its own operating point, so the band covers what the
-  recommendation does.
+  there) and its predicted end (the MVs it holds, the CVs the identified model predicts they settle to);
+* the local model is the artifact's structure and ridge refitted on the artifact's train runs by
+  least squares with every target row weighted by a Gaussian kernel of the distance between the MVs /
+  CVs of the row before it and that point, in train standard deviations, width LOCAL_BANDWIDTH (the
+  nearest row weighs 1);
+* a refit is refused — the identified model predicts instead — when the kernel leaves fewer than
+  MIN_ROWS_PER_PARAMETER effective rows per parameter (a point far from the data), or when it is
+  unstable or does not settle within SETTLE_FACTOR settling horizons of the identified model;
+* identification keeps the local procedure for a steady target only when, on held-out windows, it
+  predicts settled values closer than the identified model (model/artifact.py,
+  `selection.steady_model`; the models' own open-loop prediction, no disturbance held), and its
+  evidence scores the same procedure on every val / test block, each held disturbance included
+  (uq.SETTLED_LOCAL), so the band covers what the recommendation does.
 """
 
 from dataclasses import dataclass
@@ -25,10 +29,15 @@ from typing import Any, Mapping
 import numpy as np
 
 from optimizer_pipeline.contracts import ModelArtifact, StateSpace
-from optimizer_pipeline.model.arx import ArxModel, Orders, Stacked, rollout_windows
+from optimizer_pipeline.model.arx import ArxModel, Orders, Stacked, fit_disturbance, rollout_windows, spectral_radius
 from optimizer_pipeline.model.fit import RidgeProblem, Structure
+from optimizer_pipeline.model.statespace import disturbance_gain, settling_steps
 
 LOCAL_BANDWIDTH = 1.0  # kernel width in train standard deviations, over the MVs and CVs together
+MIN_ROWS_PER_PARAMETER = 10  # a refit needs this effective sample per parameter, as gate G4 asks of the model
+# a refit must settle within this many of the identified model's settling horizons h: the evidence
+# scores the h-step prediction, which says little of the settled value of a much slower model
+SETTLE_FACTOR = 2
 LOCAL = "local"
 GLOBAL = "global"
 
@@ -69,6 +78,15 @@ def steady_procedure(artifact: ModelArtifact) -> str:
     return ((artifact.selection or {}).get("steady_model") or {}).get("procedure", GLOBAL)
 
 
+@dataclass(frozen=True, eq=False)
+class LocalFit:
+    """A refit: the model, its weighted regression (for the jackknife) and the effective rows."""
+
+    model: ArxModel
+    problem: RidgeProblem
+    effective_rows: float
+
+
 class LocalFitter:
     """The train regression of one structure, refitted around operating points (module docstring)."""
 
@@ -77,50 +95,76 @@ class LocalFitter:
         self.problem = RidgeProblem(train, structure.na, structure.orders.max_lag)
         before = self.problem.rows - 1  # the row before each target row: same run (rows start after the lags)
         self._u, self._y = train.u[before], train.y[before]
+        self.min_rows = MIN_ROWS_PER_PARAMETER * structure.n_params() / len(structure.delays)
 
     @staticmethod
     def for_artifact(artifact: ModelArtifact, train: Stacked) -> "LocalFitter":
         return LocalFitter(*structure_of(artifact), train)
 
     def weights(self, point: OperatingPoint) -> np.ndarray:
-        """Kernel weight of every target row of the regression (rows of `problem.rows`)."""
+        """Kernel weight of every target row of the regression (rows of `problem.rows`), scaled so the
+        nearest row weighs 1 (the fit's ridge then means the same wherever the point is)."""
         distance = np.sum((self._u - point.u) ** 2, axis=1) + np.sum((self._y - point.y) ** 2, axis=1)
-        return np.exp(-0.5 * distance / self.bandwidth ** 2)
+        return np.exp(-0.5 * (distance - (distance.min() if distance.size else 0.0)) / self.bandwidth ** 2)
 
-    def problem_at(self, point: OperatingPoint) -> RidgeProblem:
-        return self.problem.weighted(self.weights(point))
-
-    def model_at(self, point: OperatingPoint) -> ArxModel:
-        return self.problem_at(point).fit(self.structure, self.ridge)
-
-    def effective_rows(self, point: OperatingPoint) -> float:
-        """Kish's effective sample size of the weighted fit: (sum w)^2 / sum w^2."""
+    def refit(self, point: OperatingPoint, settle_within: int) -> tuple[LocalFit | None, str]:
+        """The refit at `point`, or None with the reason it is refused: an effective (Kish) sample under
+        MIN_ROWS_PER_PARAMETER rows per parameter of a CV equation (the point is too far from the
+        data), or a model that is unstable or does not settle within `settle_within` steps (the
+        settled evidence scores that many steps)."""
         w = self.weights(point)
-        return float(w.sum() ** 2 / max(float(np.sum(w ** 2)), 1e-300))
+        effective = float(w.sum() ** 2 / max(float(np.sum(w ** 2)), 1e-300)) if w.size else 0.0
+        if effective < self.min_rows:
+            return None, f"{effective:.0f} effective train rows near the operating point, fewer than {self.min_rows:.0f}"
+        problem = self.problem.weighted(w)
+        model = problem.fit(self.structure, self.ridge)
+        ss = model.realise()
+        with np.errstate(over="ignore", invalid="ignore"):
+            radius = spectral_radius(ss)
+            settling = settling_steps(ss, cap=settle_within) if radius < 1.0 else None
+        if settling is None:
+            return None, f"the refit does not settle within {settle_within} steps (spectral radius {radius:.4f})"
+        return LocalFit(model, problem, effective), ""
 
 
-def settled_local(fitter: LocalFitter, stacked: Stacked, orders: Orders, rows: np.ndarray, h: int,
-                  predicted_end: np.ndarray) -> tuple[list[StateSpace], np.ndarray]:
-    """Per window k of `rows`: the local model at the window's operating point (its first MVs and its
-    CVs at k, to the MVs of its last step and `predicted_end`, the global prediction there) and its
-    h-step open-loop prediction of y[k + h] (n, ny), from the same measured start state and inputs as
-    the global model's `rollout_windows`. The models are returned realised, for the held
-    disturbance of each window (uq)."""
-    models, ends = [], np.empty((rows.size, stacked.y.shape[1]))
-    for i, k in enumerate(rows):
-        point = OperatingPoint.of_move(stacked.u[k], stacked.y[k], stacked.u[k + h - 1], predicted_end[i])
-        local = fitter.model_at(point).realise()
-        models.append(local)
-        ends[i] = rollout_windows(local, stacked, orders, np.array([k]), h)[0][0, -1]
-    return models, ends
+def settled_ends(fitter: LocalFitter, ss: StateSpace, stacked: Stacked, orders: Orders, rows: np.ndarray, h: int,
+                 window: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per window k of `rows`: the h-step open-loop prediction of y[k + h] (n, ny) by the identified
+    model `ss` and by the local procedure, and whether the procedure used a refit (else the identified
+    model's end: the refit was refused, `LocalFitter.refit` with settle_within = SETTLE_FACTOR x h).
+    With `window`, each holds its own disturbance fitted over the `window` rows before k
+    (model.arx.fit_disturbance, as `current_state` holds it; k must have them); None: none held.
+    The refit's operating point: the window's first MVs and its CVs at k, to the MVs of its last step
+    and the identified model's end; the same definition as the live solve's (pipeline)."""
+    def held(model: StateSpace, at: np.ndarray) -> np.ndarray:
+        if window is None:
+            return np.zeros((at.size, stacked.y.shape[1]))
+        return fit_disturbance(model, stacked, orders, at, window) @ disturbance_gain(model, h).T
+
+    with np.errstate(over="ignore", invalid="ignore"):
+        global_end = rollout_windows(ss, stacked, orders, rows, h)[0][:, -1] + held(ss, rows)
+        local_end, used = global_end.copy(), np.zeros(rows.size, bool)
+        for i, k in enumerate(rows):
+            point = OperatingPoint.of_move(stacked.u[k], stacked.y[k], stacked.u[k + h - 1], global_end[i])
+            fit, _ = fitter.refit(point, SETTLE_FACTOR * h)
+            if fit is None:
+                continue
+            local, one = fit.model.realise(), np.array([k])
+            local_end[i] = rollout_windows(local, stacked, orders, one, h)[0][0, -1] + held(local, one)[0]
+            used[i] = True
+    return global_end, local_end, used
 
 
-def steady_model_record(procedure: str, global_error: float, local_error: float,
-                        bandwidth: float = LOCAL_BANDWIDTH) -> Mapping[str, Any]:
+def steady_model_record(procedure: str, global_error: float | None = None, local_error: float | None = None,
+                        windows: int = 0, refits: int = 0, note: str = "") -> Mapping[str, Any]:
     """What identification records of the choice (artifact.selection["steady_model"])."""
-    def finite(value: float) -> float | None:
-        return float(value) if np.isfinite(value) else None
+    def finite(value: float | None) -> float | None:
+        return float(value) if value is not None and np.isfinite(value) else None
 
-    return {"procedure": procedure, "bandwidth": bandwidth,
-            "rule": "the local procedure when its held-out settled NRMSE is below the global model's",
-            "settled_nrmse": {GLOBAL: finite(global_error), LOCAL: finite(local_error)}}
+    record = {"procedure": procedure, "bandwidth": LOCAL_BANDWIDTH,
+              "rule": "the local procedure when its settled NRMSE on the held-out windows (open-loop from the "
+                      "measured state, no disturbance held: the models' own prediction) is below the identified "
+                      "model's",
+              "settled_nrmse": {GLOBAL: finite(global_error), LOCAL: finite(local_error)},
+              "windows": int(windows), "refits": int(refits)}
+    return {**record, "note": note} if note else record
