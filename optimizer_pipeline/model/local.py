@@ -15,7 +15,8 @@ so the steady solve refits the model there (pipeline.solve_and_decide):
   nearest row weighs 1);
 * a refit is refused — the identified model predicts instead — when the kernel leaves fewer than
   MIN_ROWS_PER_PARAMETER effective rows per parameter (a point far from the data), or when it is
-  unstable or does not settle within SETTLE_FACTOR settling horizons of the identified model;
+  unstable or its slowest mode has not decayed to 5 % within SETTLE_FACTOR settling horizons of the
+  identified model;
 * identification keeps the local procedure for a steady target only when, on held-out windows, it
   predicts settled values closer than the identified model (model/artifact.py,
   `selection.steady_model`; the models' own open-loop prediction, no disturbance held), and its
@@ -31,7 +32,7 @@ import numpy as np
 from optimizer_pipeline.contracts import ModelArtifact, StateSpace
 from optimizer_pipeline.model.arx import ArxModel, Orders, Stacked, fit_disturbance, rollout_windows, spectral_radius
 from optimizer_pipeline.model.fit import RidgeProblem, Structure
-from optimizer_pipeline.model.statespace import disturbance_gain, settling_steps
+from optimizer_pipeline.model.statespace import SETTLE_FRACTION, disturbance_gain
 
 LOCAL_BANDWIDTH = 1.0  # kernel width in train standard deviations, over the MVs and CVs together
 MIN_ROWS_PER_PARAMETER = 10  # a refit needs this effective sample per parameter, as gate G4 asks of the model
@@ -110,20 +111,18 @@ class LocalFitter:
     def refit(self, point: OperatingPoint, settle_within: int) -> tuple[LocalFit | None, str]:
         """The refit at `point`, or None with the reason it is refused: an effective (Kish) sample under
         MIN_ROWS_PER_PARAMETER rows per parameter of a CV equation (the point is too far from the
-        data), or a model that is unstable or does not settle within `settle_within` steps (the
-        settled evidence scores that many steps)."""
+        data), or a model whose slowest mode (spectral radius) has not decayed to SETTLE_FRACTION within
+        `settle_within` steps (unstable included)."""
         w = self.weights(point)
         effective = float(w.sum() ** 2 / max(float(np.sum(w ** 2)), 1e-300)) if w.size else 0.0
         if effective < self.min_rows:
             return None, f"{effective:.0f} effective train rows near the operating point, fewer than {self.min_rows:.0f}"
         problem = self.problem.weighted(w)
         model = problem.fit(self.structure, self.ridge)
-        ss = model.realise()
-        with np.errstate(over="ignore", invalid="ignore"):
-            radius = spectral_radius(ss)
-            settling = settling_steps(ss, cap=settle_within) if radius < 1.0 else None
-        if settling is None:
-            return None, f"the refit does not settle within {settle_within} steps (spectral radius {radius:.4f})"
+        radius = spectral_radius(model.realise())
+        if not radius ** settle_within <= SETTLE_FRACTION:  # its slowest mode, also for an unstable or NaN refit
+            return None, (f"the refit does not settle within {settle_within} steps (its slowest mode, spectral "
+                          f"radius {radius:.4f}, is not within {SETTLE_FRACTION:g} of its end)")
         return LocalFit(model, problem, effective), ""
 
 
