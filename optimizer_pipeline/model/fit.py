@@ -116,20 +116,21 @@ class RidgeProblem:
 
     def __init__(self, train: Stacked, na_full: int, lag_full: int):
         self.na_full, self.lag_full = na_full, lag_full
-        self.rows, self._which = window_rows(train, max(na_full, lag_full), 0, 1)  # every target row with its lags
+        self.rows, which = window_rows(train, max(na_full, lag_full), 0, 1)  # every target row with its lags
         self.n_rows = self.rows.size
         self.dims = train.y.shape[1], train.u.shape[1], train.d.shape[1]
         self._phi, self._target = _lagged(train, self.rows, na_full, lag_full), train.y[self.rows]
+        starts = np.flatnonzero(np.diff(which, prepend=-1))  # window_rows keeps each run's rows together
+        self._spans = [slice(a, b) for a, b in zip(starts, [*starts[1:], self.n_rows])]
         self._accumulate(np.ones(self.n_rows))
 
     def _accumulate(self, w: np.ndarray) -> None:
-        phi, which = self._phi, self._which
-        runs = np.unique(which)
-        self.run_rows = np.array([w[which == r].sum() for r in runs])
-        self.run_gram = np.stack([(phi[which == r] * w[which == r, None]).T @ phi[which == r] for r in runs]) \
-            if runs.size else np.zeros((0, phi.shape[1], phi.shape[1]))
-        self.run_cross = np.stack([(phi[which == r] * w[which == r, None]).T @ self._target[which == r]
-                                   for r in runs]) if runs.size else np.zeros((0, phi.shape[1], self.dims[0]))
+        phi, weighted, spans = self._phi, self._phi * w[:, None], self._spans
+        self.run_rows = np.array([w[span].sum() for span in spans])
+        self.run_gram = np.stack([weighted[span].T @ phi[span] for span in spans]) if spans else \
+            np.zeros((0, phi.shape[1], phi.shape[1]))
+        self.run_cross = np.stack([weighted[span].T @ self._target[span] for span in spans]) if spans else \
+            np.zeros((0, phi.shape[1], self.dims[0]))
 
     def weighted(self, weights: np.ndarray) -> "RidgeProblem":
         """The same regression with target row i (of `rows`) weighted by weights[i] >= 0."""
