@@ -39,7 +39,7 @@ clean:
 # a scratch copy of the work tree (.mutation/<module>/: the tree itself is never mutated) against
 # the tests that matter for it. Slow, so not part of `make test`. `make mutation MUTATION_MODULES=uq`
 # runs one module; MUTATION_TIMEOUT caps each module's run (s); MUTATION_JOBS = parallel mutants.
-MUTATION_MODULES ?= uq outcomes recommend verify ledger
+MUTATION_MODULES ?= uq outcomes recommend verify ledger local
 MUTATION_TIMEOUT ?= 5400
 MUTATION_JOBS ?= 1
 MUT_uq := optimizer_pipeline/uq.py
@@ -54,6 +54,8 @@ MUT_ledger := optimizer_pipeline/ledger/repository.py
 MUT_ledger_TESTS := tests/test_ledger.py tests/test_ledger_candidates.py tests/test_ledger_race.py
 # record_solve / finish_run are @retried wrappers of _record_solve / _finish_run (mutmut skips decorated functions)
 MUT_ledger_ONLY := *record_solve__mutmut_* *_publish__mutmut_* *_expire__mutmut_* *finish_run__mutmut_*
+MUT_local := optimizer_pipeline/model/local.py
+MUT_local_TESTS := tests/test_model_local.py
 
 define mutate_module
 	rm -rf .mutation/$(1) && mkdir -p .mutation/$(1)

@@ -1,6 +1,9 @@
 """Local refits for steady targets (model/local.py): the weighted regression, the local gain of a plant
 whose gain changes with the operating point, the choice identify records, and SETTLED_LOCAL scores."""
 
+import dataclasses
+import json
+
 import numpy as np
 import pytest
 from model_helpers import binding, run_series, split_of, unit_normalisation
@@ -8,9 +11,11 @@ from model_helpers import binding, run_series, split_of, unit_normalisation
 from optimizer_pipeline import pipeline, uq
 from optimizer_pipeline.contracts import binding_from_dict
 from optimizer_pipeline.model import ArxModel, Orders, artifact_from_model, identify, stack_for
-from optimizer_pipeline.model.arx import disturbance_window, fit_disturbance, rollout_windows, window_rows
+from optimizer_pipeline.model import local as local_module
+from optimizer_pipeline.model.arx import disturbance_window, fit_disturbance, rollout_windows, stack_runs, window_rows
 from optimizer_pipeline.model.fit import RidgeProblem, Structure
-from optimizer_pipeline.model.local import LOCAL_BANDWIDTH, LocalFitter, OperatingPoint, steady_procedure, structure_of
+from optimizer_pipeline.model.local import (GLOBAL, LOCAL, LOCAL_BANDWIDTH, SETTLE_FACTOR, LocalFitter, OperatingPoint,
+                                            settled_ends, steady_model_record, steady_procedure, structure_of)
 from optimizer_pipeline.model.statespace import disturbance_gain, settling_steps, steady_state
 
 POLE, INPUT = 0.8, 0.2  # y[t] = 0.8 y[t-1] + 0.2 f(u[t-1]): steady y = f(u)
@@ -31,12 +36,17 @@ def hammerstein_runs(seed: int, runs: int = 8, n: int = 400, noise: float = 0.0)
             hold = int(rng.integers(30, 61))
             u[r, row:row + hold, 0] = rng.uniform(-2.0, 2.0)
             row += hold
-    y = np.zeros((runs, n, 1))
-    y[:, 0] = curved(u[:, 0])
-    for t in range(1, n):
-        y[:, t] = POLE * y[:, t - 1] + INPUT * curved(u[:, t - 1])
-    y += noise * rng.normal(size=y.shape)
+    y = plant(u) + noise * rng.normal(size=u.shape)
     return run_series("h", u, y, np.zeros((runs, n, 0)))
+
+
+def plant(u: np.ndarray) -> np.ndarray:
+    """The noise-free Hammerstein plant's CV (runs, n, 1) for MVs u (runs, n, 1), settled at the start."""
+    y = np.zeros(u.shape)
+    y[:, 0] = curved(u[:, 0])
+    for t in range(1, u.shape[1]):
+        y[:, t] = POLE * y[:, t - 1] + INPUT * curved(u[:, t - 1])
+    return y
 
 
 def split_runs(spec, runs):
@@ -97,6 +107,14 @@ def test_the_local_model_has_the_plants_local_gain_where_the_global_fit_has_the_
     z = ((train.u[rows - 1, 0] - point.u[0]) ** 2 + (train.y[rows - 1, 0] - point.y[0]) ** 2)
     np.testing.assert_allclose(w, np.exp(-0.5 * (z - z.min()) / LOCAL_BANDWIDTH ** 2))
     assert fit.effective_rows == pytest.approx(w.sum() ** 2 / np.sum(w ** 2)) and 10 < fit.effective_rows < rows.size
+    # the width is in train standard deviations: half of it, the exponent of each row's distance is 4 times as large
+    narrow = LocalFitter(fitter.structure, fitter.ridge, train, bandwidth=0.5)
+    np.testing.assert_allclose(narrow.weights(point), np.exp(-2.0 * (z - z.min())))
+    # the fit carries its weighted regression (the jackknife refits it): the row weights' total, the same model
+    assert fit.problem.run_rows.sum() == pytest.approx(w.sum(), rel=1e-12)
+    again = fit.problem.fit(fitter.structure, fitter.ridge)
+    for name in ("A", "B", "c"):
+        np.testing.assert_allclose(getattr(again, name), getattr(fit.model, name), rtol=1e-12)
 
 
 def test_a_refit_far_from_the_data_or_too_slow_is_refused():
@@ -173,6 +191,87 @@ def test_a_structure_without_a_record_is_refitted_with_its_orders():
     model = ArxModel(Orders(2, 2, 1), np.zeros((2, 1, 1)), np.zeros((2, 1, 1)), np.zeros((2, 1, 0)), np.zeros(1))
     structure, ridge = structure_of(artifact_from_model(model, spec, 1, unit_normalisation(spec)))
     assert (structure, ridge) == (Structure.common(Orders(2, 2, 1), 1, 1), 0.0)
+    # a DV is an input channel of its own, with the MV's delay
+    with_dv = binding(n_mv=1, n_cv=1, n_dv=1, na=2, nb=2, delay=1)
+    model = ArxModel(Orders(2, 2, 1), np.zeros((2, 1, 1)), np.zeros((2, 1, 1)), np.zeros((2, 1, 1)), np.zeros(1))
+    structure, ridge = structure_of(artifact_from_model(model, with_dv, 1, unit_normalisation(with_dv)))
+    assert (structure, ridge) == (Structure(2, 2, ((1, 1),)), 0.0)
+
+
+def test_the_refit_uses_the_structure_and_ridge_identification_recorded():
+    """structure_of reads artifact.selection's `structure` and `final` ridge, not the plain orders."""
+    spec = steady_binding()
+    artifact = identify(split_runs(spec, hammerstein_runs(2, runs=4, n=200)), spec, 1)
+    selection = artifact.selection
+    chosen = dataclasses.replace(artifact, selection={**selection, "final": {**selection["final"], "ridge": 0.25},
+                                                      "structure": {"na": 2, "nb": 3, "delays": [[2]], "own_ar": True}})
+    assert structure_of(chosen) == (Structure(2, 3, ((2,),), True), 0.25)
+    fitter = LocalFitter.for_artifact(chosen, stack_for(chosen, hammerstein_runs(9, runs=1, n=60)))
+    assert (fitter.structure, fitter.ridge) == (Structure(2, 3, ((2,),), True), 0.25)
+    # a record without `own_ar` (written before it existed): every CV's past in every equation
+    older = dataclasses.replace(artifact, selection={**selection, "structure": {"na": 2, "nb": 3, "delays": [[2]]}})
+    assert structure_of(older)[0] == Structure(2, 3, ((2,),), False)
+
+
+def test_the_operating_point_of_a_move_is_its_midpoint_and_is_recorded_as_plain_json():
+    point = OperatingPoint.of_move(np.array([0.25, -1.0]), np.array([1.5]), np.array([0.75, 1.0]), np.array([-3.5]))
+    np.testing.assert_array_equal(point.u, [0.5, 0.0])
+    np.testing.assert_array_equal(point.y, [-1.0])
+    doc = point.to_json_dict()
+    assert doc == {"u": [0.5, 0.0], "y": [-1.0]} and json.loads(json.dumps(doc)) == doc
+
+
+def test_the_effective_sample_is_asked_per_parameter_of_one_cv_equation():
+    """Two CVs, one MV, na = nb = 1: each CV's equation has 4 parameters (both CVs' pasts, the MV, the
+    intercept), so a refit needs MIN_ROWS_PER_PARAMETER x 4 effective rows, not x 8 (the whole model)."""
+    spec = binding(n_mv=1, n_cv=2, na=1, nb=1, delay=1)
+    rng = np.random.default_rng(7)
+    runs = run_series("m", rng.normal(size=(2, 60, 1)), rng.normal(size=(2, 60, 2)), np.zeros((2, 60, 0)))
+    train = stack_runs(runs, unit_normalisation(spec), spec.mv_tags, spec.cv_tags, spec.dv_tags)
+    fitter = LocalFitter(Structure.common(Orders(1, 1, 1), 2, 1), 0.0, train)
+    assert fitter.min_rows == local_module.MIN_ROWS_PER_PARAMETER * 4
+    fit, refused = fitter.refit(OperatingPoint(np.array([9.0]), np.array([9.0, -9.0])), 1000)
+    assert fit is None and refused.endswith(f"fewer than {local_module.MIN_ROWS_PER_PARAMETER * 4}")
+
+
+def test_an_infinitely_wide_kernel_is_the_plain_regression_and_its_rows_the_effective_sample():
+    """Every row weighs 1: the refit is the unweighted fit and its effective sample is its row count, so
+    exactly MIN_ROWS_PER_PARAMETER rows per parameter is enough (the rule refuses fewer) and one less is not."""
+    spec = steady_binding()
+    artifact = identify(split_runs(spec, hammerstein_runs(2)), spec, 1)
+    structure, ridge = structure_of(artifact)
+    needed = local_module.MIN_ROWS_PER_PARAMETER * 3  # a, b and the intercept
+    point = OperatingPoint(np.array([0.3]), np.array([-0.2]))
+    for rows in (needed, needed - 1):
+        train = stack_for(artifact, hammerstein_runs(9, runs=1, n=rows + 1))  # the first row has no lag
+        fitter = LocalFitter(structure, ridge, train, bandwidth=np.inf)
+        np.testing.assert_array_equal(fitter.weights(point), np.ones(rows))
+        fit, refused = fitter.refit(point, 1000)
+        if rows < needed:
+            assert fit is None
+            assert refused == f"{rows} effective train rows near the operating point, fewer than {needed}"
+            continue
+        assert refused == "" and fit.effective_rows == rows
+        plain = fitter.problem.fit(structure, ridge)
+        for name in ("A", "B", "c"):
+            np.testing.assert_allclose(getattr(fit.model, name), getattr(plain, name), rtol=1e-12)
+
+
+def test_a_refit_is_kept_when_its_slowest_mode_has_decayed_to_the_settle_fraction(monkeypatch):
+    """Decayed to 5 % within n steps: radius ** n <= SETTLE_FRACTION, the boundary included; an unstable
+    or NaN refit never has. The refit's spectral radius is set here to put it on either side."""
+    spec = steady_binding()
+    split = split_runs(spec, hammerstein_runs(2))
+    artifact = identify(split, spec, 1)
+    fitter = LocalFitter.for_artifact(artifact, stack_for(artifact, split.train))
+    near = OperatingPoint(np.array([0.0]), np.array([0.0]))
+    fraction = local_module.SETTLE_FRACTION
+    for radius, steps, kept in ((fraction, 1, True), (np.nextafter(fraction, 1.0), 1, False), (0.5, 5, True),
+                                (0.5, 4, False), (1.0, 10 ** 6, False), (np.nan, 10 ** 6, False)):
+        monkeypatch.setattr(local_module, "spectral_radius", lambda ss, r=radius: r)
+        fit, refused = fitter.refit(near, steps)
+        assert (fit is not None, refused == "") == (kept, kept), (radius, steps, refused)
+        assert kept or refused.startswith(f"the refit does not settle within {steps} steps")
 
 
 def test_a_later_split_refits_on_the_artifacts_own_train_runs():
@@ -187,3 +286,55 @@ def test_a_later_split_refits_on_the_artifacts_own_train_runs():
     gone = split_of(spec, runs[1:], 3, 2, 2)
     with pytest.raises(pipeline.MissingInputError, match=r"the model's train run\(s\) h0 are not in the history"):
         pipeline.train_runs(artifact, gone)
+
+
+def test_settled_ends_refit_each_window_midway_to_its_predicted_end_or_keep_the_identified_end():
+    """settled_ends, window by window: the identified model's h-step end; the refit centred between the
+    window's first MVs / CVs and the MVs of its last step / that end, with settle_within = SETTLE_FACTOR x h;
+    its h-step end where it is kept, the identified end where it is refused. A window refused early
+    (a run held far outside the train range) does not stop the later ones (short holds: the last step's
+    MVs often differ from the step's before)."""
+    spec = steady_binding()
+    split = split_runs(spec, hammerstein_runs(2))
+    artifact = identify(split, spec, 1)
+    fitter = LocalFitter.for_artifact(artifact, stack_for(artifact, split.train))
+    ss, orders = artifact.state_space, Orders(1, 1, 1)
+    h = settling_steps(ss)
+    u = np.empty((2, 60, 1))
+    u[0] = 7.0  # f(7) = 31.5: far above the train CVs
+    u[1] = np.repeat(np.random.default_rng(11).uniform(-2.0, 2.0, 20), 3)[:, None]
+    stacked = stack_for(artifact, run_series("v", u, plant(u), np.zeros((2, 60, 0))))
+    rows, which = window_rows(stacked, orders.first_state_row, h, 1)
+    global_end, local_end, used = settled_ends(fitter, ss, stacked, orders, rows, h, None)
+    identified = rollout_windows(ss, stacked, orders, rows, h)[0][:, -1]
+    np.testing.assert_allclose(global_end, identified, rtol=1e-12)
+    for i, k in enumerate(rows):
+        centre = OperatingPoint((stacked.u[k] + stacked.u[k + h - 1]) / 2, (stacked.y[k] + identified[i]) / 2)
+        fit, _ = fitter.refit(centre, SETTLE_FACTOR * h)
+        assert used[i] == (fit is not None), k
+        if fit is not None:
+            end = rollout_windows(fit.model.realise(), stacked, orders, rows[i:i + 1], h)[0][0, -1]
+            np.testing.assert_allclose(local_end[i], end, rtol=1e-10, atol=1e-12)
+    np.testing.assert_array_equal(local_end[~used], global_end[~used])  # `used` is a mask
+    assert not used[which == 0].any() and used[which == 1].all()
+
+
+def test_the_steady_model_record_states_the_rule_and_its_figures():
+    """What identification records (artifact.selection["steady_model"]): the procedure, the kernel width,
+    the rule (module docstring: the settled NRMSE on held-out windows, the models' own open-loop
+    prediction from the measured state with no disturbance held, local when below the identified
+    model's), both errors (None when not finite: JSON), the windows and refits, and a note only when given."""
+    chosen = steady_model_record(LOCAL, 0.2, 0.05, windows=40, refits=38)
+    assert chosen["procedure"] == LOCAL and chosen["bandwidth"] == LOCAL_BANDWIDTH and "note" not in chosen
+    assert chosen["settled_nrmse"] == {GLOBAL: 0.2, LOCAL: 0.05} and (chosen["windows"], chosen["refits"]) == (40, 38)
+    rule = chosen["rule"]
+    assert rule.startswith("the local procedure when its settled NRMSE on the held-out windows")
+    assert "open-loop from the measured state, no disturbance held" in rule
+    assert rule.endswith("is below the identified model's")
+    none = steady_model_record(GLOBAL, note="no val run to compare on")
+    assert none["procedure"] == GLOBAL and none["note"] == "no val run to compare on"
+    assert none["settled_nrmse"] == {GLOBAL: None, LOCAL: None} and (none["windows"], none["refits"]) == (0, 0)
+    diverged = steady_model_record(GLOBAL, 0.3, np.nan, windows=5)
+    assert diverged["settled_nrmse"] == {GLOBAL: 0.3, LOCAL: None} and diverged["refits"] == 0
+    assert steady_model_record(GLOBAL, np.inf, 0.1)["settled_nrmse"][GLOBAL] is None
+    json.dumps([chosen, none, diverged], allow_nan=False)
