@@ -106,7 +106,7 @@ class LocalFitter:
         """Kernel weight of every target row of the regression (rows of `problem.rows`), scaled so the
         nearest row weighs 1 (the fit's ridge then means the same wherever the point is)."""
         distance = np.sum((self._u - point.u) ** 2, axis=1) + np.sum((self._y - point.y) ** 2, axis=1)
-        return np.exp(-0.5 * (distance - (distance.min() if distance.size else 0.0)) / self.bandwidth ** 2)
+        return np.exp(-0.5 * (distance - distance.min()) / self.bandwidth ** 2)  # RidgeProblem has rows
 
     def refit(self, point: OperatingPoint, settle_within: int) -> tuple[LocalFit | None, str]:
         """The refit at `point`, or None with the reason it is refused: an effective (Kish) sample under
@@ -114,7 +114,7 @@ class LocalFitter:
         data), or a model whose slowest mode (spectral radius) has not decayed to SETTLE_FRACTION within
         `settle_within` steps (unstable included)."""
         w = self.weights(point)
-        effective = float(w.sum() ** 2 / max(float(np.sum(w ** 2)), 1e-300)) if w.size else 0.0
+        effective = float(w.sum() ** 2 / np.sum(w ** 2))  # Kish; the nearest row weighs 1
         if effective < self.min_rows:
             return None, f"{effective:.0f} effective train rows near the operating point, fewer than {self.min_rows:.0f}"
         problem = self.problem.weighted(w)
