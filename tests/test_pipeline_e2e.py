@@ -64,6 +64,11 @@ def test_the_band_says_what_it_is_calibrated_for(demo):
             assert uq["block_length"] == plant.spec.model.horizon
         (record,) = demo.instance.fetch_materializations(
             AssetRecordsFilter(asset_key=AssetKey("model_artifact"), asset_partitions=[binding_id]), limit=1).records
+        metadata = record.asset_materialization.metadata
+        if plant.spec.profile.template is Template.STEADY_RESPONSE:  # the choice of model for steady targets
+            assert metadata["steady_model"].value == artifact.selection["steady_model"]
+        else:
+            assert "steady_model" not in metadata
         gain = record.asset_materialization.metadata["steady_gain"].value
         assert gain["uncertainty"]["replicates"] >= 2 and len(gain["uncertainty"]["std"]) == len(plant.spec.cvs)
         assert record.asset_materialization.metadata["steady_gain_condition"].value == pytest.approx(gain["condition"])
