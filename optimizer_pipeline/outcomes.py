@@ -50,13 +50,15 @@ from optimizer_pipeline.contracts import (
     ModelArtifact,
     Outcome,
     OutcomeVerdict,
+    ProblemIR,
     RecommendationStatus,
+    StateSpace,
     Template,
     iso_utc,
     parse_iso_utc,
 )
 from optimizer_pipeline.data import read_history
-from optimizer_pipeline.ledger import Ledger, OutcomeRecord, RecommendationRecord, new_id
+from optimizer_pipeline.ledger import Ledger, NotFoundError, OutcomeRecord, RecommendationRecord, new_id
 from optimizer_pipeline.model.arx import Orders, spectral_radius
 
 log = logging.getLogger(__name__)
@@ -161,9 +163,11 @@ def promised_rate(uq: Mapping[str, Any] | None) -> float | None:
     return float(min(1.0 - float(uq["alpha"]), 1.0 if coverage is None else float(coverage)))
 
 
-def settle_steps(artifact: ModelArtifact) -> int | None:
-    """Steps until the model has settled (see the module's steady-state rule); None when it is unstable."""
-    rho = spectral_radius(artifact.state_space)
+def settle_steps(artifact: ModelArtifact, solved_with: StateSpace | None = None) -> int | None:
+    """Steps until the model has settled (see the module's steady-state rule); None when it is unstable.
+    `solved_with`: the model the recommendation's problem held when it is not the artifact's own (a
+    steady target's local refit, model/local.py; same orders)."""
+    rho = spectral_radius(artifact.state_space if solved_with is None else solved_with)
     if not rho < 1.0:
         return None
     lag = Orders(artifact.na, artifact.nb, artifact.delay).max_lag
@@ -311,8 +315,17 @@ def evaluate_row(ledger: Ledger, rec_row: RecommendationRecord, observation: Obs
     rec = dict(rec_row.payload, id=rec_row.id)
     settle = None
     if rec["template"] == Template.STEADY_RESPONSE.value:
-        settle = settle_steps(ledger.get_artifact(rec_row.model_artifact_hash))
+        settle = settle_steps(ledger.get_artifact(rec_row.model_artifact_hash), _solved_model(ledger, rec_row.run_id))
     return evaluate(rec, observation, applied_at.timestamp(), stored.spec.sample_period_s, settle)
+
+
+def _solved_model(ledger: Ledger, run_id: str) -> StateSpace | None:
+    """The model the run's problem held; None when the run or its problem is not in the ledger."""
+    try:
+        problem = ledger.get_run(run_id).problem
+    except NotFoundError:
+        return None
+    return None if not problem else ProblemIR.from_dict(problem).model
 
 
 def record_outcome(ledger: Ledger, rec_id: str, observed_file: str | Path, applied_at: str | None = None) -> Outcome:

@@ -8,6 +8,7 @@ y = 50 + k / 2 at the end of step k (k = 0 .. 19), band 1, UQ block length 10 (s
 judged), promised rate min(1 - alpha, coverage) = min(0.9, 0.95) = 0.9.
 """
 
+import math
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
@@ -32,7 +33,9 @@ from optimizer_pipeline.outcomes import (
     Observation,
     OutcomeError,
     evaluate_pending,
+    SETTLE_FRACTION,
     record_outcome,
+    settle_steps,
     summary,
 )
 
@@ -248,6 +251,43 @@ def test_a_steady_outcome_is_judged_from_the_settling_steps_of_its_model_artifac
     outcome = record_outcome(ledger, "rec-s", tmp_path / "steady.csv")
     assert (outcome.verdict, outcome.details["settle_steps"], outcome.delta["steps"]) == (
         OutcomeVerdict.CONFIRMED, 1, [1, 2, 3, 4, 5, 6])
+
+
+def test_a_steady_outcome_solved_with_a_local_refit_waits_for_the_refit_to_settle(tmp_path):
+    """A steady target solved with a local refit (model/local.py) names the identified artifact but
+    its run's problem holds the refit: the outcome waits for the refit's slowest mode (pole 0.9:
+    1 + ceil(log SETTLE_FRACTION / log 0.9) steps), not the artifact's (no pole: 1 step)."""
+    from optimizer_pipeline.solver.targets import compile_steered
+
+    fast = ArxModel(Orders(1, 1, 1), np.zeros((1, 1, 1)), np.full((1, 1, 1), 0.5), np.zeros((1, 1, 0)), np.zeros(1))
+    slow = ArxModel(Orders(1, 1, 1), np.full((1, 1, 1), 0.9), np.full((1, 1, 1), 0.05), np.zeros((1, 1, 0)),
+                    np.zeros(1))
+    norm = Normalisation(("q", "y"), (100.0, 50.0), (10.0, 5.0))
+    artifact, refit = (artifact_from_model(m, STEADY, 1, norm) for m in (fast, slow))
+    ledger = Ledger(tmp_path / "ledger.duckdb")
+    ledger.upsert_binding(STEADY)
+    ledger.put_artifact(artifact)
+    problem = compile_steered(STEADY, refit, np.zeros(refit.state_space.arrays()[0].shape[0]), np.zeros(1),
+                              [100.0], [], None, None)
+    ledger.insert_run({"id": "or-s", "binding_id": "heat-steady", "binding_revision": 1, "profile_id": "p",
+                       "profile_version": 1, "problem_ir_hash": problem.hash, "context": {},
+                       "problem": problem.to_dict(), "started_at": T0 - timedelta(minutes=1)})
+    rec = Recommendation(
+        id="rec-s", binding_id="heat-steady", binding_revision=1, run_id="or-s", candidate_id=None,
+        template=Template.STEADY_RESPONSE, status=RecommendationStatus.VERIFIED, reasons=(),
+        created_at=iso_utc(T0 - timedelta(minutes=1)), valid_until=iso_utc(T0 + timedelta(hours=1)), mv_tags=("q",),
+        cv_tags=("y",), controls=((100.0,),), predicted=((60.0,),), band=(0.5,), cost=1.0, independent_cost=1.0,
+        problem_ir_hash=problem.hash, model_artifact_hash=artifact.artifact_hash,
+        evidence={"source": "simulation", "uq": dict(UQ, block_length=1)}, band_steps=1)
+    ledger.insert_recommendation(rec, "simulation")
+    frame = pd.DataFrame({"run_id": "after", "timestamp": [iso_utc(T0 + timedelta(seconds=10 * k)) for k in range(70)],
+                          "q": 100.0, "y": 60.0})
+    frame.to_csv(tmp_path / "steady.csv", index=False)
+    outcome = record_outcome(ledger, "rec-s", tmp_path / "steady.csv")
+    wait = 1 + math.ceil(math.log(SETTLE_FRACTION) / math.log(0.9))
+    assert (outcome.verdict, outcome.details["settle_steps"], outcome.delta["steps"][0]) == (
+        OutcomeVerdict.CONFIRMED, wait, wait)
+    assert settle_steps(artifact) == 1  # the identified artifact alone would have judged from step 1
 
 
 def test_samples_of_two_runs_at_the_same_times_keep_the_files_run_order_at_each_time():
