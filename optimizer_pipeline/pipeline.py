@@ -250,18 +250,17 @@ def _planned_end(result: SolveResult) -> tuple[np.ndarray, np.ndarray] | None:
     return np.asarray(nominal[0].controls[-1], float), np.asarray(nominal[0].predicted[-1], float)
 
 
-def _local_model(binding: BindingSpec, artifact: ModelArtifact, split: HistorySplit,
+def _local_model(binding: BindingSpec, artifact: ModelArtifact, split: HistorySplit, h: int,
                  end: tuple[np.ndarray, np.ndarray]) -> tuple[ModelArtifact, dict]:
     """The artifact refitted midway between the live state and the first solve's target (model/local.py)
-    on the artifact's own train runs, or the artifact itself when the refit is refused (as the
-    evidence's blocks fall back); and what the run records of it."""
+    on the artifact's own train runs, or the artifact itself when the refit is refused as the
+    evidence's blocks of `h` steps fall back; and what the run records of it."""
     live = split.live
     u_mean, u_std = artifact.normalisation.of(artifact.mv_tags)
     y_mean, y_std = artifact.normalisation.of(artifact.cv_tags)
     point = OperatingPoint.of_move((live.u[-1] - u_mean) / u_std, (live.y[-1] - y_mean) / y_std,
                                    (end[0] - u_mean) / u_std, (end[1] - y_mean) / y_std)
-    local, record = local_artifact(artifact, binding, train_runs(artifact, split), point,
-                                   SETTLE_FACTOR * block_rule(binding, artifact)[0])
+    local, record = local_artifact(artifact, binding, train_runs(artifact, split), point, SETTLE_FACTOR * h)
     return (artifact if local is None else local), {**record, "first_target": end[0].tolist(),
                                                     "first_settled": end[1].tolist()}
 
@@ -350,7 +349,7 @@ def solve_and_decide(binding: BindingSpec, stored: StoredBinding, artifact: Mode
     if binding.profile.template is Template.STEADY_RESPONSE and steady_procedure(artifact) == LOCAL:
         end = _planned_end(result)
         if end is not None:  # the target again, with the model refitted midway to the first one (model/local.py)
-            decided_with, local = _local_model(binding, artifact, split, end)
+            decided_with, local = _local_model(binding, artifact, split, evidence.block_length, end)
             if decided_with is not artifact:  # else the refit was refused: the first solve stands
                 problem, result = compile_and_solve(decided_with, *current_state(decided_with, live, artifact))
     snapshot = evidence_snapshot(calibration, artifact, live.u[-1], live.y[-1], source, settings, now, float(live.t[-1]))

@@ -16,7 +16,7 @@ import io
 import logging
 import multiprocessing
 from concurrent.futures import Future, ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -198,20 +198,8 @@ class PlanSeries:
 
 def plan_series(spec: BindingSpec, live: RunSeries, rec: Recommendation, history_samples: int) -> PlanSeries:
     """The last `history_samples` rows of the live run and the recommendation's plan."""
-    n = max(1, min(int(history_samples), len(live)))
-    t = np.asarray(live.t[-n:], float)
-    ny, nu = len(spec.cvs), len(spec.mvs)
-    return PlanSeries(
-        title=f"{spec.id}: {rec.status.value} ({rec.template.value})",
-        steady=rec.template is Template.STEADY_RESPONSE, period_s=spec.sample_period_s,
-        cv_tags=spec.cv_tags, mv_tags=spec.mv_tags, t_hist=t - t[-1],
-        y_hist=np.asarray(live.y[-n:], float), u_hist=np.asarray(live.u[-n:], float),
-        controls=np.asarray(rec.controls, float).reshape(-1, nu),
-        predicted=np.asarray(rec.predicted, float).reshape(-1, ny), band=_band(rec.band, ny),
-        band_steps=int(rec.band_steps or 0),
-        cv_lo=np.array([c.lo for c in spec.cvs]), cv_hi=np.array([c.hi for c in spec.cvs]),
-        cv_target=np.array([np.nan if c.target is None else c.target for c in spec.cvs]),  # NaN: no target
-        mv_lo=np.array([m.lo for m in spec.mvs]), mv_hi=np.array([m.hi for m in spec.mvs]))
+    return _series(spec, live, history_samples, f"{spec.id}: {rec.status.value} ({rec.template.value})",
+                   rec.template is Template.STEADY_RESPONSE, rec.controls, rec.predicted, rec.band, rec.band_steps)
 
 
 def whatif_series(spec: BindingSpec, live: RunSeries, whatif: Mapping[str, Any], compared: Mapping[str, Any] | None,
@@ -219,24 +207,33 @@ def whatif_series(spec: BindingSpec, live: RunSeries, whatif: Mapping[str, Any],
     """A what-if's plan (`whatif`: its result document: status, template, controls, predicted, band,
     band_steps) under its own spec (the overridden limits and targets), with the open recommendation
     it was compared with (`compared`: its document, or None) drawn beside it."""
+    series = _series(spec, live, history_samples,
+                     f"{spec.id}: what-if, {whatif['status']} ({whatif['template']}); dashed: the open recommendation",
+                     whatif["template"] == Template.STEADY_RESPONSE.value, whatif["controls"], whatif["predicted"],
+                     whatif.get("band"), whatif.get("band_steps"))
+    if compared is None or not compared.get("controls"):
+        return series
+    return replace(series, compared=(np.asarray(compared["controls"], float).reshape(-1, len(spec.mvs)),
+                                     np.asarray(compared["predicted"], float).reshape(-1, len(spec.cvs))))
+
+
+def _series(spec: BindingSpec, live: RunSeries, history_samples: int, title: str, steady: bool, controls: Any,
+            predicted: Any, band: Any, band_steps: int | None) -> PlanSeries:
+    """A plan (engineering units, as a recommendation document holds it) under `spec`'s limits and
+    targets, after the last `history_samples` rows of the live run."""
     n = max(1, min(int(history_samples), len(live)))
     t = np.asarray(live.t[-n:], float)
     ny, nu = len(spec.cvs), len(spec.mvs)
-    other = None
-    if compared is not None and compared.get("controls"):
-        other = (np.asarray(compared["controls"], float).reshape(-1, nu),
-                 np.asarray(compared["predicted"], float).reshape(-1, ny))
     return PlanSeries(
-        title=f"{spec.id}: what-if, {whatif['status']} ({whatif['template']}); dashed: the open recommendation",
-        steady=whatif["template"] == Template.STEADY_RESPONSE.value, period_s=spec.sample_period_s,
+        title=title, steady=steady, period_s=spec.sample_period_s,
         cv_tags=spec.cv_tags, mv_tags=spec.mv_tags, t_hist=t - t[-1],
         y_hist=np.asarray(live.y[-n:], float), u_hist=np.asarray(live.u[-n:], float),
-        controls=np.asarray(whatif["controls"], float).reshape(-1, nu),
-        predicted=np.asarray(whatif["predicted"], float).reshape(-1, ny), band=_band(whatif.get("band"), ny),
-        band_steps=int(whatif.get("band_steps") or 0),
+        controls=np.asarray(controls, float).reshape(-1, nu),
+        predicted=np.asarray(predicted, float).reshape(-1, ny), band=_band(band, ny),
+        band_steps=int(band_steps or 0),
         cv_lo=np.array([c.lo for c in spec.cvs]), cv_hi=np.array([c.hi for c in spec.cvs]),
-        cv_target=np.array([np.nan if c.target is None else c.target for c in spec.cvs]),
-        mv_lo=np.array([m.lo for m in spec.mvs]), mv_hi=np.array([m.hi for m in spec.mvs]), compared=other)
+        cv_target=np.array([np.nan if c.target is None else c.target for c in spec.cvs]),  # NaN: no target
+        mv_lo=np.array([m.lo for m in spec.mvs]), mv_hi=np.array([m.hi for m in spec.mvs]))
 
 
 def _compared_lines(s: PlanSeries, scale: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

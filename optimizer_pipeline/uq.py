@@ -84,9 +84,9 @@ SCORE_RULES = {
                    "of the row before them, the nearest weighing 1, centred midway between the block's MVs and "
                    "measured CVs at its start and its last MVs and the identified model's settled "
                    "prediction), its held disturbance fitted by that model over the same W rows; a refit with "
-                   "fewer than 10 effective rows per parameter, unstable or not settling within h is refused "
-                   "and the block predicted by the identified model: the procedure a steady target of such "
-                   "an artifact is solved with",
+                   "fewer than 10 effective rows per parameter, or whose slowest mode has not decayed to 5 % "
+                   "within 2 h (unstable included), is refused and the block predicted by the identified "
+                   "model: the procedure a steady target of such an artifact is solved with",
 }
 
 

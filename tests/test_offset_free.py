@@ -20,23 +20,35 @@ TARGET = 0.5
 WINDOW = 5  # the artifact's P: the residuals averaged into the disturbance
 
 
-def closed_loop(template: str, steps: int) -> np.ndarray:
-    """y of the plant y' = 0.8 y + 0.26 u, each step driven by the first move of the NOMINAL plan."""
+def mean_residual(artifact, ys: list[float], us: list[float]) -> tuple[list[float], list[float]]:
+    """The state y and, as the disturbance, the mean one-step residual (measured minus predicted) of
+    the last WINDOW steps."""
+    residuals = [ys[j + 1] - (MODEL_A * ys[j] + MODEL_B * us[j + 1]) for j in range(len(ys) - 1)]
+    return [ys[-1]], [float(np.mean(residuals[-WINDOW:])) if residuals else 0.0]
+
+
+def product_estimate(artifact, ys: list[float], us: list[float]) -> tuple[np.ndarray, np.ndarray]:
+    """The product's own estimate (`model.current_state` on the live run so far: fitted to the
+    multi-step error of its last rows)."""
+    run = RunSeries("live", np.arange(float(len(ys))), np.array(us)[:, None], np.array(ys)[:, None],
+                    np.empty((len(ys), 0)))
+    return current_state(artifact, run)
+
+
+def closed_loop(template: str, steps: int, estimate=mean_residual, at_rest: int = 1) -> np.ndarray:
+    """y of the plant y' = 0.8 y + 0.26 u, starting with `at_rest` samples at 0, each step driven by
+    the first move of the NOMINAL plan compiled from `estimate`'s state and disturbance."""
     artifact = scalar_artifact()
     binding = scalar_binding(target=TARGET, template=template, horizon=6)
     cache = SolverCache()
-    y, u, residuals, ys = 0.0, 0.0, [], []
+    ys, us = [0.0] * at_rest, [0.0] * at_rest
     for _ in range(steps):
-        bias = np.mean(residuals[-WINDOW:]) if residuals else 0.0
-        problem = compile_problem(binding, artifact, [y], [bias], [u], [])
-        result = solve_problem(problem, cache)
+        x0, bias = estimate(artifact, ys, us)
+        result = solve_problem(compile_problem(binding, artifact, x0, bias, [us[-1]], []), cache)
         [nominal] = [c for c in result.candidates if c.kind is CandidateKind.NOMINAL]
         assert nominal.verified, nominal.verify_report
-        u_next = nominal.controls[0][0]
-        y_next = MODEL_A * y + PLANT_GAIN * MODEL_B * u_next
-        residuals.append(y_next - (MODEL_A * y + MODEL_B * u_next))  # measured minus one-step predicted
-        y, u = y_next, u_next
-        ys.append(y)
+        us.append(nominal.controls[0][0])
+        ys.append(MODEL_A * ys[-1] + PLANT_GAIN * MODEL_B * us[-1])
     return np.asarray(ys)
 
 
@@ -49,29 +61,9 @@ def test_a_loop_whose_model_gain_is_30_percent_low_settles_on_the_target(templat
     assert np.max(np.abs(ys[-10:] - TARGET)) < 1e-3
 
 
-def closed_loop_with_the_product_estimate(template: str, steps: int) -> np.ndarray:
-    """As `closed_loop`, the disturbance each step being the product's own estimate
-    (`model.current_state` on the live run so far: fitted to the multi-step error of its last
-    rows), the run starting with 10 samples at rest."""
-    artifact = scalar_artifact()
-    binding = scalar_binding(target=TARGET, template=template, horizon=6)
-    cache = SolverCache()
-    ys, us = [0.0] * 10, [0.0] * 10
-    for _ in range(steps):
-        run = RunSeries("live", np.arange(float(len(ys))), np.array(us)[:, None], np.array(ys)[:, None],
-                        np.empty((len(ys), 0)))
-        x0, bias = current_state(artifact, run)
-        result = solve_problem(compile_problem(binding, artifact, x0, bias, [us[-1]], []), cache)
-        [nominal] = [c for c in result.candidates if c.kind is CandidateKind.NOMINAL]
-        assert nominal.verified, nominal.verify_report
-        us.append(nominal.controls[0][0])
-        ys.append(MODEL_A * ys[-1] + PLANT_GAIN * MODEL_B * us[-1])
-    return np.asarray(ys)
-
-
 @pytest.mark.parametrize("template", ["linear_mpc_quadratic@1", "steady_response@1"])
 def test_the_products_disturbance_estimate_also_settles_a_loop_with_a_wrong_gain_on_the_target(template):
-    ys = closed_loop_with_the_product_estimate(template, 120)
+    ys = closed_loop(template, 120, product_estimate, at_rest=10)
     assert abs(ys[-1] - TARGET) < 1e-3
     assert np.max(np.abs(ys[-10:] - TARGET)) < 1e-3
     assert abs(ys[40] - TARGET) > 1e-3  # (not there from the start: the estimate had to learn the gain error)

@@ -27,7 +27,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from optimizer_pipeline.contracts import MIN_STD, ContractError, Normalisation, RunSeries, StateSpace
-from optimizer_pipeline.model.statespace import rollout, settling_steps
+from optimizer_pipeline.model.statespace import disturbance_step_gains, rollout, settling_steps
 
 log = logging.getLogger(__name__)
 
@@ -281,25 +281,13 @@ def disturbance_window(ss: StateSpace, horizon: int) -> int:
     return max(int(horizon), DISTURBANCE_SETTLING_HORIZONS * settling) if settling is not None else int(horizon)
 
 
-def disturbance_step_gains(ss: StateSpace, steps: int) -> np.ndarray:
-    """(steps, ny, ny): G_j = C (I + A + ... + A^(j-1)) C', j = 1..steps: the outputs after j steps of a
-    held disturbance of one unit per output, from rest (model.statespace.disturbance_gain for every j)."""
-    A, _, _, _, C = ss.arrays()
-    x, total = C.T, np.zeros_like(C.T)
-    gains = np.empty((steps, C.shape[0], C.shape[0]))
-    for j in range(steps):
-        total = total + x
-        x = A @ x
-        gains[j] = C @ total
-    return gains
-
-
 def fit_disturbance(ss: StateSpace, stacked: Stacked, orders: Orders, rows: np.ndarray, window: int) -> np.ndarray:
     """(m, ny): per global row k, the held disturbance e (normalised units) that best explains the open-loop
     prediction error of the `window` rows up to k: least squares of r_j = G_j e over j = 1..window, where r_j
     is y[k - window + j] minus the rollout from the measured state x[k - window] driven by the measured MVs /
-    DVs, and G_j its response to a held disturbance (`disturbance_step_gains`). Each k - window must be a
-    row of the same run with a measured state (callers' duty: `state_and_bias`, uq's block starts).
+    DVs, and G_j its response to a held disturbance (model.statespace.disturbance_step_gains). Each
+    k - window must be a row of the same run with a measured state (callers' duty: `state_and_bias`,
+    uq's block starts).
 
     The mean one-step residual over the last P rows (the estimate before) sums to its end samples' noise
     divided by P and, held, reaches the settled prediction amplified by the disturbance's steady gain

@@ -66,14 +66,23 @@ def disturbance_gain(ss: StateSpace, steps: int | None = None, rcond: float = 1e
     """(ny, ny): the outputs' response to a held disturbance (module docstring) of one unit per
     output, from rest: after `steps` steps (C (I + A + ... + A^(steps-1)) C'), or at steady state
     (None: C (I - A)^-1 C', least squares with `rcond` as in `steady_state`)."""
+    if steps is not None:
+        return disturbance_step_gains(ss, steps)[-1]
     A, _, _, _, C = ss.arrays()
-    if steps is None:
-        return C @ np.linalg.lstsq(np.eye(A.shape[0]) - A, C.T, rcond=rcond)[0]
+    return C @ np.linalg.lstsq(np.eye(A.shape[0]) - A, C.T, rcond=rcond)[0]
+
+
+def disturbance_step_gains(ss: StateSpace, steps: int) -> np.ndarray:
+    """(steps, ny, ny): G_j = C (I + A + ... + A^(j-1)) C', j = 1..steps: the outputs after j steps of a
+    held disturbance of one unit per output, from rest (`disturbance_gain` for every j)."""
+    A, _, _, _, C = ss.arrays()
     x, total = C.T, np.zeros_like(C.T)
-    for _ in range(steps):
+    gains = np.empty((steps, C.shape[0], C.shape[0]))
+    for j in range(steps):
         total = total + x
         x = A @ x
-    return C @ total
+        gains[j] = C @ total
+    return gains
 
 
 def settling_steps(ss: StateSpace, fraction: float = SETTLE_FRACTION, cap: int = MAX_SETTLING_STEPS) -> int | None:

@@ -45,7 +45,7 @@ TIME_LIMIT_REACHED = "time limit reached"  # status of a QP not started because 
 # iterations (~0.006 ms each at quadruple-tank size); the request deadline bounds the time anyway.
 OSQP_SETTINGS = {"eps_abs": 1e-5, "eps_rel": 1e-5, "polishing": True, "warm_starting": True, "verbose": False,
                  "max_iter": 20000}
-# a template's own tolerances over these: solver/steady.py solves its few variables to 1e-9
+# a template's own tolerances over these: solver/steady.py solves its few variables to 1e-7
 NO_TIME_LIMIT_S = 1e10  # OSQP's own default "no limit"
 FEASIBILITY_TOL = 1e-6  # a nominal optimum counts as meeting the robust bounds within this (normalised units)
 
