@@ -93,7 +93,7 @@ def _artifact_metadata(artifact: ModelArtifact, plot: Callable[[], str], step_pl
         # the steady-state MV gain (normalised units): condition number and its uncertainty (jackknife)
         "steady_gain_condition": _condition(artifact),
         "steady_gain": MetadataValue.json(dict(artifact.steady_gain)),
-        # steady targets: the identified model or its local refit around each move (model/local.py)
+        # what a move is solved with: the identified model or its local refit around it (model/local.py)
         **({"steady_model": MetadataValue.json(dict(artifact.selection["steady_model"]))}
            if "steady_model" in (artifact.selection or {}) else {}),
         **{f"{g.name}_value": float(g.value) for g in artifact.gates if g.value is not None},

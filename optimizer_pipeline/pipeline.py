@@ -40,7 +40,7 @@ from optimizer_pipeline.deployment import WORKER_ENV
 from optimizer_pipeline.ledger import Ledger, LedgerError, new_id
 from optimizer_pipeline.model import current_state, identify
 from optimizer_pipeline.model.artifact import local_artifact
-from optimizer_pipeline.model.local import LOCAL, SETTLE_FACTOR, OperatingPoint, steady_procedure
+from optimizer_pipeline.model.local import LOCAL, OperatingPoint, settle_limit, steady_procedure
 from optimizer_pipeline.model.statespace import MAX_SETTLING_STEPS, settling_steps
 from optimizer_pipeline.problem import needs_steady_layer
 from optimizer_pipeline.recommend import Decision, EvidenceSnapshot, decide, max_live_age_s
@@ -126,18 +126,19 @@ def block_rule(binding: BindingSpec, artifact: ModelArtifact) -> tuple[int, str]
     """Block length h and score of the UQ evidence (docs/ARCHITECTURE.md, UQ evidence rules), what
     the recommendation predicts: a move plan, the largest residual of P-step blocks; a steady target,
     the settled response, scored at the end of blocks as long as the model's settling horizon (a
-    model that does not settle within MAX_SETTLING_STEPS gets blocks no run holds: no evidence), by the
-    local procedure when identification chose it for steady targets (model/local.py)."""
+    model that does not settle within MAX_SETTLING_STEPS gets blocks no run holds: no evidence); both
+    by the local procedure when identification chose it (model/local.py)."""
+    local = steady_procedure(artifact) == LOCAL
     if binding.profile.template is Template.STEADY_RESPONSE:
         settling = settling_steps(artifact.state_space)
-        score = uq.SETTLED_LOCAL if steady_procedure(artifact) == LOCAL else uq.SETTLED_RESIDUAL
+        score = uq.SETTLED_LOCAL if local else uq.SETTLED_RESIDUAL
         return (MAX_SETTLING_STEPS + 1 if settling is None else settling), score
-    return artifact.horizon, uq.MAX_RESIDUAL
+    return artifact.horizon, uq.MAX_RESIDUAL_LOCAL if local else uq.MAX_RESIDUAL
 
 
 def score_blocks(binding: BindingSpec, artifact: ModelArtifact, split: HistorySplit) -> Scores:
     h, score = block_rule(binding, artifact)
-    train = train_runs(artifact, split) if score == uq.SETTLED_LOCAL else ()
+    train = train_runs(artifact, split) if score in uq.LOCAL_SCORES else ()
     return Scores(*(uq.block_scores(artifact, runs, h, score, train) for runs in (split.val, split.test)))
 
 
@@ -241,26 +242,29 @@ def _digest(text: str | None) -> str:
     return "unrecorded" if text is None else hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
-def _planned_end(result: SolveResult) -> tuple[np.ndarray, np.ndarray] | None:
-    """The MVs and the settled CVs (engineering units) of the first solve's nominal steady target; None
-    when it has none (the solve failed: that result is decided as it is)."""
+def _planned_end(result: SolveResult, steps: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """The MVs and CVs (engineering units) of the first solve's nominal plan at step `steps` (or its last,
+    when shorter: a steady target's single row, its MVs and settled CVs); None when it has none (the
+    solve failed: that result is decided as it is)."""
     nominal = [c for c in result.candidates if c.kind is CandidateKind.NOMINAL and c.controls]
     if not result.ok or not nominal:
         return None
-    return np.asarray(nominal[0].controls[-1], float), np.asarray(nominal[0].predicted[-1], float)
+    row = min(steps, len(nominal[0].controls)) - 1
+    return np.asarray(nominal[0].controls[row], float), np.asarray(nominal[0].predicted[row], float)
 
 
-def _local_model(binding: BindingSpec, artifact: ModelArtifact, split: HistorySplit, h: int,
+def _local_model(binding: BindingSpec, artifact: ModelArtifact, split: HistorySplit,
                  end: tuple[np.ndarray, np.ndarray]) -> tuple[ModelArtifact, dict]:
-    """The artifact refitted midway between the live state and the first solve's target (model/local.py)
-    on the artifact's own train runs, or the artifact itself when the refit is refused as the
-    evidence's blocks of `h` steps fall back; and what the run records of it."""
+    """The artifact refitted midway between the live state and the first solve's plan at its P-th step (a
+    steady target: the target) (model/local.py) on the artifact's own train runs, or the artifact itself when the refit is refused
+    as the evidence's blocks fall back; and what the run records of it."""
     live = split.live
     u_mean, u_std = artifact.normalisation.of(artifact.mv_tags)
     y_mean, y_std = artifact.normalisation.of(artifact.cv_tags)
     point = OperatingPoint.of_move((live.u[-1] - u_mean) / u_std, (live.y[-1] - y_mean) / y_std,
                                    (end[0] - u_mean) / u_std, (end[1] - y_mean) / y_std)
-    local, record = local_artifact(artifact, binding, train_runs(artifact, split), point, SETTLE_FACTOR * h)
+    local, record = local_artifact(artifact, binding, train_runs(artifact, split), point,
+                                   settle_limit(artifact.state_space))
     return (artifact if local is None else local), {**record, "first_target": end[0].tolist(),
                                                     "first_settled": end[1].tolist()}
 
@@ -289,28 +293,33 @@ class Solved:
     decision: Decision
 
 
-def steady_layer_evidence(binding: BindingSpec, artifact: ModelArtifact, split: HistorySplit, settings: Settings,
-                          now: datetime) -> tuple[np.ndarray | None, list[Condition]]:
-    """The band of a steered move plan's steady-state layer (solver/targets.py) and its condition.
+def settled_evidence(binding: BindingSpec, artifact: ModelArtifact, split: HistorySplit, settings: Settings,
+                     now: datetime) -> tuple[uq.UQEvidence | None, list[Condition]]:
+    """The evidence of the settled response a move plan ends on, and its condition, for a steered plan
+    (its steady-state layer, solver/targets.py) and for a plan solved with a local refit (model/local.py).
 
     The layer is a steady target: its robust CV limits need the band of the settled response (the
     steady template's evidence, `block_rule`), not the plan's P-step band, which says nothing about
-    where the plant settles after P. Scored here on the split's val / test runs and gated like any
-    evidence (block scoring is cheap: ~6.5 M rows/s); not recorded as a calibration of its own.
-    Without it (too few settled blocks, or a failed gate) the layer falls back on the plan's band
-    and the condition fails, naming why: the recommendation is not `verified`. No band and no
-    condition for a binding that is not steered."""
-    if binding.profile.template is Template.STEADY_RESPONSE or not needs_steady_layer(binding):
+    where the plant settles after P. A refit's P-step band says as little of where its plan settles:
+    the refit is centred on each block's own path, so the band against the improvement holds the
+    plan's end to this band instead (recommend.improvement_conditions). Scored here on the split's
+    val / test runs and gated like any evidence; not recorded as a calibration of its own. Without it
+    (too few settled blocks, or a failed gate) the layer falls back on the plan's band and the
+    condition fails, naming why: the recommendation is not `verified`. Nothing for a steady target or
+    a plan of the identified model that is not steered."""
+    steered = needs_steady_layer(binding)
+    if binding.profile.template is Template.STEADY_RESPONSE or not (steered or steady_procedure(artifact) == LOCAL):
         return None, []
     scores = score_blocks(steady_layer(binding), artifact, split)
     evidence = uq.compute_block_uq(scores.val, scores.test, alpha=settings.uq_alpha, calibrated_at=iso_utc(now))
     failures = uq.gate_failures(evidence, settings.uq_gate)
-    name, limit = "settled evidence of the steady-state target", "UQ gate on the settled response"
+    name = "settled evidence of the steady-state target" if steered else "settled evidence of the plan's end"
+    limit = "UQ gate on the settled response"
     if failures:
+        what = "the steady-state target the plan steers to" if steered else "the end of the plan (a local refit's)"
         return None, [Condition(name, "none" if not evidence.has_evidence else f"coverage {evidence.coverage:.3g}",
-                                limit, False, "the steady-state target the plan steers to has no settled evidence: "
-                                + "; ".join(failures))]
-    return np.asarray(evidence.qhat), [Condition(name, f"coverage {evidence.coverage:.3g}", limit, True)]
+                                limit, False, f"{what} has no settled evidence: " + "; ".join(failures))]
+    return evidence, [Condition(name, f"coverage {evidence.coverage:.3g}", limit, True)]
 
 
 def solve_and_decide(binding: BindingSpec, stored: StoredBinding, artifact: ModelArtifact, split: HistorySplit,
@@ -323,7 +332,8 @@ def solve_and_decide(binding: BindingSpec, stored: StoredBinding, artifact: Mode
         raise ValueError(f"binding {binding.id}: no live run in the history, so there is no current state")
     evidence = calibration.evidence
     band = np.asarray(evidence.qhat) if evidence.has_evidence else None
-    layer_band, layer_conditions = steady_layer_evidence(binding, artifact, split, settings, now)
+    settled, settled_conditions = settled_evidence(binding, artifact, split, settings, now)
+    layer_band = np.asarray(settled.qhat) if settled is not None and needs_steady_layer(binding) else None
     run_id = new_id("or")
 
     def compile_and_solve(model: ModelArtifact, x0: np.ndarray, bias: np.ndarray) -> tuple[ProblemIR, SolveResult]:
@@ -346,10 +356,10 @@ def solve_and_decide(binding: BindingSpec, stored: StoredBinding, artifact: Mode
 
     problem, result = compile_and_solve(artifact, *current_state(artifact, live))
     decided_with, local = artifact, None
-    if binding.profile.template is Template.STEADY_RESPONSE and steady_procedure(artifact) == LOCAL:
-        end = _planned_end(result)
-        if end is not None:  # the target again, with the model refitted midway to the first one (model/local.py)
-            decided_with, local = _local_model(binding, artifact, split, evidence.block_length, end)
+    if steady_procedure(artifact) == LOCAL:
+        end = _planned_end(result, artifact.horizon)  # a move plan's P-th step: where its band's claim ends
+        if end is not None:  # solved again, with the model refitted midway to it (model/local.py)
+            decided_with, local = _local_model(binding, artifact, split, end)
             if decided_with is not artifact:  # else the refit was refused: the first solve stands
                 problem, result = compile_and_solve(decided_with, *current_state(decided_with, live, artifact))
     snapshot = evidence_snapshot(calibration, artifact, live.u[-1], live.y[-1], source, settings, now, float(live.t[-1]))
@@ -360,11 +370,12 @@ def solve_and_decide(binding: BindingSpec, stored: StoredBinding, artifact: Mode
                   f"the binding is at revision {stored.revision}"),
         Condition("calibration of this model", calibration.artifact_hash[:12], artifact.artifact_hash[:12],
                   calibration.artifact_hash == artifact.artifact_hash, "calibration belongs to another model artifact"),
-        *score_rule_condition(evidence), *newest_sample(split), *layer_conditions]
+        *score_rule_condition(evidence), *newest_sample(split), *settled_conditions]
     decision = decide(binding, stored.revision, artifact, problem, result, snapshot,
                       uq.band_engineering(evidence, artifact), settings.uq_max_input_distance, run_id, now,
                       extra_conditions=consistency, max_band_fraction=settings.uq_max_band_fraction,
-                      steady_gain=decided_with.steady_gain)
+                      steady_gain=decided_with.steady_gain,
+                      end_band=None if settled is None else uq.band_engineering(settled, artifact))
     run = {"id": run_id, "binding_id": binding.id, "binding_revision": stored.revision,
            "profile_id": binding.profile.id, "profile_version": binding.profile.version,
            "problem_ir_hash": problem.hash, "problem": problem.to_dict(), "started_at": now,

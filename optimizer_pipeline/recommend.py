@@ -156,7 +156,8 @@ def improvement_conditions(binding: BindingSpec, result: SolveResult, candidate:
     least RANGE_FLOOR of every CV's range (a plant near its targets is held to a precision, not to
     its own small error). The band is calibrated on the first P steps only, so this is how the
     plan's end is held to it: a band as wide as a good part of the way the plan moves claims an
-    improvement the evidence does not back (e.g. one linear model on a curved plant). No condition
+    improvement the evidence does not back (e.g. one linear model on a curved plant). decide passes
+    the settled response's band instead where there is one (a steered plan, a local refit's). No condition
     for a steady target (its band is calibrated on the settled value it predicts), without a
     candidate or without a band; no HOLD prediction fails."""
     if (binding.profile.template is Template.STEADY_RESPONSE or candidate is None or not candidate.predicted
@@ -197,15 +198,19 @@ def decide(binding: BindingSpec, binding_revision: int, artifact: ModelArtifact,
            max_input_distance: float, run_id: str, now: datetime,
            extra_conditions: Sequence[Condition] = (),
            max_band_fraction: float = Settings.uq_max_band_fraction,
-           steady_gain: Mapping[str, Any] | None = None) -> Decision:
+           steady_gain: Mapping[str, Any] | None = None,
+           end_band: Sequence[float | None] | None = None) -> Decision:
     """Build the recommendation of one solve: `rejected` without a feasible candidate, `verified`
     when every condition holds, `unverified` otherwise (with every failed condition listed).
     `steady_gain`: the gain record of the model the problem was compiled with when that is not the
-    artifact's own (a local refit, model/local.py)."""
+    artifact's own (a local refit, model/local.py); `end_band`: the band of the settled response the
+    plan ends on, when there is one (pipeline.settled_evidence), which the band against the
+    improvement holds the plan's end to instead of the P-step band."""
     candidate = choose_candidate(result) if result.ok else None
     checked = (conditions(artifact, evidence, candidate, max_input_distance, now)
                + gain_conditions(artifact, problem, evidence, candidate, steady_gain)
-               + improvement_conditions(binding, result, candidate, band_engineering, max_band_fraction,
+               + improvement_conditions(binding, result, candidate, band_engineering if end_band is None else end_band,
+                                        max_band_fraction,
                                         np.asarray(problem.y_mean) + np.asarray(problem.y_std) * problem.y_target)
                + list(extra_conditions))
     if not result.ok:

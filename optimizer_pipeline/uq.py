@@ -29,7 +29,7 @@ from optimizer_pipeline.contracts import (
 )
 from optimizer_pipeline.model.artifact import stack_for
 from optimizer_pipeline.model.arx import Orders, disturbance_window, fit_disturbance, rollout_windows, window_rows
-from optimizer_pipeline.model.local import LocalFitter, settled_ends
+from optimizer_pipeline.model.local import LocalFitter, local_paths
 from optimizer_pipeline.model.statespace import disturbance_gain
 from optimizer_pipeline.validation import (
     AT_LEAST_ONE,
@@ -66,6 +66,7 @@ EXCHANGEABILITY_TEST = (
 
 
 MAX_RESIDUAL = "max_residual"
+MAX_RESIDUAL_LOCAL = "max_residual_local"
 SETTLED_RESIDUAL = "settled_residual"
 SETTLED_LOCAL = "settled_residual_local"
 SCORE_RULES = {
@@ -87,7 +88,13 @@ SCORE_RULES = {
                    "fewer than 10 effective rows per parameter, or whose slowest mode has not decayed to 5 % "
                    "within 2 h (unstable included), is refused and the block predicted by the identified "
                    "model: the procedure a steady target of such an artifact is solved with",
+    MAX_RESIDUAL_LOCAL: "as max_residual, but each block predicted by the model refitted around the block's "
+                        "operating point as for settled_residual_local (centred midway between the block's MVs "
+                        "and measured CVs at its start and its last MVs and the identified model's prediction "
+                        "at its end; no disturbance held), the block predicted by the identified model where "
+                        "the refit is refused: the procedure a move plan of such an artifact is solved with",
 }
+LOCAL_SCORES = (SETTLED_LOCAL, MAX_RESIDUAL_LOCAL)  # refit on the artifact's train runs (model.local)
 
 
 class UQInputError(ContractError):
@@ -115,7 +122,7 @@ def block_scores(artifact: ModelArtifact, runs: Sequence[RunSeries], h: int | No
                  score: str = MAX_RESIDUAL, train: Sequence[RunSeries] = ()) -> BlockScores:
     """Block scores of `runs` (docs/ARCHITECTURE.md, "UQ evidence rules": score) by the rule `score` of
     SCORE_RULES. h defaults to the artifact's P (the steady-state template passes its settling horizon
-    with SETTLED_RESIDUAL or SETTLED_LOCAL; the latter refits on the `train` runs).
+    with SETTLED_RESIDUAL or SETTLED_LOCAL); the LOCAL_SCORES refit on the `train` runs.
 
     Blocks start at the first row with a measured state (for SETTLED_RESIDUAL also the W rows the held
     disturbance is fitted over before it, model.arx.disturbance_window) and tile each run without overlap; every block is rolled out
@@ -136,11 +143,12 @@ def block_scores(artifact: ModelArtifact, runs: Sequence[RunSeries], h: int | No
     if rows.size:
         predicted, measured = rollout_windows(ss, stacked, orders, rows, h)
         with np.errstate(invalid="ignore", over="ignore"):
-            if score == SETTLED_LOCAL:
+            if score in LOCAL_SCORES:
                 if not train:
-                    raise UQInputError(f"block scores: {SETTLED_LOCAL} refits on the train runs, and none were given")
+                    raise UQInputError(f"block scores: {score} refits on the train runs, and none were given")
                 fitter = LocalFitter.for_artifact(artifact, stack_for(artifact, train))
-                scores = np.abs(measured[:, -1] - settled_ends(fitter, ss, stacked, orders, rows, h, window)[1])
+                path = local_paths(fitter, ss, stacked, orders, rows, h, window if settled else None)[1]
+                scores = np.abs(measured[:, -1] - path[:, -1]) if settled else _max_over_steps(np.abs(measured - path))
             elif settled:
                 # the disturbance `current_state` would hold at row k: fitted over the W rows before it
                 end = predicted[:, -1] + fit_disturbance(ss, stacked, orders, rows, window) @ disturbance_gain(ss, h).T

@@ -298,34 +298,47 @@ def test_a_steered_plans_layer_is_tightened_by_the_settled_band(steered_tank):
 
     from optimizer_pipeline import uq
     from optimizer_pipeline.model.statespace import settling_steps
-    from optimizer_pipeline.pipeline import score_blocks, steady_layer_evidence
+    from optimizer_pipeline.pipeline import score_blocks, settled_evidence
     from optimizer_pipeline.settings import Settings
 
     spec, split, artifact = steered_tank
-    band, [condition] = steady_layer_evidence(spec, artifact, split, Settings(), utc_now())
+    evidence, [condition] = settled_evidence(spec, artifact, split, Settings(), utc_now())
     # independently: the steady template's settled-response scores of the same runs, calibrated
     layer = replace(spec, profile=replace(spec.profile, template=Template.STEADY_RESPONSE))
     scores = score_blocks(layer, artifact, split)
     assert scores.val.h == settling_steps(artifact.state_space) > artifact.horizon
     expected = uq.compute_block_uq(scores.val, scores.test, alpha=Settings().uq_alpha)
-    assert condition.holds and band is not None
-    np.testing.assert_array_equal(band, expected.qhat)
+    assert condition.holds and evidence is not None and condition.name == "settled evidence of the steady-state target"
+    np.testing.assert_array_equal(evidence.qhat, expected.qhat)
     # too few settled blocks (val / test runs cut shorter than the settling horizon): no band, not verified
     short = replace(split, val=tuple(replace(r, t=r.t[:40], u=r.u[:40], y=r.y[:40], d=r.d[:40]) for r in split.val),
                     test=tuple(replace(r, t=r.t[:40], u=r.u[:40], y=r.y[:40], d=r.d[:40]) for r in split.test))
-    band, [condition] = steady_layer_evidence(spec, artifact, short, Settings(), utc_now())
-    assert band is None and not condition.holds
+    evidence, [condition] = settled_evidence(spec, artifact, short, Settings(), utc_now())
+    assert evidence is None and not condition.holds
     assert condition.reason.startswith("the steady-state target the plan steers to has no settled evidence: no UQ "
                                        "evidence")
 
 
-def test_an_unsteered_binding_has_no_layer_evidence(steered_tank):
-    from optimizer_pipeline.pipeline import steady_layer_evidence
+def test_an_unsteered_plan_has_settled_evidence_only_when_solved_with_a_local_refit(steered_tank):
+    """A plan of the identified model that is not steered: none. One solved with a local refit: the
+    settled evidence of its end, by the local procedure (its P-step band says nothing of where the
+    refit's plan settles: recommend.improvement_conditions holds the end to this band)."""
+    from dataclasses import replace
+
+    from optimizer_pipeline.model.local import GLOBAL, LOCAL
+    from optimizer_pipeline.pipeline import settled_evidence
     from optimizer_pipeline.plants import QuadrupleTank
     from optimizer_pipeline.settings import Settings
 
     _, split, artifact = steered_tank
-    assert steady_layer_evidence(QuadrupleTank().spec, artifact, split, Settings(), utc_now()) == (None, [])
+    spec = QuadrupleTank().spec
+    choice = artifact.selection["steady_model"]
+    identified = replace(artifact, selection={**artifact.selection, "steady_model": {**choice, "procedure": GLOBAL}})
+    assert settled_evidence(spec, identified, split, Settings(), utc_now()) == (None, [])
+    refitted = replace(artifact, selection={**artifact.selection, "steady_model": {**choice, "procedure": LOCAL}})
+    evidence, [condition] = settled_evidence(spec, refitted, split, Settings(), utc_now())
+    assert condition.name == "settled evidence of the plan's end" and condition.holds
+    assert evidence.score == "settled_residual_local" and evidence.block_length > refitted.horizon
 
 
 # --------------------------------------------------------------------------- ill-conditioned gains, failures

@@ -1,5 +1,5 @@
-"""Local refits for steady targets (model/local.py): the weighted regression, the local gain of a plant
-whose gain changes with the operating point, the choice identify records, and SETTLED_LOCAL scores."""
+"""Local refits (model/local.py): the weighted regression, the local gain of a plant whose gain changes
+with the operating point, the choice identify records, and the SETTLED_LOCAL / MAX_RESIDUAL_LOCAL scores."""
 
 import dataclasses
 import json
@@ -15,7 +15,8 @@ from optimizer_pipeline.model import local as local_module
 from optimizer_pipeline.model.arx import disturbance_window, fit_disturbance, rollout_windows, stack_runs, window_rows
 from optimizer_pipeline.model.fit import RidgeProblem, Structure
 from optimizer_pipeline.model.local import (GLOBAL, LOCAL, LOCAL_BANDWIDTH, SETTLE_FACTOR, LocalFitter, OperatingPoint,
-                                            settled_ends, steady_model_record, steady_procedure, structure_of)
+                                            local_paths, settle_limit, steady_model_record, steady_procedure,
+                                            structure_of)
 from optimizer_pipeline.model.statespace import disturbance_gain, settling_steps, steady_state
 
 POLE, INPUT = 0.8, 0.2  # y[t] = 0.8 y[t-1] + 0.2 f(u[t-1]): steady y = f(u)
@@ -133,7 +134,19 @@ def test_a_refit_far_from_the_data_or_too_slow_is_refused():
     assert fit is None and refused.startswith("the refit does not settle within 2 steps")
 
 
-def test_identify_keeps_the_local_procedure_where_it_settles_closer_and_only_for_steady_targets():
+def linear_plant(u: np.ndarray, seed: int) -> np.ndarray:
+    """y[t] = POLE y[t-1] + INPUT u[t-1] with noise 0.05 (runs, n), for MVs u (runs, n, 1)."""
+    y = np.zeros(u.shape[:2])
+    y[:, 0] = u[:, 0, 0]
+    for t in range(1, u.shape[1]):
+        y[:, t] = POLE * y[:, t - 1] + INPUT * u[:, t - 1, 0]
+    return y + 0.05 * np.random.default_rng(seed).normal(size=y.shape)
+
+
+def test_identify_keeps_the_local_procedure_where_it_settles_closer_for_both_templates():
+    """The curved plant: the refit settles closer on val windows, for a steady target and a move plan
+    alike (both are solved with the choice); a linear plant: it only adds variance, the identified
+    model is kept."""
     split = split_runs(steady_binding(), hammerstein_runs(3, noise=0.01))
     artifact = identify(split, steady_binding(), 1)
     choice = artifact.selection["steady_model"]
@@ -141,8 +154,12 @@ def test_identify_keeps_the_local_procedure_where_it_settles_closer_and_only_for
     assert choice["settled_nrmse"]["local"] < 0.85 * choice["settled_nrmse"]["global"]
     assert choice["windows"] > 10 and choice["refits"] == choice["windows"]
     move_plan = binding(n_mv=1, n_cv=1, na=1, nb=1, delay=1)
-    plain = identify(split_runs(move_plan, hammerstein_runs(3, noise=0.01)), move_plan, 1)
-    assert "steady_model" not in plain.selection and steady_procedure(plain) == "global"
+    plan = identify(split_runs(move_plan, hammerstein_runs(3, noise=0.01)), move_plan, 1)
+    assert plan.selection["steady_model"] == choice  # the same data, the same comparison
+    u = np.stack([run.u for run in hammerstein_runs(3)])  # the same excitation on a linear plant
+    linear = run_series("lin", u, linear_plant(u, 5)[:, :, None], np.zeros((u.shape[0], u.shape[1], 0)))
+    kept = identify(split_runs(move_plan, linear), move_plan, 1).selection["steady_model"]
+    assert kept["procedure"] == "global" and kept["settled_nrmse"]["global"] <= kept["settled_nrmse"]["local"]
 
 
 def test_settled_local_scores_refit_each_block_at_its_own_operating_point():
@@ -288,35 +305,69 @@ def test_a_later_split_refits_on_the_artifacts_own_train_runs():
         pipeline.train_runs(artifact, gone)
 
 
-def test_settled_ends_refit_each_window_midway_to_its_predicted_end_or_keep_the_identified_end():
-    """settled_ends, window by window: the identified model's h-step end; the refit centred between the
-    window's first MVs / CVs and the MVs of its last step / that end, with settle_within = SETTLE_FACTOR x h;
-    its h-step end where it is kept, the identified end where it is refused. A window refused early
-    (a run held far outside the train range) does not stop the later ones (short holds: the last step's
-    MVs often differ from the step's before)."""
+def test_local_paths_refit_each_window_midway_to_its_predicted_end_or_keep_the_identified_path():
+    """local_paths, window by window: the identified model's h-step path; the refit centred between the
+    window's first MVs / CVs and the MVs of its last step / that path's end, within settle_limit (SETTLE_FACTOR
+    x the identified model's settling horizon); its path where it is kept, the identified path where it is
+    refused. A window refused early (a run held far outside the train range) does not stop the later ones
+    (short holds: the last step's MVs often differ from the step's before). Both window lengths the
+    evidence uses: a move plan's P and a steady target's settling horizon."""
     spec = steady_binding()
     split = split_runs(spec, hammerstein_runs(2))
     artifact = identify(split, spec, 1)
     fitter = LocalFitter.for_artifact(artifact, stack_for(artifact, split.train))
     ss, orders = artifact.state_space, Orders(1, 1, 1)
-    h = settling_steps(ss)
+    settling = settling_steps(ss)
+    assert settle_limit(ss) == SETTLE_FACTOR * settling
     u = np.empty((2, 60, 1))
     u[0] = 7.0  # f(7) = 31.5: far above the train CVs
     u[1] = np.repeat(np.random.default_rng(11).uniform(-2.0, 2.0, 20), 3)[:, None]
     stacked = stack_for(artifact, run_series("v", u, plant(u), np.zeros((2, 60, 0))))
-    rows, which = window_rows(stacked, orders.first_state_row, h, 1)
-    global_end, local_end, used = settled_ends(fitter, ss, stacked, orders, rows, h, None)
-    identified = rollout_windows(ss, stacked, orders, rows, h)[0][:, -1]
-    np.testing.assert_allclose(global_end, identified, rtol=1e-12)
+    for h in (artifact.horizon, settling):
+        rows, which = window_rows(stacked, orders.first_state_row, h, 1)
+        global_path, local_path, used = local_paths(fitter, ss, stacked, orders, rows, h, None)
+        identified = rollout_windows(ss, stacked, orders, rows, h)[0]
+        np.testing.assert_allclose(global_path, identified, rtol=1e-12)
+        for i, k in enumerate(rows):
+            centre = OperatingPoint((stacked.u[k] + stacked.u[k + h - 1]) / 2, (stacked.y[k] + identified[i, -1]) / 2)
+            fit, _ = fitter.refit(centre, SETTLE_FACTOR * settling)
+            assert used[i] == (fit is not None), k
+            if fit is not None:
+                path = rollout_windows(fit.model.realise(), stacked, orders, rows[i:i + 1], h)[0][0]
+                np.testing.assert_allclose(local_path[i], path, rtol=1e-10, atol=1e-12)
+        np.testing.assert_array_equal(local_path[~used], global_path[~used])  # `used` is a mask
+        assert not used[which == 0].any() and used[which == 1].all()
+
+
+def test_max_residual_local_scores_refit_each_p_step_block_at_its_own_operating_point():
+    """A move plan of a local artifact: P-step blocks as max_residual's, each scored by the largest residual
+    of the refit's rollout (no disturbance held), the refit centred midway between the block's start and
+    its last MVs / the identified model's P-step prediction; on the curved plant, smaller than the
+    identified model's."""
+    spec = binding(n_mv=1, n_cv=1, na=1, nb=1, delay=1, horizon=10)
+    split = split_runs(spec, hammerstein_runs(4, noise=0.01))
+    artifact = identify(split, spec, 1)
+    assert steady_procedure(artifact) == LOCAL
+    h = artifact.horizon
+    local = uq.block_scores(artifact, split.val, h, uq.MAX_RESIDUAL_LOCAL, split.train)
+    plain = uq.block_scores(artifact, split.val, h, uq.MAX_RESIDUAL)
+    assert local.score == uq.MAX_RESIDUAL_LOCAL and local.scores.shape == plain.scores.shape and local.scores.size > 20
+    np.testing.assert_array_equal(local.starts, plain.starts)  # the same blocks
+    assert np.median(local.scores) < 0.85 * np.median(plain.scores)
+    assert pipeline.block_rule(spec, artifact) == (h, uq.MAX_RESIDUAL_LOCAL)
+    with pytest.raises(uq.UQInputError, match="max_residual_local refits on the train runs"):
+        uq.block_scores(artifact, split.val, h, uq.MAX_RESIDUAL_LOCAL)
+    # every block by hand: its centre, the refit, the refit's rollout, the largest residual
+    stacked, orders, ss = stack_for(artifact, split.val), Orders(1, 1, 1), artifact.state_space
+    fitter = LocalFitter.for_artifact(artifact, stack_for(artifact, split.train))
+    rows, _ = window_rows(stacked, orders.first_state_row, h, h)
+    predicted, measured = rollout_windows(ss, stacked, orders, rows, h)
     for i, k in enumerate(rows):
-        centre = OperatingPoint((stacked.u[k] + stacked.u[k + h - 1]) / 2, (stacked.y[k] + identified[i]) / 2)
-        fit, _ = fitter.refit(centre, SETTLE_FACTOR * h)
-        assert used[i] == (fit is not None), k
-        if fit is not None:
-            end = rollout_windows(fit.model.realise(), stacked, orders, rows[i:i + 1], h)[0][0, -1]
-            np.testing.assert_allclose(local_end[i], end, rtol=1e-10, atol=1e-12)
-    np.testing.assert_array_equal(local_end[~used], global_end[~used])  # `used` is a mask
-    assert not used[which == 0].any() and used[which == 1].all()
+        centre = OperatingPoint((stacked.u[k] + stacked.u[k + h - 1]) / 2, (stacked.y[k] + predicted[i, -1]) / 2)
+        fit, _ = fitter.refit(centre, SETTLE_FACTOR * settling_steps(ss))
+        path = predicted[i] if fit is None else rollout_windows(fit.model.realise(), stacked, orders, rows[i:i + 1],
+                                                                h)[0][0]
+        assert local.scores[i, 0] == pytest.approx(np.max(np.abs(measured[i, :, 0] - path[:, 0])), rel=1e-9, abs=1e-12)
 
 
 def test_the_steady_model_record_states_the_rule_and_its_figures():

@@ -8,12 +8,13 @@ import pytest
 from dagster import AssetKey, AssetRecordsFilter, instance_for_test
 
 from optimizer_pipeline import pipeline
-from optimizer_pipeline.contracts import Template, utc_now
-from optimizer_pipeline.model.artifact import local_artifact
+from optimizer_pipeline.contracts import CandidateKind, Template, utc_now
+from optimizer_pipeline.model.artifact import current_state, local_artifact
 from optimizer_pipeline.model.local import OperatingPoint
 from optimizer_pipeline.plants import demo_plants
 from optimizer_pipeline.settings import Settings
 from optimizer_pipeline.solver.solve import SolverCache, solve_problem
+from optimizer_pipeline.solver.targets import compile_steered
 
 from pipeline_fixtures import SEED, DemoHome, seed_home
 
@@ -53,22 +54,19 @@ def test_the_band_says_what_it_is_calibrated_for(demo):
     for binding_id, plant in demo.plants.items():
         doc = demo.ledger.latest_recommendation(binding_id).document()
         uq = doc["evidence"]["uq"]
-        if plant.spec.profile.template is Template.STEADY_RESPONSE:  # settled, by the procedure identify chose
-            artifact = pipeline.load_artifact(demo.ledger, demo.ledger.get_binding(binding_id))
-            local = artifact.selection["steady_model"]["procedure"] == "local"
+        artifact = pipeline.load_artifact(demo.ledger, demo.ledger.get_binding(binding_id))
+        local = artifact.selection["steady_model"]["procedure"] == "local"  # scored by the procedure identify chose
+        if plant.spec.profile.template is Template.STEADY_RESPONSE:  # settled
             assert (doc["band_steps"], uq["score"]) == (1, "settled_residual_local" if local else "settled_residual")
             assert uq["block_length"] > plant.spec.model.horizon  # the settling horizon, not P
         else:
             assert (doc["band_steps"], uq["score"]) == (min(plant.spec.model.horizon, len(doc["controls"])),
-                                                        "max_residual")
+                                                        "max_residual_local" if local else "max_residual")
             assert uq["block_length"] == plant.spec.model.horizon
         (record,) = demo.instance.fetch_materializations(
             AssetRecordsFilter(asset_key=AssetKey("model_artifact"), asset_partitions=[binding_id]), limit=1).records
         metadata = record.asset_materialization.metadata
-        if plant.spec.profile.template is Template.STEADY_RESPONSE:  # the choice of model for steady targets
-            assert metadata["steady_model"].value == artifact.selection["steady_model"]
-        else:
-            assert "steady_model" not in metadata
+        assert metadata["steady_model"].value == artifact.selection["steady_model"]  # the choice of model
         gain = record.asset_materialization.metadata["steady_gain"].value
         assert gain["uncertainty"]["replicates"] >= 2 and len(gain["uncertainty"]["std"]) == len(plant.spec.cvs)
         assert record.asset_materialization.metadata["steady_gain_condition"].value == pytest.approx(gain["condition"])
@@ -197,6 +195,48 @@ def test_the_blend_target_is_solved_with_the_model_refitted_midway_and_reaches_t
     held = plant.apply_plan(live, np.repeat(live.u[None, :], 6 * spec.model.horizon, axis=0))[-1]
     assert np.linalg.norm((settled - target) / scale) <= 0.1 * np.linalg.norm((held - target) / scale)
     assert np.all(np.abs(settled - np.asarray(doc["predicted"][-1])) <= np.asarray(doc["band"]))
+
+
+def test_the_tank_move_plan_is_solved_with_the_model_refitted_midway_to_its_p_th_step(demo):
+    """The four-tank plant's gains change with its levels: identify keeps the local procedure for its
+    move plan too, the first solve's nominal plan at step P (where the band's claim ends) and the live
+    state centre the refit, the problem holds that refit, its band is scored by the same procedure, and
+    the true plant ends within the judge's 10 % of holding's error (the identified model alone: 0.08-0.11
+    on the judge's seeds, BENCHMARKS.md)."""
+    plant, spec = demo.plants["tanks-1"], demo.plants["tanks-1"].spec
+    stored = demo.ledger.get_binding("tanks-1")
+    artifact, split = pipeline.load_artifact(demo.ledger, stored), pipeline.load_split(demo.ledger, stored)
+    assert artifact.selection["steady_model"]["procedure"] == "local"
+    rec = demo.ledger.latest_recommendation("tanks-1")
+    doc, run = rec.document(), demo.ledger.get_run(rec.run_id)
+    assert doc["evidence"]["uq"]["score"] == "max_residual_local"
+    recorded = run.context["steady_model"]
+    assert recorded["procedure"] == "local" and recorded["effective_rows"] > 50
+    # the first solve, by hand: the identified model's plan at step P
+    calibration = pipeline.load_calibration(demo.ledger, artifact)
+    first = solve_problem(compile_steered(spec, artifact, *current_state(artifact, split.live), split.live.u[-1],
+                                          split.live.d[-1], np.asarray(calibration.evidence.qhat)), SolverCache())
+    (nominal,) = [c for c in first.candidates if c.kind is CandidateKind.NOMINAL]
+    P = artifact.horizon
+    np.testing.assert_allclose(recorded["first_target"], nominal.controls[P - 1], rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(recorded["first_settled"], nominal.predicted[P - 1], rtol=1e-6, atol=1e-9)
+    u_mean, u_std = artifact.normalisation.of(spec.mv_tags)
+    y_mean, y_std = artifact.normalisation.of(spec.cv_tags)
+    np.testing.assert_allclose(recorded["operating_point"]["u"],
+                               ((split.live.u[-1] - u_mean) / u_std + (nominal.controls[P - 1] - u_mean) / u_std) / 2,
+                               rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(recorded["operating_point"]["y"],
+                               ((split.live.y[-1] - y_mean) / y_std + (nominal.predicted[P - 1] - y_mean) / y_std) / 2,
+                               rtol=1e-6, atol=1e-9)
+    point = OperatingPoint(np.asarray(recorded["operating_point"]["u"]), np.asarray(recorded["operating_point"]["y"]))
+    refit, _ = local_artifact(artifact, spec, pipeline.train_runs(artifact, split), point, 10_000)
+    assert np.allclose(run.problem["model"]["B"], refit.state_space.B, rtol=1e-9, atol=1e-12)
+    assert not np.allclose(run.problem["model"]["B"], artifact.state_space.B)
+    live = plant.history(SEED).live
+    target, scale = np.array([c.target for c in spec.cvs]), np.array([c.hi - c.lo for c in spec.cvs])
+    y_plan = plant.apply_plan(live, np.asarray(doc["controls"]))
+    y_hold = plant.apply_plan(live, np.repeat(live.u[None, :], len(doc["controls"]), axis=0))
+    assert np.linalg.norm((y_plan[-1] - target) / scale) <= 0.1 * np.linalg.norm((y_hold[-1] - target) / scale)
 
 
 def test_the_economic_binding_earns_most_of_the_true_optimum_within_its_limits(demo):

@@ -18,11 +18,11 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from optimizer_pipeline.contracts import (BindingSpec, ContractError, Gate, HistorySplit, ModelArtifact, Normalisation,
-                                          RunSeries, StateSpace, Template)
+                                          RunSeries, StateSpace)
 from optimizer_pipeline.model.arx import (ArxModel, Orders, Stacked, nrmse, rollout_nrmse, rollout_windows, stack_runs,
                                           disturbance_window, state_and_bias, stride_for, window_rows)
 from optimizer_pipeline.model.fit import RidgeProblem, Structure, free_mask, refine_multistep
-from optimizer_pipeline.model.local import (GLOBAL, LOCAL, LocalFitter, OperatingPoint, settled_ends,
+from optimizer_pipeline.model.local import (GLOBAL, LOCAL, LocalFitter, OperatingPoint, local_paths,
                                            steady_model_record)
 from optimizer_pipeline.model.select import (FIR_NA, MAX_CHANNEL_DELAY, ORDER_STAGE_RIDGE, RIDGE_GRID,
                                              RIDGE_STAGE_ORDERS, SELECTION_WINDOWS, Selector, best, candidates,
@@ -134,11 +134,13 @@ def _settled_error(model: ArxModel, selector: Selector) -> float:
 
 def _steady_model(model: ArxModel, structure: Structure, ridge: float, train: Stacked, selector: Selector,
                   held_out: bool) -> Mapping[str, Any]:
-    """Which model predicts a steady target's settled values closer on the held-out windows (at most
+    """Which model predicts where a move settles closer on the held-out windows (at most
     LOCAL_WINDOWS windows of the model's settling horizon, open-loop from the measured state, no
     disturbance held: what the refit changes is the model's own prediction): the model as identified,
     or refitted around each window's operating point (model/local.py). Without held-out runs the
-    identified model is kept (the refit has seen train)."""
+    identified model is kept (the refit has seen train). Steady targets and move plans alike are
+    solved with the chosen procedure (pipeline.solve_and_decide): what the refit fixes is the gain a
+    move ends on."""
     if not held_out:
         return steady_model_record(GLOBAL, note="no val run to compare on")
     ss = model.realise()
@@ -148,11 +150,11 @@ def _steady_model(model: ArxModel, structure: Structure, ridge: float, train: St
                                               stride_for(selector.data, first, h, LOCAL_WINDOWS))[0]
     if rows is None or rows.size == 0:
         return steady_model_record(GLOBAL, note="no held-out window of the settling horizon")
-    global_end, local_end, used = settled_ends(LocalFitter(structure, ridge, train), ss, selector.data, model.orders,
-                                               rows, h, None)
+    global_path, local_path, used = local_paths(LocalFitter(structure, ridge, train), ss, selector.data, model.orders,
+                                                rows, h, None)
     measured = selector.data.y[rows + h]
     with np.errstate(over="ignore", invalid="ignore"):
-        errors = [float(np.mean(nrmse(end, measured))) for end in (global_end, local_end)]
+        errors = [float(np.mean(nrmse(path[:, -1], measured))) for path in (global_path, local_path)]
     global_error, local_error = (e if np.isfinite(e) else np.inf for e in errors)
     return steady_model_record(LOCAL if local_error < global_error else GLOBAL, global_error, local_error,
                                windows=rows.size, refits=int(used.sum()))
@@ -219,9 +221,7 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
     else:
         refinement["kept"] = False
     model = final.model
-    steady = binding.profile.template is Template.STEADY_RESPONSE
-    steady_model = _steady_model(model, final.structure, final.ridge, train, selector,
-                                 selection_data == "val") if steady else None
+    steady_model = _steady_model(model, final.structure, final.ridge, train, selector, selection_data == "val")
     replicates = jackknife_models(problem, final.structure, final.ridge)
     gain = steady_gain_record(model, replicates)
     if gain["ill_conditioned"]:
@@ -244,7 +244,7 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
         "structure": final.structure.record(),
         "stable": final.stable,
         "regression_rows": problem.n_rows,
-        **({"steady_model": steady_model} if steady_model is not None else {}),
+        "steady_model": steady_model,
         "seconds": round(time.perf_counter() - started, 4),
     }
     artifact = artifact_from_model(

@@ -32,7 +32,7 @@ import numpy as np
 from optimizer_pipeline.contracts import ModelArtifact, StateSpace
 from optimizer_pipeline.model.arx import ArxModel, Orders, Stacked, fit_disturbance, rollout_windows, spectral_radius
 from optimizer_pipeline.model.fit import RidgeProblem, Structure
-from optimizer_pipeline.model.statespace import SETTLE_FRACTION, disturbance_gain
+from optimizer_pipeline.model.statespace import SETTLE_FRACTION, disturbance_step_gains, settling_steps
 
 LOCAL_BANDWIDTH = 1.0  # kernel width in train standard deviations, over the MVs and CVs together
 MIN_ROWS_PER_PARAMETER = 10  # a refit needs this effective sample per parameter, as gate G4 asks of the model
@@ -126,32 +126,45 @@ class LocalFitter:
         return LocalFit(model, problem, effective), ""
 
 
-def settled_ends(fitter: LocalFitter, ss: StateSpace, stacked: Stacked, orders: Orders, rows: np.ndarray, h: int,
-                 window: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per window k of `rows`: the h-step open-loop prediction of y[k + h] (n, ny) by the identified
-    model `ss` and by the local procedure, and whether the procedure used a refit (else the identified
-    model's end: the refit was refused, `LocalFitter.refit` with settle_within = SETTLE_FACTOR x h).
+def settle_limit(ss: StateSpace) -> int:
+    """Steps within which a refit of the identified model `ss` must settle (`LocalFitter.refit`):
+    SETTLE_FACTOR x its settling horizon; 0 (every refit refused) when it does not settle itself."""
+    with np.errstate(over="ignore", invalid="ignore"):  # an unstable model overflows: it does not settle
+        settling = settling_steps(ss)
+    return 0 if settling is None else SETTLE_FACTOR * settling
+
+
+def local_paths(fitter: LocalFitter, ss: StateSpace, stacked: Stacked, orders: Orders, rows: np.ndarray, h: int,
+                window: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per window k of `rows`: the h-step open-loop prediction of y[k + 1 .. k + h] (n, h, ny) by the
+    identified model `ss` and by the local procedure, and whether the procedure used a refit (else the
+    identified model's path: the refit was refused, `LocalFitter.refit` within `settle_limit(ss)`).
     With `window`, each holds its own disturbance fitted over the `window` rows before k
     (model.arx.fit_disturbance, as `current_state` holds it; k must have them); None: none held.
     The refit's operating point: the window's first MVs and its CVs at k, to the MVs of its last step
-    and the identified model's end; the same definition as the live solve's (pipeline)."""
+    and the identified model's end; the same definition as the live solve's (pipeline), whose window
+    is the plan."""
+    ny = stacked.y.shape[1]
+
     def held(model: StateSpace, at: np.ndarray) -> np.ndarray:
         if window is None:
-            return np.zeros((at.size, stacked.y.shape[1]))
-        return fit_disturbance(model, stacked, orders, at, window) @ disturbance_gain(model, h).T
+            return np.zeros((at.size, h, ny))
+        estimate = fit_disturbance(model, stacked, orders, at, window)  # (m, ny)
+        return np.einsum("jki,mi->mjk", disturbance_step_gains(model, h), estimate)
 
+    limit = settle_limit(ss)
     with np.errstate(over="ignore", invalid="ignore"):
-        global_end = rollout_windows(ss, stacked, orders, rows, h)[0][:, -1] + held(ss, rows)
-        local_end, used = global_end.copy(), np.zeros(rows.size, bool)
+        global_path = rollout_windows(ss, stacked, orders, rows, h)[0] + held(ss, rows)
+        local_path, used = global_path.copy(), np.zeros(rows.size, bool)
         for i, k in enumerate(rows):
-            point = OperatingPoint.of_move(stacked.u[k], stacked.y[k], stacked.u[k + h - 1], global_end[i])
-            fit, _ = fitter.refit(point, SETTLE_FACTOR * h)
+            point = OperatingPoint.of_move(stacked.u[k], stacked.y[k], stacked.u[k + h - 1], global_path[i, -1])
+            fit, _ = fitter.refit(point, limit)
             if fit is None:
                 continue
             local, one = fit.model.realise(), np.array([k])
-            local_end[i] = rollout_windows(local, stacked, orders, one, h)[0][0, -1] + held(local, one)[0]
+            local_path[i] = rollout_windows(local, stacked, orders, one, h)[0][0] + held(local, one)[0]
             used[i] = True
-    return global_end, local_end, used
+    return global_path, local_path, used
 
 
 def steady_model_record(procedure: str, global_error: float | None = None, local_error: float | None = None,
