@@ -255,9 +255,9 @@ def _planned_end(result: SolveResult, steps: int) -> tuple[np.ndarray, np.ndarra
 
 def _local_model(binding: BindingSpec, artifact: ModelArtifact, split: HistorySplit,
                  end: tuple[np.ndarray, np.ndarray]) -> tuple[ModelArtifact, dict]:
-    """The artifact refitted midway between the live state and the first solve's plan at its P-th step (a
-    steady target: the target) (model/local.py) on the artifact's own train runs, or the artifact itself when the refit is refused
-    as the evidence's blocks fall back; and what the run records of it."""
+    """The artifact refitted (model/local.py) midway between the live state and the first solve's plan
+    at its P-th step (a steady target: the target) on the artifact's own train runs, or the artifact
+    itself when the refit is refused as the evidence's blocks fall back; and what the run records of it."""
     live = split.live
     u_mean, u_std = artifact.normalisation.of(artifact.mv_tags)
     y_mean, y_std = artifact.normalisation.of(artifact.cv_tags)

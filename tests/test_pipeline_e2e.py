@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 from dagster import AssetKey, AssetRecordsFilter, instance_for_test
 
-from optimizer_pipeline import pipeline
+from optimizer_pipeline import pipeline, uq
 from optimizer_pipeline.contracts import CandidateKind, Template, utc_now
 from optimizer_pipeline.model.artifact import current_state, local_artifact
 from optimizer_pipeline.model.local import OperatingPoint
 from optimizer_pipeline.plants import demo_plants
+from optimizer_pipeline.recommend import improvement_conditions
 from optimizer_pipeline.settings import Settings
 from optimizer_pipeline.solver.solve import SolverCache, solve_problem
 from optimizer_pipeline.solver.targets import compile_steered
@@ -232,6 +233,17 @@ def test_the_tank_move_plan_is_solved_with_the_model_refitted_midway_to_its_p_th
     refit, _ = local_artifact(artifact, spec, pipeline.train_runs(artifact, split), point, 10_000)
     assert np.allclose(run.problem["model"]["B"], refit.state_space.B, rtol=1e-9, atol=1e-12)
     assert not np.allclose(run.problem["model"]["B"], artifact.state_space.B)
+    # its end is held to the settled band of the same procedure, not to the P-step band
+    cache = SolverCache()
+    solved = pipeline.solve_and_decide(spec, stored, artifact, split, calibration, lambda p: solve_problem(p, cache),
+                                       Settings(), "simulation", utc_now())
+    conditions = {c.name: c for c in solved.decision.conditions}
+    assert conditions["settled evidence of the plan's end"].holds
+    settled, _ = pipeline.settled_evidence(spec, artifact, split, Settings(), utc_now())
+    assert settled.score == "settled_residual_local"
+    [improvement] = improvement_conditions(spec, solved.result, solved.decision.chosen,
+                                           uq.band_engineering(settled, artifact), Settings().uq_max_band_fraction)
+    assert conditions["band against the improvement over holding"] == improvement
     live = plant.history(SEED).live
     target, scale = np.array([c.target for c in spec.cvs]), np.array([c.hi - c.lo for c in spec.cvs])
     y_plan = plant.apply_plan(live, np.asarray(doc["controls"]))
@@ -309,7 +321,7 @@ def test_solve_job_plans_from_the_newest_live_sample(demo):
 def test_a_live_run_that_ended_eleven_months_ago_is_unverified_with_its_age(tmp_path):
     from datetime import timedelta
 
-    from optimizer_pipeline import pipeline
+    from optimizer_pipeline import pipeline, uq
     from optimizer_pipeline.contracts import iso_utc, utc_now
     from optimizer_pipeline.ledger import Ledger
     from optimizer_pipeline.plants import get_plant

@@ -457,6 +457,23 @@ def test_near_the_targets_holdings_error_counts_as_a_tenth_of_the_ranges():
                                           f"uq.max_band_fraction allows 0.13")
 
 
+def test_decide_holds_the_plans_end_to_the_settled_band_when_there_is_one():
+    """end_band (pipeline.settled_evidence: a steered plan's or a local refit's settled band) replaces the
+    P-step band in the band against the improvement; the published band stays the P-step one."""
+    from optimizer_pipeline.recommend import improvement_conditions
+
+    target = np.asarray(PROBLEM.y_mean) + np.asarray(PROBLEM.y_std) * PROBLEM.y_target
+    plain = decide(SPEC, 7, ARTIFACT, PROBLEM, result(), snapshot(), (3.0, 3.0), 4.0, "or-abc123", NOW)
+    wide = decide(SPEC, 7, ARTIFACT, PROBLEM, result(), snapshot(), (3.0, 3.0), 4.0, "or-abc123", NOW,
+                  end_band=(60.0, 60.0))
+    before, after = by_name(list(plain.conditions))[IMPROVEMENT], by_name(list(wide.conditions))[IMPROVEMENT]
+    assert before.holds and not after.holds
+    assert after == improvement_conditions(SPEC, result(), ROBUST, (60.0, 60.0), 0.25, target)[0]
+    assert before == improvement_conditions(SPEC, result(), ROBUST, (3.0, 3.0), 0.25, target)[0]
+    assert wide.recommendation.band == (3.0, 3.0) and wide.recommendation.status is RecommendationStatus.UNVERIFIED
+    assert after.reason in wide.recommendation.reasons
+
+
 def test_the_improvement_is_judged_against_the_hold_candidate_only():
     from optimizer_pipeline.recommend import improvement_conditions
 

@@ -1,14 +1,16 @@
-"""Local models for steady targets: the artifact's structure refitted around an operating point.
+"""Local models: the artifact's structure refitted around an operating point.
 
 A linear model fitted to the whole history carries the history's average gain. On a plant whose gain
 changes over the operating range (the blending tank: its concentration is a ratio of the flows), a
 steady target computed with that gain from the live MVs misses by the difference between the average
 and the secant from the live point to the answer, which no better global fit can remove
-(bench/linear_floor.py). The secant is close to the plant's local gain at the midpoint of the move,
-so the steady solve refits the model there (pipeline.solve_and_decide):
+(bench/linear_floor.py); a move plan ends where the same gain puts it. The secant is close to the
+plant's local gain at the midpoint of the move, so the solve refits the model there
+(pipeline.solve_and_decide):
 
 * the operating point of a move is the midpoint of its start (the MVs held there, the CVs measured
-  there) and its predicted end (the MVs it holds, the CVs the identified model predicts they settle to);
+  there) and its predicted end (the MVs it holds, the CVs the identified model predicts there): a
+  steady target's settled values, a move plan's at its P-th step, an evidence block's at its last;
 * the local model is the artifact's structure and ridge refitted on the artifact's train runs by
   least squares with every target row weighted by a Gaussian kernel of the distance between the MVs /
   CVs of the row before it and that point, in train standard deviations, width LOCAL_BANDWIDTH (the
@@ -16,12 +18,12 @@ so the steady solve refits the model there (pipeline.solve_and_decide):
 * a refit is refused — the identified model predicts instead — when the kernel leaves fewer than
   MIN_ROWS_PER_PARAMETER effective rows per parameter (a point far from the data), or when it is
   unstable or its slowest mode has not decayed to 5 % within SETTLE_FACTOR settling horizons of the
-  identified model;
-* identification keeps the local procedure for a steady target only when, on held-out windows, it
+  identified model (`settle_limit`);
+* identification keeps the local procedure (for both templates) only when, on held-out windows, it
   predicts settled values closer than the identified model (model/artifact.py,
   `selection.steady_model`; the models' own open-loop prediction, no disturbance held), and its
-  evidence scores the same procedure on every val / test block, each held disturbance included
-  (uq.SETTLED_LOCAL), so the band covers what the recommendation does.
+  evidence scores the same procedure on every val / test block (uq.SETTLED_LOCAL, each held
+  disturbance included; uq.MAX_RESIDUAL_LOCAL), so the band covers what the recommendation does.
 """
 
 from dataclasses import dataclass
@@ -75,7 +77,8 @@ def structure_of(artifact: ModelArtifact) -> tuple[Structure, float]:
 
 
 def steady_procedure(artifact: ModelArtifact) -> str:
-    """LOCAL when identification chose the local procedure for steady targets, else GLOBAL."""
+    """LOCAL when identification chose the local procedure (for a steady target or a move plan alike),
+    else GLOBAL (also for an artifact identified before the choice was recorded for its template)."""
     return ((artifact.selection or {}).get("steady_model") or {}).get("procedure", GLOBAL)
 
 

@@ -12,6 +12,8 @@ This is the one simulation path of the linear model; the QP builders use their o
 the verifier re-simulates with this module.
 """
 
+from functools import lru_cache
+
 import numpy as np
 
 from optimizer_pipeline.contracts import StateSpace
@@ -85,11 +87,16 @@ def disturbance_step_gains(ss: StateSpace, steps: int) -> np.ndarray:
     return gains
 
 
+@lru_cache(maxsize=256)
 def settling_steps(ss: StateSpace, fraction: float = SETTLE_FRACTION, cap: int = MAX_SETTLING_STEPS) -> int | None:
     """The smallest H >= 1 such that, with every input (MVs and DVs) stepped by one unit and held,
     the response after H or more steps stays within `fraction` of its final value; the tolerance is
     taken per output as `fraction` times the output's largest |steady gain|. None when that has not
     happened within `cap` steps (slow, integrating or unstable model).
+
+    Cached by value (StateSpace is frozen and hashable): the `cap` steps are a Python loop of ~35 ms,
+    and one solve or scoring asks it of the same model several times (block rule, disturbance window,
+    the local refit's settle limit).
     """
     A, B, E, _, C = ss.arrays()
     inputs = np.hstack([B, E])

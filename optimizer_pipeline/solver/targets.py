@@ -13,7 +13,7 @@ steady-state layer decides where to go — the binding as a steady target (costs
 given, limits, the move reach of the plan's N moves), compiled as above — and the move plan tracks
 that point: its CV targets become the layer's CVs and it also tracks the layer's MVs
 (`compile_problem(steering=...)`). The layer's robust limits use the band of the settled response
-when the caller has one (pipeline.steady_layer_evidence).
+when the caller has one (pipeline.settled_evidence).
 
 Each stage is a QP in nu + ny variables (~1 ms with its verification), solved here in the caller's
 process; the problem that goes to a worker is an ordinary one. A stage that finds no feasible
