@@ -9,7 +9,7 @@ import pytest
 from model_helpers import binding, run_series, split_of, unit_normalisation
 
 from optimizer_pipeline import pipeline, uq
-from optimizer_pipeline.contracts import binding_from_dict
+from optimizer_pipeline.contracts import StateSpace, binding_from_dict
 from optimizer_pipeline.model import ArxModel, Orders, artifact_from_model, identify, stack_for
 from optimizer_pipeline.model import local as local_module
 from optimizer_pipeline.model.arx import disturbance_window, fit_disturbance, rollout_windows, stack_runs, window_rows
@@ -337,6 +337,34 @@ def test_local_paths_refit_each_window_midway_to_its_predicted_end_or_keep_the_i
                 np.testing.assert_allclose(local_path[i], path, rtol=1e-10, atol=1e-12)
         np.testing.assert_array_equal(local_path[~used], global_path[~used])  # `used` is a mask
         assert not used[which == 0].any() and used[which == 1].all()
+
+
+def test_a_model_that_does_not_settle_gives_a_settle_limit_that_refuses_every_refit():
+    """settle_limit: SETTLE_FACTOR x the identified model's settling horizon; 0 for an integrating or
+    unstable model (no settling horizon), and a limit of 0 steps refuses any refit."""
+    def first_order(pole: float) -> StateSpace:
+        return StateSpace.of([[pole]], [[0.2]], np.zeros((1, 0)), [0.0], [[1.0]])
+
+    stable = first_order(POLE)
+    assert settle_limit(stable) == SETTLE_FACTOR * settling_steps(stable) == SETTLE_FACTOR * 14  # 0.8 ** 14 < 5 % < 0.8 ** 13
+    assert settle_limit(first_order(1.0)) == 0 and settle_limit(first_order(1.05)) == 0
+    spec = steady_binding()
+    split = split_runs(spec, hammerstein_runs(2))
+    artifact = identify(split, spec, 1)
+    fitter = LocalFitter.for_artifact(artifact, stack_for(artifact, split.train))
+    fit, refused = fitter.refit(OperatingPoint(np.array([0.0]), np.array([0.0])), 0)
+    assert fit is None and refused.startswith("the refit does not settle within 0 steps")
+
+
+def test_an_artifact_without_the_choice_is_solved_with_the_identified_model():
+    """An artifact identified before the choice was recorded for its template (no steady_model), or a
+    record without a procedure: GLOBAL, never None."""
+    spec = binding(n_mv=1, n_cv=1, na=1, nb=1, delay=1)
+    artifact = identify(split_runs(spec, hammerstein_runs(3, noise=0.01)), spec, 1)
+    older = dataclasses.replace(artifact, selection={k: v for k, v in artifact.selection.items() if k != "steady_model"})
+    assert steady_procedure(older) == GLOBAL
+    assert steady_procedure(dataclasses.replace(artifact, selection={**artifact.selection, "steady_model": {}})) == GLOBAL
+    assert pipeline.block_rule(spec, older) == (older.horizon, uq.MAX_RESIDUAL)
 
 
 def test_max_residual_local_scores_refit_each_p_step_block_at_its_own_operating_point():
