@@ -304,6 +304,21 @@ def test_unknown_gain_uncertainty_fails():
         "steady-gain uncertainty unknown (the model records none: fewer than 2 train runs)")
 
 
+def test_the_gain_uncertainty_of_the_model_the_plan_was_solved_with_is_judged():
+    """A local refit's gain record (decide's `steady_gain`) replaces the artifact's: the artifact's
+    covariance fits the band, a refit's four times as large does not (spread x 2), and decide passes it on."""
+    refit = artifact(cov=(4 * np.asarray(COV)).tolist()).steady_gain  # 4 x the artifact's covariance
+    evidence = snapshot(uq={**UQ, "qhat": [1.0, 1.0]})
+    [own] = gain_conditions(ARTIFACT, PROBLEM, evidence, ROBUST)
+    [solved] = gain_conditions(ARTIFACT, PROBLEM, evidence, ROBUST, refit)
+    assert (own.value, own.holds) == ("y1: 3 against band 3", True)
+    assert (solved.value, solved.holds) == ("y1: 6 against band 3", False)
+    decided = decide(SPEC, 7, ARTIFACT, PROBLEM, result(), evidence, (3.0, 3.0), 4.0, "or-abc123", NOW,
+                     steady_gain=refit)
+    assert by_name(list(decided.conditions))[GAIN] == solved
+    assert solved.reason in decided.recommendation.reasons
+
+
 # ---------------------------------------------------------------------------- band_steps
 
 
