@@ -302,7 +302,9 @@ def settled_evidence(binding: BindingSpec, artifact: ModelArtifact, split: Histo
     steady template's evidence, `block_rule`), not the plan's P-step band, which says nothing about
     where the plant settles after P. A refit's P-step band says as little of where its plan settles:
     the refit is centred on each block's own path, so the band against the improvement holds the
-    plan's end to this band instead (recommend.improvement_conditions). Scored here on the split's
+    plan's end to the wider of the two (recommend.decide); this one is the local procedure's settled
+    error (its refits centred on each settled block's end, the live plan's on its P-th step), not a
+    calibration of that exact plan. Scored here on the split's
     val / test runs and gated like any evidence; not recorded as a calibration of its own. Without it
     (too few settled blocks, or a failed gate) the layer falls back on the plan's band and the
     condition fails, naming why: the recommendation is not `verified`. Nothing for a steady target or

@@ -157,7 +157,8 @@ def improvement_conditions(binding: BindingSpec, result: SolveResult, candidate:
     its own small error). The band is calibrated on the first P steps only, so this is how the
     plan's end is held to it: a band as wide as a good part of the way the plan moves claims an
     improvement the evidence does not back (e.g. one linear model on a curved plant). decide passes
-    the settled response's band instead where there is one (a steered plan, a local refit's). No condition
+    the wider of it and the settled response's band where there is one (a steered plan, a local
+    refit's). No condition
     for a steady target (its band is calibrated on the settled value it predicts), without a
     candidate or without a band; no HOLD prediction fails."""
     if (binding.profile.template is Template.STEADY_RESPONSE or candidate is None or not candidate.predicted
@@ -193,6 +194,13 @@ def band_steps(binding: BindingSpec, evidence: EvidenceSnapshot, candidate: Solv
     return min(int(evidence.uq["block_length"]), len(candidate.controls))
 
 
+def _wider(band: Sequence[float | None], other: Sequence[float | None] | None) -> tuple[float | None, ...]:
+    """Per CV the wider of two bands (None where either has none); `band` itself without `other`."""
+    if other is None:
+        return tuple(band)
+    return tuple(None if a is None or b is None else max(a, b) for a, b in zip(band, other))
+
+
 def decide(binding: BindingSpec, binding_revision: int, artifact: ModelArtifact, problem: ProblemIR,
            result: SolveResult, evidence: EvidenceSnapshot, band_engineering: Sequence[float | None],
            max_input_distance: float, run_id: str, now: datetime,
@@ -204,12 +212,12 @@ def decide(binding: BindingSpec, binding_revision: int, artifact: ModelArtifact,
     when every condition holds, `unverified` otherwise (with every failed condition listed).
     `steady_gain`: the gain record of the model the problem was compiled with when that is not the
     artifact's own (a local refit, model/local.py); `end_band`: the band of the settled response the
-    plan ends on, when there is one (pipeline.settled_evidence), which the band against the
-    improvement holds the plan's end to instead of the P-step band."""
+    plan ends on, when there is one (pipeline.settled_evidence): the band against the improvement
+    holds the plan's end to the wider of it and the P-step band, per CV."""
     candidate = choose_candidate(result) if result.ok else None
     checked = (conditions(artifact, evidence, candidate, max_input_distance, now)
                + gain_conditions(artifact, problem, evidence, candidate, steady_gain)
-               + improvement_conditions(binding, result, candidate, band_engineering if end_band is None else end_band,
+               + improvement_conditions(binding, result, candidate, _wider(band_engineering, end_band),
                                         max_band_fraction,
                                         np.asarray(problem.y_mean) + np.asarray(problem.y_std) * problem.y_target)
                + list(extra_conditions))

@@ -65,6 +65,10 @@ EXCHANGEABILITY_TEST = (
     "min over CVs = min(1, n_cv * min_j p_j)")
 
 
+# the local refit (model.local), as the rules below state it
+_REFIT = ("model.local: the artifact's structure and ridge on its train runs, train rows weighted by a Gaussian "
+          "kernel of width 1 train std over the MVs and CVs (not the DVs) of the row before them, the nearest "
+          "weighing 1")
 MAX_RESIDUAL = "max_residual"
 MAX_RESIDUAL_LOCAL = "max_residual_local"
 SETTLED_RESIDUAL = "settled_residual"
@@ -80,19 +84,19 @@ SCORE_RULES = {
                       "max(P, 2 x the settling horizon) (model.arx.fit_disturbance: the disturbance a steady "
                       "target is predicted with)",
     SETTLED_LOCAL: "as settled_residual, but each block predicted by the model refitted around the block's "
-                   "operating point (model.local: the artifact's structure and ridge on its train runs, train "
-                   "rows weighted by a Gaussian kernel of width 1 train std over the MVs and CVs (not the DVs) "
-                   "of the row before them, the nearest weighing 1, centred midway between the block's MVs and "
-                   "measured CVs at its start and its last MVs and the identified model's settled "
-                   "prediction), its held disturbance fitted by that model over the same W rows; a refit with "
-                   "fewer than 10 effective rows per parameter, or whose slowest mode has not decayed to 5 % "
-                   "within 2 h (unstable included), is refused and the block predicted by the identified "
-                   "model: the procedure a steady target of such an artifact is solved with",
+                   f"operating point ({_REFIT}, centred midway between the block's MVs and measured CVs at its "
+                   "start and its last MVs and the identified model's settled prediction), its held disturbance "
+                   "fitted by that model over the same W rows; a refit with fewer than 10 effective rows per "
+                   "parameter, or whose slowest mode has not decayed to 5 % within 2 h (unstable included), is "
+                   "refused and the block predicted by the identified model: the procedure a steady target of "
+                   "such an artifact is solved with",
     MAX_RESIDUAL_LOCAL: "as max_residual, but each block predicted by the model refitted around the block's "
-                        "operating point as for settled_residual_local (centred midway between the block's MVs "
-                        "and measured CVs at its start and its last MVs and the identified model's prediction "
-                        "at its end; no disturbance held), the block predicted by the identified model where "
-                        "the refit is refused: the procedure a move plan of such an artifact is solved with",
+                        f"operating point ({_REFIT}, centred midway between the block's MVs and measured CVs at "
+                        "its start and its last MVs and the identified model's prediction at its end), no "
+                        "disturbance held; a refit with fewer than 10 effective rows per parameter, or whose "
+                        "slowest mode has not decayed to 5 % within 2 settling horizons of the identified model "
+                        "(unstable included), is refused and the block predicted by the identified model: the "
+                        "procedure a move plan of such an artifact is solved with",
 }
 LOCAL_SCORES = (SETTLED_LOCAL, MAX_RESIDUAL_LOCAL)  # refit on the artifact's train runs (model.local)
 

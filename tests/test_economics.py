@@ -339,6 +339,12 @@ def test_an_unsteered_plan_has_settled_evidence_only_when_solved_with_a_local_re
     evidence, [condition] = settled_evidence(spec, refitted, split, Settings(), utc_now())
     assert condition.name == "settled evidence of the plan's end" and condition.holds
     assert evidence.score == "settled_residual_local" and evidence.block_length > refitted.horizon
+    # too few settled blocks: no band, not verified, and the reason names the plan's end
+    short = replace(split, val=tuple(replace(r, t=r.t[:40], u=r.u[:40], y=r.y[:40], d=r.d[:40]) for r in split.val),
+                    test=tuple(replace(r, t=r.t[:40], u=r.u[:40], y=r.y[:40], d=r.d[:40]) for r in split.test))
+    evidence, [condition] = settled_evidence(spec, refitted, short, Settings(), utc_now())
+    assert evidence is None and not condition.holds and condition.value == "none"
+    assert condition.reason.startswith("the end of the plan (a local refit's) has no settled evidence: no UQ evidence")
 
 
 # --------------------------------------------------------------------------- ill-conditioned gains, failures

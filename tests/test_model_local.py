@@ -17,7 +17,7 @@ from optimizer_pipeline.model.fit import RidgeProblem, Structure
 from optimizer_pipeline.model.local import (GLOBAL, LOCAL, LOCAL_BANDWIDTH, SETTLE_FACTOR, LocalFitter, OperatingPoint,
                                             local_paths, settle_limit, steady_model_record, steady_procedure,
                                             structure_of)
-from optimizer_pipeline.model.statespace import disturbance_gain, settling_steps, steady_state
+from optimizer_pipeline.model.statespace import disturbance_gain, disturbance_step_gains, settling_steps, steady_state
 
 POLE, INPUT = 0.8, 0.2  # y[t] = 0.8 y[t-1] + 0.2 f(u[t-1]): steady y = f(u)
 
@@ -365,6 +365,50 @@ def test_an_artifact_without_the_choice_is_solved_with_the_identified_model():
     assert steady_procedure(older) == GLOBAL
     assert steady_procedure(dataclasses.replace(artifact, selection={**artifact.selection, "steady_model": {}})) == GLOBAL
     assert pipeline.block_rule(spec, older) == (older.horizon, uq.MAX_RESIDUAL)
+
+
+def test_local_paths_hold_each_windows_disturbance_over_every_step_of_two_coupled_cvs():
+    """With `window`, every step of a path adds the held disturbance's response, simulated here from rest
+    (x <- A x + C' e, y = C x) for the identified model and each kept refit: two CVs whose AR coupling
+    makes that response's matrix unsymmetric, so a transposed contraction would show."""
+    rng = np.random.default_rng(21)
+    u = np.repeat(rng.uniform(-2.0, 2.0, (6, 20, 1)), 20, axis=1)  # 6 runs of 400 rows, holds of 20
+    y = np.zeros((6, 400, 2))
+    for t in range(1, 400):
+        y[:, t, 0] = 0.8 * y[:, t - 1, 0] + 0.2 * curved(u[:, t - 1, 0])
+        y[:, t, 1] = 0.6 * y[:, t - 1, 1] + 0.3 * y[:, t - 1, 0] + 0.1 * u[:, t - 1, 0]
+    y += 0.01 * rng.normal(size=y.shape)
+    spec = binding(n_mv=1, n_cv=2, na=1, nb=1, delay=1)
+    split = split_runs(spec, run_series("c", u, y, np.zeros((6, 400, 0))))
+    artifact = identify(split, spec, 1)
+    fitter = LocalFitter.for_artifact(artifact, stack_for(artifact, split.train))
+    stacked, orders, ss = stack_for(artifact, split.val), Orders(1, 1, 1), artifact.state_space
+    h, window = 10, 30
+    rows, _ = window_rows(stacked, orders.first_state_row + window, h, h)
+
+    def held_path(model, k):
+        A, _, _, _, C = (np.asarray(m, float) for m in model.arrays())
+        e = fit_disturbance(model, stacked, orders, np.array([k]), window)[0]
+        x, out = np.zeros(A.shape[0]), []
+        for _ in range(h):
+            x = A @ x + C.T @ e
+            out.append(C @ x)
+        return np.array(out)
+
+    gains = disturbance_step_gains(ss, h)
+    assert not np.allclose(gains[-1], gains[-1].T)
+    global_path, local_path, used = local_paths(fitter, ss, stacked, orders, rows, h, window)
+    predicted = rollout_windows(ss, stacked, orders, rows, h)[0]
+    for i, k in enumerate(rows):
+        np.testing.assert_allclose(global_path[i], predicted[i] + held_path(ss, k), rtol=1e-9, atol=1e-12)
+        centre = OperatingPoint((stacked.u[k] + stacked.u[k + h - 1]) / 2, (stacked.y[k] + global_path[i, -1]) / 2)
+        fit, _ = fitter.refit(centre, settle_limit(ss))
+        assert used[i] == (fit is not None)
+        if fit is not None:
+            refit = fit.model.realise()
+            own = rollout_windows(refit, stacked, orders, rows[i:i + 1], h)[0][0]
+            np.testing.assert_allclose(local_path[i], own + held_path(refit, k), rtol=1e-9, atol=1e-12)
+    assert used.sum() > rows.size // 2
 
 
 def test_max_residual_local_scores_refit_each_p_step_block_at_its_own_operating_point():

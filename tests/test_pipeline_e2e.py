@@ -54,16 +54,17 @@ def test_the_band_says_what_it_is_calibrated_for(demo):
     band its settled value (the residual at the end of settling-horizon blocks)."""
     for binding_id, plant in demo.plants.items():
         doc = demo.ledger.latest_recommendation(binding_id).document()
-        uq = doc["evidence"]["uq"]
+        calibrated = doc["evidence"]["uq"]
         artifact = pipeline.load_artifact(demo.ledger, demo.ledger.get_binding(binding_id))
         local = artifact.selection["steady_model"]["procedure"] == "local"  # scored by the procedure identify chose
         if plant.spec.profile.template is Template.STEADY_RESPONSE:  # settled
-            assert (doc["band_steps"], uq["score"]) == (1, "settled_residual_local" if local else "settled_residual")
-            assert uq["block_length"] > plant.spec.model.horizon  # the settling horizon, not P
+            assert (doc["band_steps"], calibrated["score"]) == (1, "settled_residual_local" if local
+                                                                else "settled_residual")
+            assert calibrated["block_length"] > plant.spec.model.horizon  # the settling horizon, not P
         else:
-            assert (doc["band_steps"], uq["score"]) == (min(plant.spec.model.horizon, len(doc["controls"])),
-                                                        "max_residual_local" if local else "max_residual")
-            assert uq["block_length"] == plant.spec.model.horizon
+            assert (doc["band_steps"], calibrated["score"]) == (min(plant.spec.model.horizon, len(doc["controls"])),
+                                                                "max_residual_local" if local else "max_residual")
+            assert calibrated["block_length"] == plant.spec.model.horizon
         (record,) = demo.instance.fetch_materializations(
             AssetRecordsFilter(asset_key=AssetKey("model_artifact"), asset_partitions=[binding_id]), limit=1).records
         metadata = record.asset_materialization.metadata
@@ -321,7 +322,7 @@ def test_solve_job_plans_from_the_newest_live_sample(demo):
 def test_a_live_run_that_ended_eleven_months_ago_is_unverified_with_its_age(tmp_path):
     from datetime import timedelta
 
-    from optimizer_pipeline import pipeline, uq
+    from optimizer_pipeline import pipeline
     from optimizer_pipeline.contracts import iso_utc, utc_now
     from optimizer_pipeline.ledger import Ledger
     from optimizer_pipeline.plants import get_plant

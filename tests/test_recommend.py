@@ -473,8 +473,9 @@ def test_near_the_targets_holdings_error_counts_as_a_tenth_of_the_ranges():
 
 
 def test_decide_holds_the_plans_end_to_the_settled_band_when_there_is_one():
-    """end_band (pipeline.settled_evidence: a steered plan's or a local refit's settled band) replaces the
-    P-step band in the band against the improvement; the published band stays the P-step one."""
+    """end_band (pipeline.settled_evidence: a steered plan's or a local refit's settled band): the band
+    against the improvement takes the wider of it and the P-step band per CV (a narrower settled band
+    never loosens it); the published band stays the P-step one."""
     from optimizer_pipeline.recommend import improvement_conditions
 
     target = np.asarray(PROBLEM.y_mean) + np.asarray(PROBLEM.y_std) * PROBLEM.y_target
@@ -487,6 +488,14 @@ def test_decide_holds_the_plans_end_to_the_settled_band_when_there_is_one():
     assert before == improvement_conditions(SPEC, result(), ROBUST, (3.0, 3.0), 0.25, target)[0]
     assert wide.recommendation.band == (3.0, 3.0) and wide.recommendation.status is RecommendationStatus.UNVERIFIED
     assert after.reason in wide.recommendation.reasons
+    mixed = decide(SPEC, 7, ARTIFACT, PROBLEM, result(), snapshot(), (3.0, 50.0), 4.0, "or-abc123", NOW,
+                   end_band=(60.0, 0.5))
+    assert by_name(list(mixed.conditions))[IMPROVEMENT] == improvement_conditions(SPEC, result(), ROBUST, (60.0, 50.0),
+                                                                                  0.25, target)[0]
+    # no band for a CV on either side: no such condition (the evidence condition fails on its own)
+    for band, end in (((3.0, None), (60.0, 60.0)), ((3.0, 3.0), (60.0, None))):
+        none = decide(SPEC, 7, ARTIFACT, PROBLEM, result(), snapshot(), band, 4.0, "or-abc123", NOW, end_band=end)
+        assert IMPROVEMENT not in by_name(list(none.conditions))
 
 
 def test_the_improvement_is_judged_against_the_hold_candidate_only():

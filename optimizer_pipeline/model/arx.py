@@ -276,8 +276,7 @@ def disturbance_window(ss: StateSpace, horizon: int) -> int:
     """Rows W the held disturbance is fitted over: DISTURBANCE_SETTLING_HORIZONS x the model's settling
     horizon (model.statespace.settling_steps), at least the training horizon P; P for a model that does
     not settle."""
-    with np.errstate(over="ignore", invalid="ignore"):  # an unstable model overflows: it does not settle
-        settling = settling_steps(ss)
+    settling = settling_steps(ss)
     return max(int(horizon), DISTURBANCE_SETTLING_HORIZONS * settling) if settling is not None else int(horizon)
 
 

@@ -132,8 +132,7 @@ class LocalFitter:
 def settle_limit(ss: StateSpace) -> int:
     """Steps within which a refit of the identified model `ss` must settle (`LocalFitter.refit`):
     SETTLE_FACTOR x its settling horizon; 0 (every refit refused) when it does not settle itself."""
-    with np.errstate(over="ignore", invalid="ignore"):  # an unstable model overflows: it does not settle
-        settling = settling_steps(ss)
+    settling = settling_steps(ss)
     return 0 if settling is None else SETTLE_FACTOR * settling
 
 
@@ -145,8 +144,9 @@ def local_paths(fitter: LocalFitter, ss: StateSpace, stacked: Stacked, orders: O
     With `window`, each holds its own disturbance fitted over the `window` rows before k
     (model.arx.fit_disturbance, as `current_state` holds it; k must have them); None: none held.
     The refit's operating point: the window's first MVs and its CVs at k, to the MVs of its last step
-    and the identified model's end; the same definition as the live solve's (pipeline), whose window
-    is the plan."""
+    and the identified model's end; the live solve's definition (pipeline), whose window is the plan
+    up to its P-th step or a steady target (its end predicted with the held disturbance, which a
+    window without `window` does not hold)."""
     ny = stacked.y.shape[1]
 
     def held(model: StateSpace, at: np.ndarray) -> np.ndarray:

@@ -96,7 +96,8 @@ def settling_steps(ss: StateSpace, fraction: float = SETTLE_FRACTION, cap: int =
 
     Cached by value (StateSpace is frozen and hashable): the `cap` steps are a Python loop of ~35 ms,
     and one solve or scoring asks it of the same model several times (block rule, disturbance window,
-    the local refit's settle limit).
+    the local refit's settle limit). An unstable model's response overflows: it does not settle, and
+    numpy is not asked to warn about it.
     """
     A, B, E, _, C = ss.arrays()
     inputs = np.hstack([B, E])
@@ -105,11 +106,10 @@ def settling_steps(ss: StateSpace, fraction: float = SETTLE_FRACTION, cap: int =
     tol = fraction * np.max(np.abs(final), axis=1, initial=0.0)[:, None]
     x = np.zeros((inputs.shape[1], A.shape[0]))  # one state per input, unit step held from step 0
     last_outside = -1  # the last step whose response is outside (step k ends after k + 1 steps held)
-    for k in range(cap):
-        x = x @ A.T + inputs.T
-        y = x @ C.T  # (n_inputs, ny): row j = response to input j at the end of step k
-        with np.errstate(invalid="ignore", over="ignore"):
-            outside = np.abs(y.T - final) > tol
-        if np.any(outside | ~np.isfinite(y.T)):
-            last_outside = k
+    with np.errstate(invalid="ignore", over="ignore"):
+        for k in range(cap):
+            x = x @ A.T + inputs.T
+            y = x @ C.T  # (n_inputs, ny): row j = response to input j at the end of step k
+            if np.any((np.abs(y.T - final) > tol) | ~np.isfinite(y.T)):
+                last_outside = k
     return None if last_outside == cap - 1 else last_outside + 2

@@ -99,16 +99,10 @@ def dead_time_steps(response: np.ndarray) -> np.ndarray:
     return np.where(steepest > 0, crossing, np.nan)[..., 0]
 
 
-def _settling(ss: StateSpace) -> int | None:
-    """statespace.settling_steps; an unstable model's overflow there just means "does not settle"."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        return settling_steps(ss)
-
-
 def _pair_settling(ss: StateSpace, cv: int, column: int) -> int | None:
     """The settling horizon of CV `cv` to input `column` (MVs, then DVs) alone."""
     A, B, E, f, C = ss.arrays()
-    return _settling(StateSpace.of(A, np.hstack([B, E])[:, column], np.zeros((A.shape[0], 0)), f, C[cv]))
+    return settling_steps(StateSpace.of(A, np.hstack([B, E])[:, column], np.zeros((A.shape[0], 0)), f, C[cv]))
 
 
 def _optional(value: float) -> float | None:
@@ -123,7 +117,7 @@ def step_response_record(ss: StateSpace, replicates: Sequence[StateSpace], bindi
     _, cv_std = normalisation.of(binding.cv_tags)
     inputs = binding.mv_tags + binding.dv_tags
     scale = cv_std[:, None] / normalisation.of(inputs)[1][None, :]  # (ny, n_in): normalised -> engineering
-    settle = _settling(ss)
+    settle = settling_steps(ss)
     steps = MAX_STEPS if settle is None else min(MAX_STEPS, HORIZON_FACTOR * settle)
 
     def engineering(model: StateSpace) -> tuple[np.ndarray, np.ndarray]:
