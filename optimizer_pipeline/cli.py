@@ -418,8 +418,11 @@ def _describe(doc: dict[str, Any]) -> str:
     if doc["controls"]:
         first = ", ".join(f"{t}={v:.4g}" for t, v in zip(doc["mv_tags"], doc["controls"][0]))
         end = ", ".join(f"{t}={v:.4g}±{_num(b)}" for t, v, b in zip(doc["cv_tags"], doc["predicted"][-1], doc["band"]))
+        calibrated = doc.get("band_steps")  # a move plan's band is a calibrated claim for its first P steps only
+        beyond = calibrated is not None and calibrated < len(doc["predicted"])
         lines.append(f"first move: {first}")
-        lines.append(f"predicted at the end of the horizon ({len(doc['predicted'])} steps): {end}")
+        lines.append(f"predicted at the end of the horizon ({len(doc['predicted'])} steps): {end}"
+                     + (f" (the band is calibrated for the first {calibrated} steps only)" if beyond else ""))
     lines.append(f"evidence: source {doc['evidence']['source']}, input distance "
                  f"{_num(doc['evidence']['input_distance'])}, calibration fresh {doc['evidence']['calibration_fresh']}")
     return "\n".join(lines)

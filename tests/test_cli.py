@@ -61,6 +61,9 @@ def test_ingest_materialize_recommendation_round_trip(tmp_path, files):
 
     text = cli(home, "recommendation", "heater-1")
     assert "status: verified" in text.stdout and "first move: q_heat=" in text.stdout
+    assert doc["band_steps"] == 15 < len(doc["predicted"])  # P of the heater's binding, of a 40-step plan
+    assert "predicted at the end of the horizon (40 steps): t_out=" in text.stdout
+    assert text.stdout.rstrip().splitlines()[-2].endswith("(the band is calibrated for the first 15 steps only)")
 
     ledger = json.loads(cli(home, "ledger", "--binding", "heater-1", "--json").stdout)
     assert len(ledger["runs"]) == 1 and len(ledger["recommendations"]) == 1 and len(ledger["candidates"]) == 3
