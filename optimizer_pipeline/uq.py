@@ -151,7 +151,7 @@ def block_scores(artifact: ModelArtifact, runs: Sequence[RunSeries], h: int | No
                 if not train:
                     raise UQInputError(f"block scores: {score} refits on the train runs, and none were given")
                 fitter = LocalFitter.for_artifact(artifact, stack_for(artifact, train))
-                path = local_paths(fitter, ss, stacked, orders, rows, h, window if settled else None)[1]
+                path = local_paths(fitter, ss, stacked, orders, rows, predicted, window if settled else None)[1]
                 scores = np.abs(measured[:, -1] - path[:, -1]) if settled else _max_over_steps(np.abs(measured - path))
             elif settled:
                 # the disturbance `current_state` would hold at row k: fitted over the W rows before it

@@ -325,8 +325,8 @@ def test_local_paths_refit_each_window_midway_to_its_predicted_end_or_keep_the_i
     stacked = stack_for(artifact, run_series("v", u, plant(u), np.zeros((2, 60, 0))))
     for h in (artifact.horizon, settling):
         rows, which = window_rows(stacked, orders.first_state_row, h, 1)
-        global_path, local_path, used = local_paths(fitter, ss, stacked, orders, rows, h, None)
         identified = rollout_windows(ss, stacked, orders, rows, h)[0]
+        global_path, local_path, used = local_paths(fitter, ss, stacked, orders, rows, identified.copy(), None)
         np.testing.assert_allclose(global_path, identified, rtol=1e-12)
         for i, k in enumerate(rows):
             centre = OperatingPoint((stacked.u[k] + stacked.u[k + h - 1]) / 2, (stacked.y[k] + identified[i, -1]) / 2)
@@ -397,8 +397,8 @@ def test_local_paths_hold_each_windows_disturbance_over_every_step_of_two_couple
 
     gains = disturbance_step_gains(ss, h)
     assert not np.allclose(gains[-1], gains[-1].T)
-    global_path, local_path, used = local_paths(fitter, ss, stacked, orders, rows, h, window)
     predicted = rollout_windows(ss, stacked, orders, rows, h)[0]
+    global_path, local_path, used = local_paths(fitter, ss, stacked, orders, rows, predicted.copy(), window)
     for i, k in enumerate(rows):
         np.testing.assert_allclose(global_path[i], predicted[i] + held_path(ss, k), rtol=1e-9, atol=1e-12)
         centre = OperatingPoint((stacked.u[k] + stacked.u[k + h - 1]) / 2, (stacked.y[k] + global_path[i, -1]) / 2)

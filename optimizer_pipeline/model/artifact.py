@@ -150,11 +150,11 @@ def _steady_model(model: ArxModel, structure: Structure, ridge: float, train: St
                                               stride_for(selector.data, first, h, LOCAL_WINDOWS))[0]
     if rows is None or rows.size == 0:
         return steady_model_record(GLOBAL, note="no held-out window of the settling horizon")
-    global_path, local_path, used = local_paths(LocalFitter(structure, ridge, train), ss, selector.data, model.orders,
-                                                rows, h, None)
-    measured = selector.data.y[rows + h]
     with np.errstate(over="ignore", invalid="ignore"):
-        errors = [float(np.mean(nrmse(path[:, -1], measured))) for path in (global_path, local_path)]
+        identified, measured = rollout_windows(ss, selector.data, model.orders, rows, h)
+        global_path, local_path, used = local_paths(LocalFitter(structure, ridge, train), ss, selector.data,
+                                                    model.orders, rows, identified, None)
+        errors = [float(np.mean(nrmse(path[:, -1], measured[:, -1]))) for path in (global_path, local_path)]
     global_error, local_error = (e if np.isfinite(e) else np.inf for e in errors)
     return steady_model_record(LOCAL if local_error < global_error else GLOBAL, global_error, local_error,
                                windows=rows.size, refits=int(used.sum()))

@@ -136,18 +136,20 @@ def settle_limit(ss: StateSpace) -> int:
     return 0 if settling is None else SETTLE_FACTOR * settling
 
 
-def local_paths(fitter: LocalFitter, ss: StateSpace, stacked: Stacked, orders: Orders, rows: np.ndarray, h: int,
-                window: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def local_paths(fitter: LocalFitter, ss: StateSpace, stacked: Stacked, orders: Orders, rows: np.ndarray,
+                identified: np.ndarray, window: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per window k of `rows`: the h-step open-loop prediction of y[k + 1 .. k + h] (n, h, ny) by the
     identified model `ss` and by the local procedure, and whether the procedure used a refit (else the
     identified model's path: the refit was refused, `LocalFitter.refit` within `settle_limit(ss)`).
+    `identified`: the identified model's own rollout of the windows (model.arx.rollout_windows, which
+    the callers have already run for the measured values), h its length.
     With `window`, each holds its own disturbance fitted over the `window` rows before k
     (model.arx.fit_disturbance, as `current_state` holds it; k must have them); None: none held.
     The refit's operating point: the window's first MVs and its CVs at k, to the MVs of its last step
     and the identified model's end; the live solve's definition (pipeline), whose window is the plan
     up to its P-th step or a steady target (its end predicted with the held disturbance, which a
     window without `window` does not hold)."""
-    ny = stacked.y.shape[1]
+    h, ny = identified.shape[1], stacked.y.shape[1]
 
     def held(model: StateSpace, at: np.ndarray) -> np.ndarray:
         if window is None:
@@ -157,7 +159,7 @@ def local_paths(fitter: LocalFitter, ss: StateSpace, stacked: Stacked, orders: O
 
     limit = settle_limit(ss)
     with np.errstate(over="ignore", invalid="ignore"):
-        global_path = rollout_windows(ss, stacked, orders, rows, h)[0] + held(ss, rows)
+        global_path = identified + held(ss, rows)
         local_path, used = global_path.copy(), np.zeros(rows.size, bool)
         for i, k in enumerate(rows):
             point = OperatingPoint.of_move(stacked.u[k], stacked.y[k], stacked.u[k + h - 1], global_path[i, -1])
