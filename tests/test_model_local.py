@@ -12,7 +12,9 @@ from optimizer_pipeline import pipeline, uq
 from optimizer_pipeline.contracts import StateSpace, binding_from_dict
 from optimizer_pipeline.model import ArxModel, Orders, artifact_from_model, identify, stack_for
 from optimizer_pipeline.model import local as local_module
-from optimizer_pipeline.model.arx import disturbance_window, fit_disturbance, rollout_windows, stack_runs, window_rows
+from optimizer_pipeline.model.artifact import LOCAL_WINDOWS
+from optimizer_pipeline.model.arx import (disturbance_window, fit_disturbance, nrmse, rollout_windows, stack_runs,
+                                          stride_for, window_rows)
 from optimizer_pipeline.model.fit import RidgeProblem, Structure
 from optimizer_pipeline.model.local import (GLOBAL, LOCAL, LOCAL_BANDWIDTH, SETTLE_FACTOR, LocalFitter, OperatingPoint,
                                             local_paths, settle_limit, steady_model_record, steady_procedure,
@@ -80,6 +82,25 @@ def test_the_weighted_regression_is_least_squares_with_the_rows_weighted():
     plain, ones = problem.fit(Orders(1, 1, 1), 1e-3), problem.weighted(np.ones(problem.n_rows)).fit(Orders(1, 1, 1), 1e-3)
     for name in ("A", "B", "c"):
         np.testing.assert_allclose(getattr(ones, name), getattr(plain, name), rtol=1e-12)
+
+
+def test_weighted_fits_solve_each_row_of_weights_as_its_own_weighted_regression(monkeypatch):
+    """Several weightings at once, the normal equations summed over blocks of target rows (a block
+    smaller than the rows here, so the sum crosses blocks): each the same model as `weighted(w).fit`."""
+    from optimizer_pipeline.model import fit as fit_module
+    monkeypatch.setattr(fit_module, "WEIGHTED_BLOCK", 37)
+    spec = steady_binding()
+    split = split_runs(spec, hammerstein_runs(1, runs=3, n=120, noise=0.05))
+    problem = RidgeProblem(stack_for(identify(split, spec, 1), split.train), 2, 2)
+    weights = np.random.default_rng(1).uniform(0.0, 2.0, (3, problem.n_rows))
+    structure = Structure(2, 2, ((1,),))
+    fits = problem.weighted_fits(structure, 1e-3, weights)
+    assert len(fits) == 3 and problem.n_rows > 2 * 37
+    for w, model in zip(weights, fits):
+        alone = problem.weighted(w).fit(structure, 1e-3)
+        for name in ("A", "B", "c"):
+            np.testing.assert_allclose(getattr(model, name), getattr(alone, name), rtol=1e-9, atol=1e-12)
+    assert not np.allclose(fits[0].B, fits[1].B)  # the weights matter
 
 
 def test_the_local_model_has_the_plants_local_gain_where_the_global_fit_has_the_average():
@@ -162,6 +183,50 @@ def test_identify_keeps_the_local_procedure_where_it_settles_closer_for_both_tem
     assert kept["procedure"] == "global" and kept["settled_nrmse"]["global"] <= kept["settled_nrmse"]["local"]
 
 
+def wiener_runs(seed: int, noise: float = 0.01):
+    """hammerstein_runs' MVs through the linear lag first and a saturation after it: y = tanh(x), x[t] =
+    POLE x[t-1] + INPUT u[t-1] (+ noise), so the gain falls off quickly as |y| nears 1."""
+    u = np.stack([run.u for run in hammerstein_runs(seed)])
+    x = np.zeros(u.shape)
+    x[:, 0] = u[:, 0]
+    for t in range(1, u.shape[1]):
+        x[:, t] = POLE * x[:, t - 1] + INPUT * u[:, t - 1]
+    y = np.tanh(x) + noise * np.random.default_rng(seed + 100).normal(size=x.shape)
+    return run_series("w", u, y, np.zeros((u.shape[0], u.shape[1], 0)))
+
+
+def test_identify_chooses_the_kernel_width_that_settles_closest_and_the_solve_uses_it():
+    """A saturating output (gain falling off quickly): the narrowest width settles closest on val
+    windows; the gently curved Hammerstein plant: the widest. Each recorded error is the local
+    procedure's at that width (local_paths recomputed), the recorded width is their minimum, and the
+    refits of the solve and the evidence (LocalFitter.for_artifact) use it; an artifact without the
+    record uses LOCAL_BANDWIDTH."""
+    spec = steady_binding()
+    for runs, expected in ((wiener_runs(5), min(local_module.BANDWIDTHS)),
+                           (hammerstein_runs(3, noise=0.01), max(local_module.BANDWIDTHS))):
+        split = split_runs(spec, runs)
+        artifact = identify(split, spec, 1)
+        choice = artifact.selection["steady_model"]
+        by_width = {float(b): e for b, e in choice["settled_nrmse_by_bandwidth"].items()}
+        assert set(by_width) == set(local_module.BANDWIDTHS) and choice["procedure"] == LOCAL
+        assert choice["bandwidth"] == expected == min(by_width, key=by_width.get)
+        assert choice["settled_nrmse"][LOCAL] == by_width[expected] < choice["settled_nrmse"][GLOBAL]
+        train, val = stack_for(artifact, split.train), stack_for(artifact, split.val)
+        fitter = LocalFitter.for_artifact(artifact, train)
+        assert fitter.bandwidth == local_module.bandwidth_of(artifact) == expected
+        ss, orders = artifact.state_space, Orders(1, 1, 1)
+        h, first = settling_steps(ss), orders.first_state_row
+        rows = window_rows(val, first, h, stride_for(val, first, h, LOCAL_WINDOWS))[0]
+        identified, measured = rollout_windows(ss, val, orders, rows, h)
+        for width, error in by_width.items():
+            other = LocalFitter(fitter.structure, fitter.ridge, train, bandwidth=width)
+            path = local_paths(other, ss, val, orders, rows, identified, None)[1]
+            assert error == pytest.approx(np.mean(nrmse(path[:, -1], measured[:, -1])), rel=1e-9)
+    bare = dataclasses.replace(artifact, selection={})
+    assert local_module.bandwidth_of(bare) == LOCAL_BANDWIDTH
+    assert LocalFitter.for_artifact(bare, train).bandwidth == LOCAL_BANDWIDTH
+
+
 def test_settled_local_scores_refit_each_block_at_its_own_operating_point():
     spec = steady_binding()
     split = split_runs(spec, hammerstein_runs(4, noise=0.01))
@@ -183,7 +248,7 @@ def test_settled_local_scores_refit_each_block_at_its_own_operating_point():
     cu, cy = (stacked.u[k[0]] + stacked.u[k[0] + h - 1]) / 2, (stacked.y[k[0]] + global_end) / 2
     target_rows, _ = window_rows(train, 1, 0, 1)
     z = (train.u[target_rows - 1] - cu) ** 2 + (train.y[target_rows - 1] - cy) ** 2
-    root = np.sqrt(np.exp(-0.5 * z[:, 0] / LOCAL_BANDWIDTH ** 2))
+    root = np.sqrt(np.exp(-0.5 * z[:, 0] / local_module.bandwidth_of(artifact) ** 2))
     phi = np.column_stack([train.y[target_rows - 1, 0], train.u[target_rows - 1, 0], np.ones(target_rows.size)])
     ridge = artifact.selection["final"]["ridge"]
     gram = (phi * root[:, None] ** 2).T @ phi / root.dot(root) + np.diag([ridge, ridge, 0.0])
@@ -270,8 +335,8 @@ def test_an_infinitely_wide_kernel_is_the_plain_regression_and_its_rows_the_effe
             continue
         assert refused == "" and fit.effective_rows == rows
         plain = fitter.problem.fit(structure, ridge)
-        for name in ("A", "B", "c"):
-            np.testing.assert_allclose(getattr(fit.model, name), getattr(plain, name), rtol=1e-12)
+        for name in ("A", "B", "c"):  # the same normal equations, summed in another order
+            np.testing.assert_allclose(getattr(fit.model, name), getattr(plain, name), rtol=1e-10, atol=1e-12)
 
 
 def test_a_refit_is_kept_when_its_slowest_mode_has_decayed_to_the_settle_fraction(monkeypatch):
@@ -443,21 +508,26 @@ def test_max_residual_local_scores_refit_each_p_step_block_at_its_own_operating_
 
 
 def test_the_steady_model_record_states_the_rule_and_its_figures():
-    """What identification records (artifact.selection["steady_model"]): the procedure, the kernel width,
-    the rule (module docstring: the settled NRMSE on held-out windows, the models' own open-loop
-    prediction from the measured state with no disturbance held, local when below the identified
-    model's), both errors (None when not finite: JSON), the windows and refits, and a note only when given."""
-    chosen = steady_model_record(LOCAL, 0.2, 0.05, windows=40, refits=38)
-    assert chosen["procedure"] == LOCAL and chosen["bandwidth"] == LOCAL_BANDWIDTH and "note" not in chosen
+    """What identification records (artifact.selection["steady_model"]): the procedure, the kernel width
+    with the lowest local error (a non-finite one never chosen), the rule (module docstring: the settled
+    NRMSE on held-out windows, the models' own open-loop prediction from the measured state with no
+    disturbance held, local at its best width when below the identified model's), the errors (None
+    when not finite: JSON), the windows and refits, and a note only when given."""
+    chosen = steady_model_record(LOCAL, 0.2, {1.0: 0.08, 0.7: 0.05, 0.5: np.nan}, windows=40, refits=38)
+    assert chosen["procedure"] == LOCAL and chosen["bandwidth"] == 0.7 and "note" not in chosen
     assert chosen["settled_nrmse"] == {GLOBAL: 0.2, LOCAL: 0.05} and (chosen["windows"], chosen["refits"]) == (40, 38)
+    assert chosen["settled_nrmse_by_bandwidth"] == {"1": 0.08, "0.7": 0.05, "0.5": None}
+    assert local_module.best_bandwidth({1.0: np.inf, 0.7: np.nan, 0.5: 0.3}) == 0.5
     rule = chosen["rule"]
-    assert rule.startswith("the local procedure when its settled NRMSE on the held-out windows")
+    assert rule.startswith("the local procedure at the kernel width (of 1, 0.7, 0.5) whose settled NRMSE on the "
+                           "held-out windows")
     assert "open-loop from the measured state, no disturbance held" in rule
-    assert rule.endswith("is below the identified model's")
+    assert rule.endswith("is lowest, when that is below the identified model's")
     none = steady_model_record(GLOBAL, note="no val run to compare on")
     assert none["procedure"] == GLOBAL and none["note"] == "no val run to compare on"
+    assert none["bandwidth"] == LOCAL_BANDWIDTH and none["settled_nrmse_by_bandwidth"] == {}
     assert none["settled_nrmse"] == {GLOBAL: None, LOCAL: None} and (none["windows"], none["refits"]) == (0, 0)
-    diverged = steady_model_record(GLOBAL, 0.3, np.nan, windows=5)
+    diverged = steady_model_record(GLOBAL, 0.3, {1.0: np.nan}, windows=5)
     assert diverged["settled_nrmse"] == {GLOBAL: 0.3, LOCAL: None} and diverged["refits"] == 0
-    assert steady_model_record(GLOBAL, np.inf, 0.1)["settled_nrmse"][GLOBAL] is None
+    assert steady_model_record(GLOBAL, np.inf, {1.0: 0.1})["settled_nrmse"][GLOBAL] is None
     json.dumps([chosen, none, diverged], allow_nan=False)

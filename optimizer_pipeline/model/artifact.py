@@ -22,8 +22,8 @@ from optimizer_pipeline.contracts import (BindingSpec, ContractError, Gate, Hist
 from optimizer_pipeline.model.arx import (ArxModel, Orders, Stacked, nrmse, rollout_nrmse, rollout_windows, stack_runs,
                                           disturbance_window, state_and_bias, stride_for, window_rows)
 from optimizer_pipeline.model.fit import RidgeProblem, Structure, free_mask, refine_multistep
-from optimizer_pipeline.model.local import (GLOBAL, LOCAL, LocalFitter, OperatingPoint, local_paths,
-                                           steady_model_record)
+from optimizer_pipeline.model.local import (BANDWIDTHS, GLOBAL, LOCAL, LocalFitter, OperatingPoint, best_bandwidth,
+                                           local_paths, steady_model_record)
 from optimizer_pipeline.model.select import (FIR_NA, MAX_CHANNEL_DELAY, ORDER_STAGE_RIDGE, RIDGE_GRID,
                                              RIDGE_STAGE_ORDERS, SELECTION_WINDOWS, Selector, best, candidates,
                                              finite_or_none, per_channel, window_lag)
@@ -137,7 +137,8 @@ def _steady_model(model: ArxModel, structure: Structure, ridge: float, train: St
     """Which model predicts where a move settles closer on the held-out windows (at most
     LOCAL_WINDOWS windows of the model's settling horizon, open-loop from the measured state, no
     disturbance held: what the refit changes is the model's own prediction): the model as identified,
-    or refitted around each window's operating point (model/local.py). Without held-out runs the
+    or refitted around each window's operating point (model/local.py) with the kernel width of
+    BANDWIDTHS that predicts them closest. Without held-out runs the
     identified model is kept (the refit has seen train). Steady targets and move plans alike are
     solved with the chosen procedure (pipeline.solve_and_decide): what the refit fixes is the gain a
     move ends on."""
@@ -150,14 +151,20 @@ def _steady_model(model: ArxModel, structure: Structure, ridge: float, train: St
                                               stride_for(selector.data, first, h, LOCAL_WINDOWS))[0]
     if rows is None or rows.size == 0:
         return steady_model_record(GLOBAL, note="no held-out window of the settling horizon")
+    fitter = LocalFitter(structure, ridge, train)
+    local_errors, refits = {}, {}
     with np.errstate(over="ignore", invalid="ignore"):
         identified, measured = rollout_windows(ss, selector.data, model.orders, rows, h)
-        global_path, local_path, used = local_paths(LocalFitter(structure, ridge, train), ss, selector.data,
-                                                    model.orders, rows, identified, None)
-        errors = [float(np.mean(nrmse(path[:, -1], measured[:, -1]))) for path in (global_path, local_path)]
-    global_error, local_error = (e if np.isfinite(e) else np.inf for e in errors)
-    return steady_model_record(LOCAL if local_error < global_error else GLOBAL, global_error, local_error,
-                               windows=rows.size, refits=int(used.sum()))
+        global_error = float(np.mean(nrmse(identified[:, -1], measured[:, -1])))
+        for bandwidth in BANDWIDTHS:
+            _, local_path, used = local_paths(fitter.with_bandwidth(bandwidth), ss, selector.data, model.orders,
+                                              rows, identified, None)
+            local_errors[bandwidth] = float(np.mean(nrmse(local_path[:, -1], measured[:, -1])))
+            refits[bandwidth] = int(used.sum())
+    bandwidth = best_bandwidth(local_errors)
+    wins = np.isfinite(local_errors[bandwidth]) and not local_errors[bandwidth] >= global_error
+    return steady_model_record(LOCAL if wins else GLOBAL, global_error, local_errors, windows=rows.size,
+                               refits=refits[bandwidth])
 
 
 def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -> ModelArtifact:

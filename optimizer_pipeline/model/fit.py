@@ -22,6 +22,7 @@ from optimizer_pipeline.model.arx import ArxModel, Orders, Stacked, stride_for, 
 # A tiny floor keeps collinear regressors (e.g. a constant MV) solvable without changing the fit.
 SOLVE_FLOOR = 1e-12
 MIN_WEIGHT = 1e-12  # a fit's total row weight is at least this (no rows: the ridge alone decides)
+WEIGHTED_BLOCK = 2048  # target rows per product in RidgeProblem.weighted_fits (bounds its memory)
 
 
 @dataclass(frozen=True)
@@ -149,14 +150,32 @@ class RidgeProblem:
     def fit(self, structure: Structure | Orders, ridge: float, without: int | None = None) -> ArxModel:
         """The ridge fit of `structure` (Orders: the common structure); `without`: leave that train
         run (index among the runs with rows) out."""
-        ny, nu, nd = self.dims
         if isinstance(structure, Orders):
-            structure = Structure.common(structure, ny, nu + nd)
+            structure = Structure.common(structure, self.dims[0], self.dims[1] + self.dims[2])
         keep = np.ones(self.n_runs, bool)
         if without is not None:
             keep[without] = False
         n = max(float(self.run_rows[keep].sum()), MIN_WEIGHT)
-        gram, cross = self.run_gram[keep].sum(axis=0) / n, self.run_cross[keep].sum(axis=0) / n
+        return self._solve(structure, ridge, self.run_gram[keep].sum(axis=0) / n, self.run_cross[keep].sum(axis=0) / n)
+
+    def weighted_fits(self, structure: Structure, ridge: float, weights: np.ndarray) -> list[ArxModel]:
+        """`weighted(weights[k]).fit(structure, ridge)` for every row k of `weights` (m, n_rows), the
+        weighted normal equations of all of them from one product per block of target rows."""
+        phi, target = self._phi, self._target
+        p, ny = phi.shape[1], target.shape[1]
+        weights = np.atleast_2d(np.asarray(weights, float))
+        gram, cross = np.zeros((len(weights), p * p)), np.zeros((len(weights), p * ny))
+        for start in range(0, self.n_rows, WEIGHTED_BLOCK):
+            block = slice(start, start + WEIGHTED_BLOCK)
+            gram += weights[:, block] @ (phi[block, :, None] * phi[block, None, :]).reshape(-1, p * p)
+            cross += weights[:, block] @ (phi[block, :, None] * target[block, None, :]).reshape(-1, p * ny)
+        total = np.maximum(weights.sum(axis=1), MIN_WEIGHT)[:, None]
+        gram, cross = (gram / total).reshape(-1, p, p), (cross / total).reshape(-1, p, ny)
+        return [self._solve(structure, ridge, g, c) for g, c in zip(gram, cross)]
+
+    def _solve(self, structure: Structure, ridge: float, gram: np.ndarray, cross: np.ndarray) -> ArxModel:
+        """The ridge solution of `structure` from the mean normal equations (gram (p, p), cross (p, ny))."""
+        ny, nu, nd = self.dims
         orders = structure.orders
         theta = np.zeros((orders.n_params(ny, nu, nd) // ny, ny))
         for i, (cols, rows) in enumerate(layout(structure, self.dims, self.na_full, self.lag_full)):

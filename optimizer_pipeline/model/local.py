@@ -13,21 +13,24 @@ plant's local gain at the midpoint of the move, so the solve refits the model th
   steady target's settled values, a move plan's at its P-th step, an evidence block's at its last;
 * the local model is the artifact's structure and ridge refitted on the artifact's train runs by
   least squares with every target row weighted by a Gaussian kernel of the distance between the MVs /
-  CVs of the row before it and that point, in train standard deviations, width LOCAL_BANDWIDTH (the
-  nearest row weighs 1);
+  CVs of the row before it and that point, in train standard deviations (the nearest row weighs 1),
+  of the width identification chose from BANDWIDTHS: a narrow kernel follows a gain that changes
+  quickly (an output that saturates), a wide one averages the noise of a gently curved plant;
 * a refit is refused — the identified model predicts instead — when the kernel leaves fewer than
   MIN_ROWS_PER_PARAMETER effective rows per parameter (a point far from the data), or when it is
   unstable or its slowest mode has not decayed to 5 % within SETTLE_FACTOR settling horizons of the
   identified model (`settle_limit`);
-* identification keeps the local procedure (for both templates) only when, on held-out windows, it
-  predicts settled values closer than the identified model (model/artifact.py,
-  `selection.steady_model`; the models' own open-loop prediction, no disturbance held), and its
+* identification keeps the local procedure (for both templates), at the kernel width that predicts
+  settled values closest on held-out windows, only when it predicts them closer there than the
+  identified model (model/artifact.py, `selection.steady_model`; the models' own open-loop
+  prediction, no disturbance held), and its
   evidence scores the same procedure on every val / test block (uq.SETTLED_LOCAL, each held
   disturbance included; uq.MAX_RESIDUAL_LOCAL), so the band covers what the recommendation does.
 """
 
+import copy
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -36,11 +39,14 @@ from optimizer_pipeline.model.arx import ArxModel, Orders, Stacked, fit_disturba
 from optimizer_pipeline.model.fit import RidgeProblem, Structure
 from optimizer_pipeline.model.statespace import SETTLE_FRACTION, disturbance_step_gains, settling_steps
 
-LOCAL_BANDWIDTH = 1.0  # kernel width in train standard deviations, over the MVs and CVs together
+# kernel widths identification chooses from, in train standard deviations over the MVs and CVs together
+BANDWIDTHS = (1.0, 0.7, 0.5)
+LOCAL_BANDWIDTH = BANDWIDTHS[0]  # the width of an artifact identified before the choice was recorded
 MIN_ROWS_PER_PARAMETER = 10  # a refit needs this effective sample per parameter, as gate G4 asks of the model
 # a refit must settle within this many of the identified model's settling horizons h: the evidence
 # scores the h-step prediction, which says little of the settled value of a much slower model
 SETTLE_FACTOR = 2
+POINTS_BLOCK = 64  # operating points refitted together (LocalFitter.refits; bounds its memory)
 LOCAL = "local"
 GLOBAL = "global"
 
@@ -76,6 +82,11 @@ def structure_of(artifact: ModelArtifact) -> tuple[Structure, float]:
     return structure, float(final.get("ridge", 0.0))
 
 
+def bandwidth_of(artifact: ModelArtifact) -> float:
+    """The kernel width identification chose (LOCAL_BANDWIDTH for an artifact without the record)."""
+    return float(((artifact.selection or {}).get("steady_model") or {}).get("bandwidth") or LOCAL_BANDWIDTH)
+
+
 def steady_procedure(artifact: ModelArtifact) -> str:
     """LOCAL when identification chose the local procedure (for a steady target or a move plan alike),
     else GLOBAL (also for an artifact identified before the choice was recorded for its template)."""
@@ -84,11 +95,18 @@ def steady_procedure(artifact: ModelArtifact) -> str:
 
 @dataclass(frozen=True, eq=False)
 class LocalFit:
-    """A refit: the model, its weighted regression (for the jackknife) and the effective rows."""
+    """A refit: the model, its realisation, the row weights of its regression and their effective rows."""
 
     model: ArxModel
-    problem: RidgeProblem
+    state_space: StateSpace
+    weights: np.ndarray
     effective_rows: float
+    regression: RidgeProblem  # the fitter's, unweighted
+
+    @property
+    def problem(self) -> RidgeProblem:
+        """The weighted regression per train run (the jackknife of its gain refits it)."""
+        return self.regression.weighted(self.weights)
 
 
 class LocalFitter:
@@ -103,30 +121,56 @@ class LocalFitter:
 
     @staticmethod
     def for_artifact(artifact: ModelArtifact, train: Stacked) -> "LocalFitter":
-        return LocalFitter(*structure_of(artifact), train)
+        return LocalFitter(*structure_of(artifact), train, bandwidth_of(artifact))
+
+    def with_bandwidth(self, bandwidth: float) -> "LocalFitter":
+        """The same regression with another kernel width."""
+        fitter = copy.copy(self)
+        fitter.bandwidth = float(bandwidth)
+        return fitter
 
     def weights(self, point: OperatingPoint) -> np.ndarray:
         """Kernel weight of every target row of the regression (rows of `problem.rows`), scaled so the
         nearest row weighs 1 (the fit's ridge then means the same wherever the point is)."""
-        distance = np.sum((self._u - point.u) ** 2, axis=1) + np.sum((self._y - point.y) ** 2, axis=1)
-        return np.exp(-0.5 * (distance - distance.min()) / self.bandwidth ** 2)  # RidgeProblem has rows
+        return self._weights([point])[0]
+
+    def _weights(self, points: Sequence[OperatingPoint]) -> np.ndarray:
+        """`weights` of every point (m, n_rows)."""
+        distance = sum((self._u[None, :, j] - np.array([p.u[j] for p in points])[:, None]) ** 2
+                       for j in range(self._u.shape[1]))
+        distance = distance + sum((self._y[None, :, j] - np.array([p.y[j] for p in points])[:, None]) ** 2
+                                  for j in range(self._y.shape[1]))
+        return np.exp(-0.5 * (distance - distance.min(axis=1, keepdims=True)) / self.bandwidth ** 2)
 
     def refit(self, point: OperatingPoint, settle_within: int) -> tuple[LocalFit | None, str]:
         """The refit at `point`, or None with the reason it is refused: an effective (Kish) sample under
         MIN_ROWS_PER_PARAMETER rows per parameter of a CV equation (the point is too far from the
         data), or a model whose slowest mode (spectral radius) has not decayed to SETTLE_FRACTION within
         `settle_within` steps (unstable included)."""
-        w = self.weights(point)
-        effective = float(w.sum() ** 2 / np.sum(w ** 2))  # Kish; the nearest row weighs 1
-        if effective < self.min_rows:
-            return None, f"{effective:.0f} effective train rows near the operating point, fewer than {self.min_rows:.0f}"
-        problem = self.problem.weighted(w)
-        model = problem.fit(self.structure, self.ridge)
-        radius = spectral_radius(model.realise())
+        return self.refits([point], settle_within)[0]
+
+    def refits(self, points: Sequence[OperatingPoint], settle_within: int) -> list[tuple[LocalFit | None, str]]:
+        """`refit` at every point, POINTS_BLOCK points' weighted regressions at a time."""
+        out: list[tuple[LocalFit | None, str]] = []
+        for start in range(0, len(points), POINTS_BLOCK):
+            weights = self._weights(points[start:start + POINTS_BLOCK])
+            effective = weights.sum(axis=1) ** 2 / np.sum(weights ** 2, axis=1)  # Kish; the nearest row weighs 1
+            near = effective >= self.min_rows
+            models = iter(self.problem.weighted_fits(self.structure, self.ridge, weights[near]))
+            for w, rows, ok in zip(weights, effective, near):
+                out.append(self._checked(next(models), w, float(rows), settle_within) if ok else
+                           (None, f"{rows:.0f} effective train rows near the operating point, fewer than "
+                                  f"{self.min_rows:.0f}"))
+        return out
+
+    def _checked(self, model: ArxModel, weights: np.ndarray, effective: float,
+                 settle_within: int) -> tuple[LocalFit | None, str]:
+        realised = model.realise()
+        radius = spectral_radius(realised)
         if not radius ** settle_within <= SETTLE_FRACTION:  # its slowest mode, also for an unstable or NaN refit
             return None, (f"the refit does not settle within {settle_within} steps (its slowest mode, spectral "
                           f"radius {radius:.4f}, is not within {SETTLE_FRACTION:g} of its end)")
-        return LocalFit(model, problem, effective), ""
+        return LocalFit(model, realised, weights, effective, self.problem), ""
 
 
 def settle_limit(ss: StateSpace) -> int:
@@ -157,31 +201,42 @@ def local_paths(fitter: LocalFitter, ss: StateSpace, stacked: Stacked, orders: O
         estimate = fit_disturbance(model, stacked, orders, at, window)  # (m, ny)
         return np.einsum("jki,mi->mjk", disturbance_step_gains(model, h), estimate)
 
-    limit = settle_limit(ss)
     with np.errstate(over="ignore", invalid="ignore"):
         global_path = identified + held(ss, rows)
         local_path, used = global_path.copy(), np.zeros(rows.size, bool)
-        for i, k in enumerate(rows):
-            point = OperatingPoint.of_move(stacked.u[k], stacked.y[k], stacked.u[k + h - 1], global_path[i, -1])
-            fit, _ = fitter.refit(point, limit)
+        points = [OperatingPoint.of_move(stacked.u[k], stacked.y[k], stacked.u[k + h - 1], global_path[i, -1])
+                  for i, k in enumerate(rows)]
+        for i, (k, (fit, _)) in enumerate(zip(rows, fitter.refits(points, settle_limit(ss)))):
             if fit is None:
                 continue
-            local, one = fit.model.realise(), np.array([k])
+            local, one = fit.state_space, np.array([k])
             local_path[i] = rollout_windows(local, stacked, orders, one, h)[0][0] + held(local, one)[0]
             used[i] = True
     return global_path, local_path, used
 
 
-def steady_model_record(procedure: str, global_error: float | None = None, local_error: float | None = None,
-                        windows: int = 0, refits: int = 0, note: str = "") -> Mapping[str, Any]:
-    """What identification records of the choice (artifact.selection["steady_model"])."""
+def best_bandwidth(local_errors: Mapping[float, float]) -> float:
+    """The kernel width with the lowest settled NRMSE (a non-finite one counts as infinite)."""
+    return min(local_errors, key=lambda b: local_errors[b] if np.isfinite(local_errors[b]) else np.inf)
+
+
+def steady_model_record(procedure: str, global_error: float | None = None,
+                        local_errors: Mapping[float, float] | None = None, windows: int = 0, refits: int = 0,
+                        note: str = "") -> Mapping[str, Any]:
+    """What identification records of the choice (artifact.selection["steady_model"]): `local_errors`
+    holds the local procedure's settled NRMSE per kernel width, the recorded bandwidth is the best
+    (`best_bandwidth`; LOCAL_BANDWIDTH without any) and `refits` the windows it refitted."""
     def finite(value: float | None) -> float | None:
         return float(value) if value is not None and np.isfinite(value) else None
 
-    record = {"procedure": procedure, "bandwidth": LOCAL_BANDWIDTH,
-              "rule": "the local procedure when its settled NRMSE on the held-out windows (open-loop from the "
-                      "measured state, no disturbance held: the models' own prediction) is below the identified "
-                      "model's",
-              "settled_nrmse": {GLOBAL: finite(global_error), LOCAL: finite(local_error)},
+    errors = dict(local_errors or {})
+    bandwidth = best_bandwidth(errors) if errors else LOCAL_BANDWIDTH
+    record = {"procedure": procedure, "bandwidth": float(bandwidth),
+              "rule": "the local procedure at the kernel width (of " + ", ".join(f"{b:g}" for b in BANDWIDTHS)
+                      + ") whose settled NRMSE on the held-out windows (open-loop from the measured state, no "
+                        "disturbance held: the models' own prediction) is lowest, when that is below the "
+                        "identified model's",
+              "settled_nrmse": {GLOBAL: finite(global_error), LOCAL: finite(errors.get(bandwidth))},
+              "settled_nrmse_by_bandwidth": {f"{b:g}": finite(e) for b, e in errors.items()},
               "windows": int(windows), "refits": int(refits)}
     return {**record, "note": note} if note else record
