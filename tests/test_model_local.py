@@ -132,6 +132,13 @@ def test_the_local_model_has_the_plants_local_gain_where_the_global_fit_has_the_
     # the width is in train standard deviations: half of it, the exponent of each row's distance is 4 times as large
     narrow = LocalFitter(fitter.structure, fitter.ridge, train, bandwidth=0.5)
     np.testing.assert_allclose(narrow.weights(point), np.exp(-2.0 * (z - z.min())))
+    # refitted together with a point further out, each point's own nearest row still weighs 1 (no
+    # underflow far from the data) and each refit is the one of that point alone
+    further = OperatingPoint(point.u + 1.5, point.y - 1.0)
+    together = fitter.refits([point, further], 1000)
+    for (fit_k, _), alone in zip(together, (fit, fitter.refit(further, 1000)[0])):
+        assert fit_k.weights.max() == 1.0 and fit_k.effective_rows == pytest.approx(alone.effective_rows, rel=1e-12)
+        np.testing.assert_allclose(fit_k.model.B, alone.model.B, rtol=1e-9)
     # the fit carries its weighted regression (the jackknife refits it): the row weights' total, the same model
     assert fit.problem.run_rows.sum() == pytest.approx(w.sum(), rel=1e-12)
     again = fit.problem.fit(fitter.structure, fitter.ridge)
@@ -518,6 +525,7 @@ def test_the_steady_model_record_states_the_rule_and_its_figures():
     assert chosen["settled_nrmse"] == {GLOBAL: 0.2, LOCAL: 0.05} and (chosen["windows"], chosen["refits"]) == (40, 38)
     assert chosen["settled_nrmse_by_bandwidth"] == {"1": 0.08, "0.7": 0.05, "0.5": None}
     assert local_module.best_bandwidth({1.0: np.inf, 0.7: np.nan, 0.5: 0.3}) == 0.5
+    assert local_module.best_bandwidth({0.7: np.nan, 1.0: 0.4, 0.5: 0.3}) == 0.5  # NaN first: never the minimum
     rule = chosen["rule"]
     assert rule.startswith("the local procedure at the kernel width (of 1, 0.7, 0.5) whose settled NRMSE on the "
                            "held-out windows")
