@@ -116,7 +116,7 @@ class LocalFitter:
         self.structure, self.ridge, self.bandwidth = structure, float(ridge), float(bandwidth)
         self.problem = RidgeProblem(train, structure.na, structure.orders.max_lag)
         before = self.problem.rows - 1  # the row before each target row: same run (rows start after the lags)
-        self._u, self._y = train.u[before], train.y[before]
+        self._before = np.hstack([train.u[before], train.y[before]])  # its MVs and CVs
         self.min_rows = MIN_ROWS_PER_PARAMETER * structure.n_params() / len(structure.delays)
 
     @staticmethod
@@ -131,15 +131,13 @@ class LocalFitter:
 
     def weights(self, point: OperatingPoint) -> np.ndarray:
         """Kernel weight of every target row of the regression (rows of `problem.rows`), scaled so the
-        nearest row weighs 1 (the fit's ridge then means the same wherever the point is)."""
+        nearest row weighs 1 (no underflow far from the data; the fit divides by the total weight)."""
         return self._weights([point])[0]
 
     def _weights(self, points: Sequence[OperatingPoint]) -> np.ndarray:
         """`weights` of every point (m, n_rows)."""
-        distance = sum((self._u[None, :, j] - np.array([p.u[j] for p in points])[:, None]) ** 2
-                       for j in range(self._u.shape[1]))
-        distance = distance + sum((self._y[None, :, j] - np.array([p.y[j] for p in points])[:, None]) ** 2
-                                  for j in range(self._y.shape[1]))
+        centres = np.array([np.concatenate([p.u, p.y]) for p in points])  # (m, nu + ny)
+        distance = np.sum((self._before[None] - centres[:, None]) ** 2, axis=2)
         return np.exp(-0.5 * (distance - distance.min(axis=1, keepdims=True)) / self.bandwidth ** 2)
 
     def refit(self, point: OperatingPoint, settle_within: int) -> tuple[LocalFit | None, str]:
