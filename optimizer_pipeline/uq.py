@@ -67,8 +67,8 @@ EXCHANGEABILITY_TEST = (
 
 # the local refit (model.local), as the rules below state it
 _REFIT = ("model.local: the artifact's structure and ridge on its train runs, train rows weighted by a Gaussian "
-          "kernel of width 1 train std over the MVs and CVs (not the DVs) of the row before them, the nearest "
-          "weighing 1")
+          "kernel over the MVs and CVs (not the DVs) of the row before them, in train std, of the width "
+          "identification chose (selection.steady_model.bandwidth; 1 without it), the nearest weighing 1")
 MAX_RESIDUAL = "max_residual"
 MAX_RESIDUAL_LOCAL = "max_residual_local"
 SETTLED_RESIDUAL = "settled_residual"

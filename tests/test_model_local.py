@@ -3,6 +3,7 @@ with the operating point, the choice identify records, and the SETTLED_LOCAL / M
 
 import dataclasses
 import json
+import re
 
 import numpy as np
 import pytest
@@ -86,21 +87,27 @@ def test_the_weighted_regression_is_least_squares_with_the_rows_weighted():
 
 def test_weighted_fits_solve_each_row_of_weights_as_its_own_weighted_regression(monkeypatch):
     """Several weightings at once, the normal equations summed over blocks of target rows (a block
-    smaller than the rows here, so the sum crosses blocks): each the same model as `weighted(w).fit`."""
+    smaller than the rows here, so the sum crosses blocks), two CVs with their own delays per input,
+    an MV and a DV, three runs: each the same model as `weighted(w).fit`; no weighting, no fit."""
     from optimizer_pipeline.model import fit as fit_module
-    monkeypatch.setattr(fit_module, "WEIGHTED_BLOCK", 37)
-    spec = steady_binding()
-    split = split_runs(spec, hammerstein_runs(1, runs=3, n=120, noise=0.05))
-    problem = RidgeProblem(stack_for(identify(split, spec, 1), split.train), 2, 2)
-    weights = np.random.default_rng(1).uniform(0.0, 2.0, (3, problem.n_rows))
-    structure = Structure(2, 2, ((1,),))
+    rng = np.random.default_rng(1)
+    u, d = rng.normal(size=(3, 90, 1)), rng.normal(size=(3, 90, 1))
+    y = np.concatenate([np.cumsum(u, axis=1) * 0.1 + d, 0.5 * np.roll(u, 2, axis=1)], axis=2) + rng.normal(size=(3, 90, 2))
+    spec = binding(n_mv=1, n_cv=2, n_dv=1)
+    train = stack_runs(run_series("w", u, y, d), unit_normalisation(spec), spec.mv_tags, spec.cv_tags, spec.dv_tags)
+    problem = RidgeProblem(train, 2, 3)
+    p = problem._phi.shape[1]
+    monkeypatch.setattr(fit_module, "WEIGHTED_BLOCK_VALUES", 37 * (p * p + 2 * p))  # 37 rows a block
+    weights = rng.uniform(0.0, 2.0, (3, problem.n_rows))
+    structure = Structure(2, 2, ((1, 2), (2, 1)), own_ar=True)
     fits = problem.weighted_fits(structure, 1e-3, weights)
-    assert len(fits) == 3 and problem.n_rows > 2 * 37
+    assert len(fits) == 3 and problem.n_rows > 2 * 37 and problem.n_runs == 3
     for w, model in zip(weights, fits):
         alone = problem.weighted(w).fit(structure, 1e-3)
-        for name in ("A", "B", "c"):
+        for name in ("A", "B", "D", "c"):
             np.testing.assert_allclose(getattr(model, name), getattr(alone, name), rtol=1e-9, atol=1e-12)
     assert not np.allclose(fits[0].B, fits[1].B)  # the weights matter
+    assert problem.weighted_fits(structure, 1e-3, np.zeros((0, problem.n_rows))) == []
 
 
 def test_the_local_model_has_the_plants_local_gain_where_the_global_fit_has_the_average():
@@ -132,13 +139,17 @@ def test_the_local_model_has_the_plants_local_gain_where_the_global_fit_has_the_
     # the width is in train standard deviations: half of it, the exponent of each row's distance is 4 times as large
     narrow = LocalFitter(fitter.structure, fitter.ridge, train, bandwidth=0.5)
     np.testing.assert_allclose(narrow.weights(point), np.exp(-2.0 * (z - z.min())))
-    # refitted together with a point further out, each point's own nearest row still weighs 1 (no
-    # underflow far from the data) and each refit is the one of that point alone
+    # refitted together with a point further out, each refit is the one of that point alone
     further = OperatingPoint(point.u + 1.5, point.y - 1.0)
-    together = fitter.refits([point, further], 1000)
+    together = list(fitter.refits([point, further], 1000))
     for (fit_k, _), alone in zip(together, (fit, fitter.refit(further, 1000)[0])):
-        assert fit_k.weights.max() == 1.0 and fit_k.effective_rows == pytest.approx(alone.effective_rows, rel=1e-12)
+        assert fit_k.effective_rows == pytest.approx(alone.effective_rows, rel=1e-12)
         np.testing.assert_allclose(fit_k.model.B, alone.model.B, rtol=1e-9)
+    # ... and each point's own nearest row weighs 1: a narrow kernel far from the data counts its
+    # effective rows instead of underflowing to 0 / 0 (next to a point near the data)
+    far = OperatingPoint(point.u + 8.0, point.y - 8.0)
+    (near_fit, _), (none, refused) = fitter.with_bandwidth(0.1).refits([point, far], 1000)
+    assert none is None and re.fullmatch(r"\d+ effective train rows near the operating point, fewer than 30", refused)
     # the fit carries its weighted regression (the jackknife refits it): the row weights' total, the same model
     assert fit.problem.run_rows.sum() == pytest.approx(w.sum(), rel=1e-12)
     again = fit.problem.fit(fitter.structure, fitter.ridge)

@@ -22,7 +22,7 @@ from optimizer_pipeline.model.arx import ArxModel, Orders, Stacked, stride_for, 
 # A tiny floor keeps collinear regressors (e.g. a constant MV) solvable without changing the fit.
 SOLVE_FLOOR = 1e-12
 MIN_WEIGHT = 1e-12  # a fit's total row weight is at least this (no rows: the ridge alone decides)
-WEIGHTED_BLOCK = 2048  # target rows per product in RidgeProblem.weighted_fits (bounds its memory)
+WEIGHTED_BLOCK_VALUES = 1 << 22  # RidgeProblem.weighted_fits forms its products this many floats (32 MiB) at a time
 
 
 @dataclass(frozen=True)
@@ -160,13 +160,17 @@ class RidgeProblem:
 
     def weighted_fits(self, structure: Structure, ridge: float, weights: np.ndarray) -> list[ArxModel]:
         """`weighted(weights[k]).fit(structure, ridge)` for every row k of `weights` (m, n_rows), the
-        weighted normal equations of all of them from one product per block of target rows."""
+        weighted normal equations of all of them from one product per block of target rows (as many as
+        keep the block's products within WEIGHTED_BLOCK_VALUES floats)."""
         phi, target = self._phi, self._target
         p, ny = phi.shape[1], target.shape[1]
         weights = np.atleast_2d(np.asarray(weights, float))
+        if not weights.size:
+            return []
         gram, cross = np.zeros((len(weights), p * p)), np.zeros((len(weights), p * ny))
-        for start in range(0, self.n_rows, WEIGHTED_BLOCK):
-            block = slice(start, start + WEIGHTED_BLOCK)
+        rows = max(1, WEIGHTED_BLOCK_VALUES // (p * p + p * ny))
+        for start in range(0, self.n_rows, rows):
+            block = slice(start, start + rows)
             gram += weights[:, block] @ (phi[block, :, None] * phi[block, None, :]).reshape(-1, p * p)
             cross += weights[:, block] @ (phi[block, :, None] * target[block, None, :]).reshape(-1, p * ny)
         total = np.maximum(weights.sum(axis=1), MIN_WEIGHT)[:, None]

@@ -30,9 +30,10 @@ plant's local gain at the midpoint of the move, so the solve refits the model th
 
 import copy
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
+from scipy.spatial.distance import cdist
 
 from optimizer_pipeline.contracts import ModelArtifact, StateSpace
 from optimizer_pipeline.model.arx import ArxModel, Orders, Stacked, fit_disturbance, rollout_windows, spectral_radius
@@ -46,7 +47,7 @@ MIN_ROWS_PER_PARAMETER = 10  # a refit needs this effective sample per parameter
 # a refit must settle within this many of the identified model's settling horizons h: the evidence
 # scores the h-step prediction, which says little of the settled value of a much slower model
 SETTLE_FACTOR = 2
-POINTS_BLOCK = 64  # operating points refitted together (LocalFitter.refits; bounds its memory)
+POINTS_BLOCK = 64  # operating points refitted together (LocalFitter.refits: its weights are (64, train rows))
 LOCAL = "local"
 GLOBAL = "global"
 
@@ -82,31 +83,37 @@ def structure_of(artifact: ModelArtifact) -> tuple[Structure, float]:
     return structure, float(final.get("ridge", 0.0))
 
 
+def _choice(artifact: ModelArtifact) -> Mapping[str, Any]:
+    """What identification recorded of the choice ({} before it was recorded)."""
+    return (artifact.selection or {}).get("steady_model") or {}
+
+
 def bandwidth_of(artifact: ModelArtifact) -> float:
-    """The kernel width identification chose (LOCAL_BANDWIDTH for an artifact without the record)."""
-    return float(((artifact.selection or {}).get("steady_model") or {}).get("bandwidth") or LOCAL_BANDWIDTH)
+    """The kernel width identification chose (LOCAL_BANDWIDTH for an artifact without a positive one)."""
+    width = float(_choice(artifact).get("bandwidth") or 0.0)
+    return width if np.isfinite(width) and width > 0 else LOCAL_BANDWIDTH
 
 
 def steady_procedure(artifact: ModelArtifact) -> str:
     """LOCAL when identification chose the local procedure (for a steady target or a move plan alike),
     else GLOBAL (also for an artifact identified before the choice was recorded for its template)."""
-    return ((artifact.selection or {}).get("steady_model") or {}).get("procedure", GLOBAL)
+    return _choice(artifact).get("procedure", GLOBAL)
 
 
 @dataclass(frozen=True, eq=False)
 class LocalFit:
-    """A refit: the model, its realisation, the row weights of its regression and their effective rows."""
+    """A refit: the model, its realisation, the point and fitter it came from, and its effective rows."""
 
     model: ArxModel
     state_space: StateSpace
-    weights: np.ndarray
+    point: OperatingPoint
+    fitter: "LocalFitter"
     effective_rows: float
-    regression: RidgeProblem  # the fitter's, unweighted
 
     @property
     def problem(self) -> RidgeProblem:
         """The weighted regression per train run (the jackknife of its gain refits it)."""
-        return self.regression.weighted(self.weights)
+        return self.fitter.problem.weighted(self.fitter.weights(self.point))
 
 
 class LocalFitter:
@@ -136,8 +143,8 @@ class LocalFitter:
 
     def _weights(self, points: Sequence[OperatingPoint]) -> np.ndarray:
         """`weights` of every point (m, n_rows)."""
-        centres = np.array([np.concatenate([p.u, p.y]) for p in points])  # (m, nu + ny)
-        distance = np.sum((self._before[None] - centres[:, None]) ** 2, axis=2)
+        centres = np.array([np.concatenate([p.u, p.y]) for p in points], float)  # (m, nu + ny)
+        distance = cdist(centres, self._before, "sqeuclidean")
         return np.exp(-0.5 * (distance - distance.min(axis=1, keepdims=True)) / self.bandwidth ** 2)
 
     def refit(self, point: OperatingPoint, settle_within: int) -> tuple[LocalFit | None, str]:
@@ -145,30 +152,31 @@ class LocalFitter:
         MIN_ROWS_PER_PARAMETER rows per parameter of a CV equation (the point is too far from the
         data), or a model whose slowest mode (spectral radius) has not decayed to SETTLE_FRACTION within
         `settle_within` steps (unstable included)."""
-        return self.refits([point], settle_within)[0]
+        return next(self.refits([point], settle_within))
 
-    def refits(self, points: Sequence[OperatingPoint], settle_within: int) -> list[tuple[LocalFit | None, str]]:
-        """`refit` at every point, POINTS_BLOCK points' weighted regressions at a time."""
-        out: list[tuple[LocalFit | None, str]] = []
+    def refits(self, points: Sequence[OperatingPoint], settle_within: int) -> Iterator[tuple[LocalFit | None, str]]:
+        """`refit` at every point, in order; POINTS_BLOCK points' weighted regressions at a time (their
+        weights are not kept: a block's memory is freed before the next is formed)."""
         for start in range(0, len(points), POINTS_BLOCK):
-            weights = self._weights(points[start:start + POINTS_BLOCK])
+            block = points[start:start + POINTS_BLOCK]
+            weights = self._weights(block)
             effective = weights.sum(axis=1) ** 2 / np.sum(weights ** 2, axis=1)  # Kish; the nearest row weighs 1
             near = effective >= self.min_rows
             models = iter(self.problem.weighted_fits(self.structure, self.ridge, weights[near]))
-            for w, rows, ok in zip(weights, effective, near):
-                out.append(self._checked(next(models), w, float(rows), settle_within) if ok else
-                           (None, f"{rows:.0f} effective train rows near the operating point, fewer than "
-                                  f"{self.min_rows:.0f}"))
-        return out
+            del weights
+            for point, rows, ok in zip(block, effective, near):
+                yield (self._checked(next(models), point, float(rows), settle_within) if ok else
+                       (None, f"{rows:.0f} effective train rows near the operating point, fewer than "
+                              f"{self.min_rows:.0f}"))
 
-    def _checked(self, model: ArxModel, weights: np.ndarray, effective: float,
+    def _checked(self, model: ArxModel, point: OperatingPoint, effective: float,
                  settle_within: int) -> tuple[LocalFit | None, str]:
         realised = model.realise()
         radius = spectral_radius(realised)
         if not radius ** settle_within <= SETTLE_FRACTION:  # its slowest mode, also for an unstable or NaN refit
             return None, (f"the refit does not settle within {settle_within} steps (its slowest mode, spectral "
                           f"radius {radius:.4f}, is not within {SETTLE_FRACTION:g} of its end)")
-        return LocalFit(model, realised, weights, effective, self.problem), ""
+        return LocalFit(model, realised, point, self, effective), ""
 
 
 def settle_limit(ss: StateSpace) -> int:
