@@ -102,8 +102,11 @@ def judge(plant, history, split, artifact, ledger: Ledger, cache: SolverCache) -
     rec = record.recommendation
     live = history.live
     ev = calibration.evidence
+    choice = artifact.selection.get("steady_model") or {}
     out = {"status": rec.status.value, "reasons": rec.reasons, "coverage": ev.coverage,
-           "threshold": ev.coverage_threshold, "orders": (artifact.na, artifact.nb, artifact.delay)}
+           "threshold": ev.coverage_threshold, "orders": (artifact.na, artifact.nb, artifact.delay),
+           "procedure": (f"local {choice['bandwidth']:g}" if choice.get("procedure") == "local"
+                         else choice.get("procedure", "global"))}
     if not rec.controls:
         out["goals"] = False
         return out
@@ -178,7 +181,7 @@ def main() -> None:
     args = parser.parse_args()
     ledger = Ledger(Path(tempfile.mkdtemp()) / "judge.duckdb")
     cache = SolverCache()
-    print(f"{'plant':<16}{'seed':>4}  {'orders':<11}{'product: status err/hold MV viol band':<40}"
+    print(f"{'plant':<16}{'seed':>4}  {'orders':<11}{'solved with':<12}{'product: status err/hold MV viol band':<40}"
           f"{'reference (one-step LS ARX)':<34}")
     results: dict[str, list] = {}
     for plant in variants():
@@ -187,7 +190,8 @@ def main() -> None:
         for seed in args.seeds:
             product, reference = run(plant, seed, ledger, cache)
             results.setdefault(plant.spec.id, []).append((product, reference))
-            print(f"{plant.spec.id:<16}{seed:>4}  {str(product['orders']):<11}{_cell(product):<40}{_cell(reference)}"
+            print(f"{plant.spec.id:<16}{seed:>4}  {str(product['orders']):<11}{product['procedure']:<12}"
+                  f"{_cell(product):<40}{_cell(reference)}"
                   f"   ident {product['seconds']:.1f} s", flush=True)
             if product["status"] != "verified":
                 print("      reasons:", "; ".join(product["reasons"])[:400])
