@@ -20,6 +20,7 @@ from optimizer_pipeline.model.fit import RidgeProblem, Structure
 from optimizer_pipeline.model.local import (GLOBAL, LOCAL, LOCAL_BANDWIDTH, SETTLE_FACTOR, LocalFitter, OperatingPoint,
                                             local_paths, settle_limit, steady_model_record, steady_procedure,
                                             structure_of)
+from optimizer_pipeline.model import statespace
 from optimizer_pipeline.model.statespace import disturbance_gain, disturbance_step_gains, settling_steps, steady_state
 
 POLE, INPUT = 0.8, 0.2  # y[t] = 0.8 y[t-1] + 0.2 f(u[t-1]): steady y = f(u)
@@ -108,6 +109,22 @@ def test_weighted_fits_solve_each_row_of_weights_as_its_own_weighted_regression(
             np.testing.assert_allclose(getattr(model, name), getattr(alone, name), rtol=1e-9, atol=1e-12)
     assert not np.allclose(fits[0].B, fits[1].B)  # the weights matter
     assert problem.weighted_fits(structure, 1e-3, np.zeros((0, problem.n_rows))) == []
+
+
+def test_rollout_each_rolls_every_start_point_out_by_its_own_model():
+    """Three models of one layout (2 CVs, an MV and a DV), each start point by its own: the product's
+    one-model rollout of that point."""
+    rng = np.random.default_rng(3)
+    models = [StateSpace.of(0.5 * rng.uniform(-1, 1, (4, 4)), rng.normal(size=(4, 1)), rng.normal(size=(4, 1)),
+                            rng.normal(size=4), rng.normal(size=(2, 4))) for _ in range(3)]
+    x0, u, d = rng.normal(size=(3, 4)), rng.normal(size=(3, 7, 1)), rng.normal(size=(3, 7, 1))
+    each = statespace.rollout_each(models, x0, u, d)
+    assert each.shape == (3, 7, 2)
+    for i, model in enumerate(models):
+        np.testing.assert_allclose(each[i], statespace.rollout(model, x0[i:i + 1], u[i:i + 1], d[i:i + 1])[0],
+                                   rtol=1e-12, atol=1e-12)
+    without = statespace.rollout_each(models, x0, u)  # no DVs given: none drive the state
+    np.testing.assert_allclose(without[1], statespace.rollout(models[1], x0[1:2], u[1:2])[0], rtol=1e-12, atol=1e-12)
 
 
 def test_the_local_model_has_the_plants_local_gain_where_the_global_fit_has_the_average():

@@ -36,9 +36,9 @@ import numpy as np
 from scipy.spatial.distance import cdist
 
 from optimizer_pipeline.contracts import ModelArtifact, StateSpace
-from optimizer_pipeline.model.arx import ArxModel, Orders, Stacked, fit_disturbance, rollout_windows, spectral_radius
+from optimizer_pipeline.model.arx import ArxModel, Orders, Stacked, fit_disturbance, spectral_radius, states_at
 from optimizer_pipeline.model.fit import RidgeProblem, Structure
-from optimizer_pipeline.model.statespace import SETTLE_FRACTION, disturbance_step_gains, settling_steps
+from optimizer_pipeline.model.statespace import SETTLE_FRACTION, disturbance_step_gains, rollout_each, settling_steps
 
 # kernel widths identification chooses from, in train standard deviations over the MVs and CVs together
 BANDWIDTHS = (1.0, 0.7, 0.5)
@@ -212,12 +212,17 @@ def local_paths(fitter: LocalFitter, ss: StateSpace, stacked: Stacked, orders: O
         local_path, used = global_path.copy(), np.zeros(rows.size, bool)
         points = [OperatingPoint.of_move(stacked.u[k], stacked.y[k], stacked.u[k + h - 1], global_path[i, -1])
                   for i, k in enumerate(rows)]
-        for i, (k, (fit, _)) in enumerate(zip(rows, fitter.refits(points, settle_limit(ss)))):
-            if fit is None:
-                continue
-            local, one = fit.state_space, np.array([k])
-            local_path[i] = rollout_windows(local, stacked, orders, one, h)[0][0] + held(local, one)[0]
-            used[i] = True
+        models = {i: fit.state_space for i, (fit, _) in enumerate(fitter.refits(points, settle_limit(ss)))
+                  if fit is not None}
+        used[list(models)] = True
+        if models:  # every refit's window rolled out by its own refit at once
+            at = rows[used]
+            steps = at[:, None] + np.arange(h)
+            local_path[used] = rollout_each(list(models.values()), states_at(stacked, orders, at),
+                                            stacked.u[steps], stacked.d[steps])
+            if window is not None:
+                for i, model in models.items():
+                    local_path[i] += held(model, rows[i:i + 1])[0]
     return global_path, local_path, used
 
 

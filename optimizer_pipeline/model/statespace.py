@@ -13,6 +13,7 @@ the verifier re-simulates with this module.
 """
 
 from functools import lru_cache
+from typing import Sequence
 
 import numpy as np
 
@@ -45,6 +46,24 @@ def rollout(ss: StateSpace, x0: np.ndarray, u: np.ndarray, d: np.ndarray | None 
     for j in range(k):
         x = x @ At + drive[:, j]
         y[:, j] = x @ Ct
+    return y
+
+
+def rollout_each(models: Sequence[StateSpace], x0: np.ndarray, u: np.ndarray, d: np.ndarray | None = None) -> np.ndarray:
+    """`rollout` of every start point by its own model: start point i (row i of x0, u, d) by models[i],
+    all of one state layout (the refits of one structure, model/local.py). No disturbance held.
+    Returns y (m, k, ny); loops over the k steps only."""
+    A, B, E, f, C = (np.stack(parts) for parts in zip(*(ss.arrays() for ss in models)))
+    x = np.asarray(x0, float)
+    u = np.asarray(u, float)
+    m, k, _ = u.shape
+    drive = np.einsum("mxa,mka->mkx", B, u) + f[:, None]
+    if d is not None and E.shape[2]:
+        drive = drive + np.einsum("mxe,mke->mkx", E, np.asarray(d, float))
+    y = np.empty((m, k, C.shape[1]))
+    for j in range(k):
+        x = np.einsum("mxz,mz->mx", A, x) + drive[:, j]
+        y[:, j] = np.einsum("myx,mx->my", C, x)
     return y
 
 
