@@ -470,16 +470,18 @@ def test_an_artifact_without_the_choice_is_solved_with_the_identified_model():
 def test_local_paths_hold_each_windows_disturbance_over_every_step_of_two_coupled_cvs():
     """With `window`, every step of a path adds the held disturbance's response, simulated here from rest
     (x <- A x + C' e, y = C x) for the identified model and each kept refit: two CVs whose AR coupling
-    makes that response's matrix unsymmetric, so a transposed contraction would show."""
+    makes that response's matrix unsymmetric, so a transposed contraction would show; a measured DV
+    drives both, so each refit's path must be driven by it too."""
     rng = np.random.default_rng(21)
     u = np.repeat(rng.uniform(-2.0, 2.0, (6, 20, 1)), 20, axis=1)  # 6 runs of 400 rows, holds of 20
+    d = np.repeat(rng.uniform(-1.0, 1.0, (6, 16, 1)), 25, axis=1)
     y = np.zeros((6, 400, 2))
     for t in range(1, 400):
-        y[:, t, 0] = 0.8 * y[:, t - 1, 0] + 0.2 * curved(u[:, t - 1, 0])
-        y[:, t, 1] = 0.6 * y[:, t - 1, 1] + 0.3 * y[:, t - 1, 0] + 0.1 * u[:, t - 1, 0]
+        y[:, t, 0] = 0.8 * y[:, t - 1, 0] + 0.2 * curved(u[:, t - 1, 0]) + 0.15 * d[:, t - 1, 0]
+        y[:, t, 1] = 0.6 * y[:, t - 1, 1] + 0.3 * y[:, t - 1, 0] + 0.1 * u[:, t - 1, 0] - 0.1 * d[:, t - 1, 0]
     y += 0.01 * rng.normal(size=y.shape)
-    spec = binding(n_mv=1, n_cv=2, na=1, nb=1, delay=1)
-    split = split_runs(spec, run_series("c", u, y, np.zeros((6, 400, 0))))
+    spec = binding(n_mv=1, n_cv=2, n_dv=1, na=1, nb=1, delay=1)
+    split = split_runs(spec, run_series("c", u, y, d))
     artifact = identify(split, spec, 1)
     fitter = LocalFitter.for_artifact(artifact, stack_for(artifact, split.train))
     stacked, orders, ss = stack_for(artifact, split.val), Orders(1, 1, 1), artifact.state_space
