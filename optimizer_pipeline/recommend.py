@@ -158,9 +158,8 @@ def improvement_conditions(binding: BindingSpec, result: SolveResult, candidate:
     plan's end is held to it: a band as wide as a good part of the way the plan moves claims an
     improvement the evidence does not back (e.g. one linear model on a curved plant). decide passes
     the wider of it and the settled response's band where there is one (a steered plan, a local
-    refit's). No condition
-    for a steady target (its band is calibrated on the settled value it predicts), without a
-    candidate or without a band; no HOLD prediction fails."""
+    refit's). No condition for a steady target (its band is calibrated on the settled value it
+    predicts), without a candidate or without a band; no HOLD prediction fails."""
     if (binding.profile.template is Template.STEADY_RESPONSE or candidate is None or not candidate.predicted
             or not band_engineering or None in band_engineering):
         return []

@@ -1,5 +1,5 @@
-"""State-space arithmetic on the contract StateSpace: batched open-loop rollout, steady state,
-the response to a held disturbance and settling horizon.
+"""State-space arithmetic on the contract StateSpace: batched open-loop rollout (of one model, or of
+each window by its own), steady state, the response to a held disturbance and settling horizon.
 
 The disturbance: a constant `e` (ny,) added to the state rows the outputs read (`C' e`: in the ARX
 realisation of model/arx.py, to the equation of y[t+1] at every step) - the live state's disturbance
@@ -13,7 +13,7 @@ the verifier re-simulates with this module.
 """
 
 from functools import lru_cache
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -34,19 +34,13 @@ def rollout(ss: StateSpace, x0: np.ndarray, u: np.ndarray, d: np.ndarray | None 
     A, B, E, f, C = ss.arrays()
     if disturbance is not None:
         f = f + C.T @ np.asarray(disturbance, float)
-    x = np.asarray(x0, float)
     u = np.asarray(u, float)
-    m, k, _ = u.shape
     if d is None or E.shape[1] == 0:
         drive = u @ B.T + f
     else:
         drive = u @ B.T + np.asarray(d, float) @ E.T + f
-    y = np.empty((m, k, C.shape[0]))
     At, Ct = A.T, C.T
-    for j in range(k):
-        x = x @ At + drive[:, j]
-        y[:, j] = x @ Ct
-    return y
+    return _simulate(np.asarray(x0, float), drive, lambda x: x @ At, lambda x: x @ Ct, C.shape[0])
 
 
 def rollout_each(models: Sequence[StateSpace], x0: np.ndarray, u: np.ndarray, d: np.ndarray | None = None) -> np.ndarray:
@@ -54,16 +48,22 @@ def rollout_each(models: Sequence[StateSpace], x0: np.ndarray, u: np.ndarray, d:
     all of one state layout (the refits of one structure, model/local.py). No disturbance held.
     Returns y (m, k, ny); loops over the k steps only."""
     A, B, E, f, C = (np.stack(parts) for parts in zip(*(ss.arrays() for ss in models)))
-    x = np.asarray(x0, float)
-    u = np.asarray(u, float)
-    m, k, _ = u.shape
-    drive = np.einsum("mxa,mka->mkx", B, u) + f[:, None]
+    drive = np.einsum("mxa,mka->mkx", B, np.asarray(u, float)) + f[:, None]
     if d is not None and E.shape[2]:
         drive = drive + np.einsum("mxe,mke->mkx", E, np.asarray(d, float))
-    y = np.empty((m, k, C.shape[1]))
+    return _simulate(np.asarray(x0, float), drive, lambda x: np.einsum("mxz,mz->mx", A, x),
+                     lambda x: np.einsum("myx,mx->my", C, x), C.shape[1])
+
+
+def _simulate(x: np.ndarray, drive: np.ndarray, advance: Callable[[np.ndarray], np.ndarray],
+              read: Callable[[np.ndarray], np.ndarray], ny: int) -> np.ndarray:
+    """The recurrence of both rollouts: x <- A x + drive[:, j], y[:, j] = C x (A x and C x as
+    `advance` and `read` compute them for the one model or each window's own)."""
+    m, k, _ = drive.shape
+    y = np.empty((m, k, ny))
     for j in range(k):
-        x = np.einsum("mxz,mz->mx", A, x) + drive[:, j]
-        y[:, j] = np.einsum("myx,mx->my", C, x)
+        x = advance(x) + drive[:, j]
+        y[:, j] = read(x)
     return y
 
 
