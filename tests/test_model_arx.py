@@ -7,6 +7,7 @@ from model_helpers import binding, excitation, run_series, simulate_arx, split_o
 from optimizer_pipeline.contracts import ContractError, ModelArtifact, Normalisation, RunSeries
 from optimizer_pipeline.model import ArxModel, Orders, artifact_from_model, current_state, identify, stack_for
 from optimizer_pipeline.model.arx import disturbance_window, rollout_windows, window_rows
+from optimizer_pipeline.model.artifact import GAIN_JACKKNIFE, GAIN_OPERATING_RANGE, steady_gain_record
 
 # A stable 2x2 plant with one DV, na = nb = 2, delay = 2 (engineering units).
 A_TRUE = np.array([[[1.1, 0.1], [0.0, 0.9]], [[-0.35, 0.0], [0.05, -0.2]]])
@@ -432,9 +433,37 @@ def test_gain_uncertainty_is_the_jackknife_over_train_runs_of_the_chosen_fit():
     expected = (k - 1) / k * np.sum((np.array(gains) - np.mean(gains)) ** 2)
     record = artifact.steady_gain["uncertainty"]
     assert record["replicates"] == 5
-    np.testing.assert_allclose(record["cov"], [[[expected]]], rtol=1e-6)
-    np.testing.assert_allclose(record["std"], [[np.sqrt(expected)]], rtol=1e-6)
+    np.testing.assert_allclose(record["jackknife_std"], [[np.sqrt(expected)]], rtol=1e-6)
+    # the total adds the local gains' spread over the held-out operating points (model/artifact.py)
+    spread = np.asarray(record["operating_range"]["std"])
+    np.testing.assert_allclose(record["cov"], [[[expected + spread[0, 0] ** 2]]], rtol=1e-6)
+    np.testing.assert_allclose(record["std"], [[np.sqrt(expected + spread[0, 0] ** 2)]], rtol=1e-6)
     assert artifact.steady_gain["condition"] == 1.0
+
+
+def test_the_gain_uncertainty_adds_the_local_gains_spread_to_the_jackknife():
+    """steady_gain_record with replicates and local gains: per CV, cov = the jackknife's + the mean
+    outer product of the local MV gains' deviations from G (the DV columns are not the MVs' gain);
+    each part's standard errors are recorded; without local gains the jackknife alone."""
+    model = ArxModel(Orders(1, 1, 1), np.array([[[0.5, 0.0], [0.0, 0.5]]]), np.array([[[1.0, 0.5], [0.0, 2.0]]]),
+                     np.zeros((1, 2, 1)), np.zeros(2))  # G = B / (1 - 0.5) = [[2, 1], [0, 4]]
+    replicates = [ArxModel(model.orders, model.A, model.B * f, model.D, model.c).realise() for f in (0.9, 1.0, 1.1)]
+    gain = np.array([[2.0, 1.0], [0.0, 4.0]])
+    deviations = np.array([[[0.2, -0.1], [0.0, 0.3]], [[-0.4, 0.1], [0.1, 0.1]]])
+    local = np.concatenate([gain + deviations, np.full((2, 2, 1), 7.0)], axis=2)  # with a DV column
+    jackknife = 2 / 3 * np.einsum("ia,ib->iab", 0.1 * gain, 0.1 * gain) * 2  # B scaled 0.9, 1, 1.1
+    ranged = np.einsum("kia,kib->iab", deviations, deviations) / 2
+    record = steady_gain_record(model, replicates, local)["uncertainty"]
+    np.testing.assert_allclose(record["cov"], jackknife + ranged, atol=1e-12)
+    np.testing.assert_allclose(record["std"], np.sqrt(np.einsum("iaa->ia", jackknife + ranged)), atol=1e-12)
+    np.testing.assert_allclose(record["jackknife_std"], np.sqrt(np.einsum("iaa->ia", jackknife)), atol=1e-12)
+    assert record["operating_range"]["points"] == 2
+    np.testing.assert_allclose(record["operating_range"]["std"], np.sqrt(np.mean(deviations ** 2, axis=0)), atol=1e-12)
+    assert record["method"] == f"{GAIN_JACKKNIFE}; plus {GAIN_OPERATING_RANGE}"
+    for none in (None, np.zeros((0, 2, 3))):
+        alone = steady_gain_record(model, replicates, none)["uncertainty"]
+        np.testing.assert_allclose(alone["cov"], jackknife, atol=1e-12)
+        assert alone["operating_range"] is None and alone["method"] == GAIN_JACKKNIFE
 
 
 def test_a_single_train_run_records_no_gain_uncertainty():

@@ -262,6 +262,37 @@ def test_identify_chooses_the_kernel_width_that_settles_closest_and_the_solve_us
     assert LocalFitter.for_artifact(bare, train).bandwidth == LOCAL_BANDWIDTH
 
 
+def test_the_gain_uncertainty_spans_how_far_a_saturating_plants_gain_strays_over_the_held_out_points():
+    """The saturating (Wiener) plant y = tanh(x): its local gain 1 - tanh(u)^2 runs from 1 to nearly 0,
+    which the jackknife of one global fit does not see. The recorded operating-range spread is close
+    to the true local gains' RMS deviation from the model's gain at the held-out windows' operating
+    points (the kernel smooths a little of it away) and the step-response matrix shows it; a linear
+    plant's is its refits' noise, a small fraction of its gain."""
+    spec = binding(n_mv=1, n_cv=1, na=1, nb=1, delay=1)
+    split = split_runs(spec, wiener_runs(5))
+    artifact = identify(split, spec, 1)
+    uncertainty = artifact.steady_gain["uncertainty"]
+    (u_mean,), (u_std,) = artifact.normalisation.of(artifact.mv_tags)
+    _, (y_std,) = artifact.normalisation.of(artifact.cv_tags)
+    gain = artifact.steady_gain["gain"][0][0] * y_std / u_std  # engineering units
+    spread = uncertainty["operating_range"]["std"][0][0] * y_std / u_std
+    # independent: the plant's own local gain at the held-out windows' operating points
+    val, ss, orders = stack_for(artifact, split.val), artifact.state_space, Orders(1, 1, 1)
+    h, first = settling_steps(ss), orders.first_state_row
+    rows = window_rows(val, first, h, stride_for(val, first, h, LOCAL_WINDOWS))[0]
+    ends = rollout_windows(ss, val, orders, rows, h)[0][:, -1]
+    u = np.array([p.u[0] for p in local_module.window_points(val, rows, h, ends)]) * u_std + u_mean
+    true_spread = np.sqrt(np.mean((1 - np.tanh(u) ** 2 - gain) ** 2))
+    assert uncertainty["operating_range"]["points"] == rows.size
+    assert 0.5 * true_spread <= spread <= 1.1 * true_spread
+    assert uncertainty["jackknife_std"][0][0] * y_std / u_std < 0.1 * true_spread  # what the jackknife alone says
+    assert artifact.step_response["pairs"][0]["gain_spread"] == pytest.approx(spread, rel=1e-9)
+    u_runs = np.stack([run.u for run in hammerstein_runs(3)])
+    linear = run_series("lin", u_runs, linear_plant(u_runs, 5)[:, :, None], np.zeros((*u_runs.shape[:2], 0)))
+    flat = identify(split_runs(spec, linear), spec, 1).steady_gain
+    assert flat["uncertainty"]["operating_range"]["std"][0][0] < 0.03 * abs(flat["gain"][0][0])
+
+
 def test_settled_local_scores_refit_each_block_at_its_own_operating_point():
     spec = steady_binding()
     split = split_runs(spec, hammerstein_runs(4, noise=0.01))
@@ -426,8 +457,10 @@ def test_local_paths_refit_each_window_midway_to_its_predicted_end_or_keep_the_i
     for h in (artifact.horizon, settling):
         rows, which = window_rows(stacked, orders.first_state_row, h, 1)
         identified = rollout_windows(ss, stacked, orders, rows, h)[0]
-        global_path, local_path, used = local_paths(fitter, ss, stacked, orders, rows, identified.copy(), None)
+        global_path, local_path, used, refits = local_paths(fitter, ss, stacked, orders, rows, identified.copy(), None)
         np.testing.assert_allclose(global_path, identified, rtol=1e-12)
+        gains = iter(local_module.local_gains(refits, 1, 1))  # the refits used, in window order
+        assert len(refits) == used.sum()
         for i, k in enumerate(rows):
             centre = OperatingPoint((stacked.u[k] + stacked.u[k + h - 1]) / 2, (stacked.y[k] + identified[i, -1]) / 2)
             fit, _ = fitter.refit(centre, SETTLE_FACTOR * settling)
@@ -435,6 +468,7 @@ def test_local_paths_refit_each_window_midway_to_its_predicted_end_or_keep_the_i
             if fit is not None:
                 path = rollout_windows(fit.model.realise(), stacked, orders, rows[i:i + 1], h)[0][0]
                 np.testing.assert_allclose(local_path[i], path, rtol=1e-10, atol=1e-12)
+                np.testing.assert_allclose(next(gains), steady_state(fit.model.realise())[0], rtol=1e-9)
         np.testing.assert_array_equal(local_path[~used], global_path[~used])  # `used` is a mask
         assert not used[which == 0].any() and used[which == 1].all()
 
@@ -500,7 +534,7 @@ def test_local_paths_hold_each_windows_disturbance_over_every_step_of_two_couple
     gains = disturbance_step_gains(ss, h)
     assert not np.allclose(gains[-1], gains[-1].T)
     predicted = rollout_windows(ss, stacked, orders, rows, h)[0]
-    global_path, local_path, used = local_paths(fitter, ss, stacked, orders, rows, predicted.copy(), window)
+    global_path, local_path, used, _ = local_paths(fitter, ss, stacked, orders, rows, predicted.copy(), window)
     for i, k in enumerate(rows):
         np.testing.assert_allclose(global_path[i], predicted[i] + held_path(ss, k), rtol=1e-9, atol=1e-12)
         centre = OperatingPoint((stacked.u[k] + stacked.u[k + h - 1]) / 2, (stacked.y[k] + global_path[i, -1]) / 2)

@@ -13,7 +13,8 @@ from optimizer_pipeline.cli import main
 from optimizer_pipeline.contracts import (ModelArtifact, Normalisation, StateSpace, binding_from_dict, canonical_json,
                                           content_hash)
 from optimizer_pipeline.model.step_response import (INVERSE, MAX_STEPS, PSEUDO_INVERSE, dead_time_steps, gain_condition,
-                                                    relative_gain_array, step_response_record)
+                                                    relative_gain_array, step_response_record,
+                                                    step_response_table)
 from optimizer_pipeline.plants import QuadrupleTank, demo_plants
 
 from pipeline_fixtures import seed_home
@@ -116,8 +117,14 @@ def test_mv_gains_and_their_standard_errors_are_the_steady_gain_record_in_engine
         nu, n_in = len(su), len(record["input_tags"])
         gain = np.array([p["gain"] for p in record["pairs"]]).reshape(-1, n_in)[:, :nu]
         se = np.array([p["gain_se"] for p in record["pairs"]]).reshape(-1, n_in)[:, :nu]
+        spread = np.array([p["gain_spread"] for p in record["pairs"]]).reshape(-1, n_in)[:, :nu]
+        uncertainty = steady["uncertainty"]
         np.testing.assert_allclose(gain, np.asarray(steady["gain"]) * scale, rtol=1e-10)
-        np.testing.assert_allclose(se, np.asarray(steady["uncertainty"]["std"]) * scale, rtol=1e-8)
+        np.testing.assert_allclose(se, np.asarray(uncertainty["jackknife_std"]) * scale, rtol=1e-8)
+        np.testing.assert_allclose(spread, np.asarray(uncertainty["operating_range"]["std"]) * scale, rtol=1e-8)
+        assert record["gain_spread_points"] == uncertainty["operating_range"]["points"] > 0
+        # the steady gain's standard error is both parts together
+        np.testing.assert_allclose(np.asarray(uncertainty["std"]) * scale, np.hypot(se, spread), rtol=1e-8)
         np.testing.assert_allclose(record["mv_gain"]["gain"], gain, rtol=1e-12)
 
 
@@ -200,6 +207,23 @@ def test_a_hand_built_state_space_gives_its_worked_out_step_responses():
     json.dumps(record, allow_nan=False)  # plain JSON
 
 
+def test_the_gain_spread_is_the_local_gains_rms_deviation_in_engineering_units():
+    """Two local gains (normalised) each side of the hand model's [G, Gd] = [[2, 1], [4, 0]] by
+    delta: the spread is |delta| scaled to engineering units (0.5 from u, 4 from d), shown in the table."""
+    ss, replicates, norm = hand_built()
+    gain, delta = np.array([[2.0, 1.0], [4.0, 0.0]]), np.array([[0.2, 0.1], [0.4, 0.0]])
+    record = step_response_record(ss, replicates, HAND_SPEC, norm, np.stack([gain + delta, gain - delta, gain]))
+    spread = np.sqrt(2 / 3) * delta * np.array([[0.5, 4.0]])  # two of the three deviate by delta
+    np.testing.assert_allclose([p["gain_spread"] for p in record["pairs"]], spread.ravel(), atol=1e-12)
+    assert record["gain_spread_points"] == 3
+    table = step_response_table(record)
+    assert "| gain ± se | gain spread |" in table and "| y1 | u (MV) | 1 ± 0.12 | 0.082 |" in table
+    assert "gain spread: root-mean-square deviation of the local gains at 3 held-out operating points" in table
+    bare = step_response_record(ss, replicates, HAND_SPEC, norm)
+    assert bare["gain_spread_points"] == 0 and all(p["gain_spread"] is None for p in bare["pairs"])
+    assert "| y1 | u (MV) | 1 ± 0.12 | - |" in step_response_table(bare)
+
+
 def test_fewer_than_two_replicates_give_no_standard_errors():
     ss, _, norm = hand_built()
     record = step_response_record(ss, [ss], HAND_SPEC, norm)
@@ -272,6 +296,7 @@ def test_model_command_prints_the_latest_artifacts_step_response_matrix(identifi
     code, out, _ = run_cli(capsys, home, "model", "heater-1")
     assert code == 0
     assert "| t_out | q_heat (MV) |" in out and "| t_out | t_in (DV) |" in out
+    assert "| gain ± se | gain spread |" in out and "gain spread: root-mean-square deviation" in out
     assert "Condition number of the MV gain matrix (engineering units): 1" in out
 
 

@@ -23,7 +23,7 @@ from optimizer_pipeline.model.arx import (ArxModel, Orders, Stacked, nrmse, roll
                                           disturbance_window, state_and_bias, stride_for, window_rows)
 from optimizer_pipeline.model.fit import RidgeProblem, Structure, free_mask, refine_multistep
 from optimizer_pipeline.model.local import (BANDWIDTHS, GLOBAL, LOCAL, LocalFitter, OperatingPoint, best_bandwidth,
-                                           local_paths, steady_model_record)
+                                           local_gains, local_paths, steady_model_record)
 from optimizer_pipeline.model.select import (FIR_NA, MAX_CHANNEL_DELAY, ORDER_STAGE_RIDGE, RIDGE_GRID,
                                              RIDGE_STAGE_ORDERS, SELECTION_WINDOWS, Selector, best, candidates,
                                              finite_or_none, per_channel, window_lag)
@@ -44,12 +44,21 @@ LOCAL_WINDOWS = 120  # held-out windows the steady-model choice refits at (one w
 GAIN_JACKKNIFE = ("jackknife over the train runs: the chosen structure refitted by ridge least squares "
                   "without one train run at a time; cov = (K - 1) / K * sum_r (g_r - mean g)(g_r - mean g)' "
                   "per CV over its MV gains g, normalised units")
+GAIN_OPERATING_RANGE = ("the spread of the plant's local gains over the held-out operating points: the model refitted "
+                        "(model/local.py, at the recorded kernel width) midway along each held-out window of the "
+                        "settling horizon; cov = mean over the points of (g_k - g)(g_k - g)' per CV over its MV gains, "
+                        "normalised units. A linear model's gain is an average over the history; the plant's at any "
+                        "one point differs from it by about this much, which the jackknife does not see")
 
 
-def steady_gain_record(model: ArxModel, replicates: Sequence[StateSpace] = ()) -> dict[str, Any]:
+def steady_gain_record(model: ArxModel, replicates: Sequence[StateSpace] = (),
+                       gains: np.ndarray | None = None) -> dict[str, Any]:
     """Steady-state gain G (ny, nu) of the MVs (normalised units), its singular values, condition
     number and, from K >= 2 jackknife `replicates` (the refitted models' realisations), its
-    uncertainty: per CV the covariance of its row of G (ny, nu, nu) and the standard errors (ny, nu).
+    uncertainty: per CV the covariance of its row of G (ny, nu, nu) and the standard errors (ny, nu),
+    the jackknife's plus, with the local `gains` (m, ny, >= nu) over the held-out operating points
+    (model/local.py `local_gains`), their spread around G (GAIN_OPERATING_RANGE); each part's
+    standard errors are recorded too.
 
     condition None = singular; `ill_conditioned` flags condition > GAIN_CONDITION_WARN (the steady
     targets along the weak direction are then unreliable). uncertainty None: fewer than 2 replicates.
@@ -59,9 +68,18 @@ def steady_gain_record(model: ArxModel, replicates: Sequence[StateSpace] = ()) -
     uncertainty = None
     if len(replicates) >= 2:
         spread = jackknife_deviations([steady_state(r)[0] for r in replicates])  # (K, ny, nu)
-        cov = np.einsum("kia,kib->iab", spread, spread)
-        uncertainty = {"method": GAIN_JACKKNIFE, "replicates": len(replicates), "cov": cov.tolist(),
-                       "std": np.sqrt(np.einsum("iaa->ia", cov)).tolist()}
+        jackknife = np.einsum("kia,kib->iab", spread, spread)
+        ranged = None
+        if gains is not None and len(gains):
+            deviation = np.asarray(gains, float)[:, :, :gain.shape[1]] - gain
+            ranged = np.einsum("kia,kib->iab", deviation, deviation) / len(deviation)
+        cov = jackknife if ranged is None else jackknife + ranged
+        uncertainty = {"method": GAIN_JACKKNIFE if ranged is None else f"{GAIN_JACKKNIFE}; plus {GAIN_OPERATING_RANGE}",
+                       "replicates": len(replicates), "cov": cov.tolist(),
+                       "std": np.sqrt(np.einsum("iaa->ia", cov)).tolist(),
+                       "jackknife_std": np.sqrt(np.einsum("iaa->ia", jackknife)).tolist(),
+                       "operating_range": None if ranged is None else {
+                           "points": len(deviation), "std": np.sqrt(np.einsum("iaa->ia", ranged)).tolist()}}
     return {"gain": gain.tolist(), "singular_values": np.linalg.svd(gain, compute_uv=False).tolist(),
             "condition": condition, "ill_conditioned": condition is None or condition > GAIN_CONDITION_WARN,
             "uncertainty": uncertainty}
@@ -133,7 +151,7 @@ def _settled_error(model: ArxModel, selector: Selector) -> float:
 
 
 def _steady_model(model: ArxModel, structure: Structure, ridge: float, train: Stacked, selector: Selector,
-                  held_out: bool) -> Mapping[str, Any]:
+                  held_out: bool) -> tuple[Mapping[str, Any], np.ndarray | None]:
     """Which model predicts where a move settles closer on the held-out windows (at most
     LOCAL_WINDOWS windows of the model's settling horizon, open-loop from the measured state, no
     disturbance held: what the refit changes is the model's own prediction): the model as identified,
@@ -141,30 +159,32 @@ def _steady_model(model: ArxModel, structure: Structure, ridge: float, train: St
     BANDWIDTHS that predicts them closest. Without held-out runs the
     identified model is kept (the refit has seen train). Steady targets and move plans alike are
     solved with the chosen procedure (pipeline.solve_and_decide): what the refit fixes is the gain a
-    move ends on."""
+    move ends on. Also the local gains [G, Gd] of the refits at the recorded width, one per window
+    not refused (`local_gains`: the gain's spread over the operating range), None without windows."""
     if not held_out:
-        return steady_model_record(GLOBAL, note="no val run to compare on")
+        return steady_model_record(GLOBAL, note="no val run to compare on"), None
     ss = model.realise()
     h = settling_steps(ss)
     first = model.orders.first_state_row
     rows = None if h is None else window_rows(selector.data, first, h,
                                               stride_for(selector.data, first, h, LOCAL_WINDOWS))[0]
     if rows is None or rows.size == 0:
-        return steady_model_record(GLOBAL, note="no held-out window of the settling horizon")
+        return steady_model_record(GLOBAL, note="no held-out window of the settling horizon"), None
     fitter = LocalFitter(structure, ridge, train)
     local_errors, refits = {}, {}
     with np.errstate(over="ignore", invalid="ignore"):
         identified, measured = rollout_windows(ss, selector.data, model.orders, rows, h)
         global_error = float(np.mean(nrmse(identified[:, -1], measured[:, -1])))
         for bandwidth in BANDWIDTHS:
-            _, local_path, used = local_paths(fitter.with_bandwidth(bandwidth), ss, selector.data, model.orders,
-                                              rows, identified, None)
+            _, local_path, _, refits[bandwidth] = local_paths(fitter.with_bandwidth(bandwidth), ss, selector.data,
+                                                              model.orders, rows, identified, None)
             local_errors[bandwidth] = float(np.mean(nrmse(local_path[:, -1], measured[:, -1])))
-            refits[bandwidth] = int(used.sum())
-    bandwidth = best_bandwidth(local_errors)
+        bandwidth = best_bandwidth(local_errors)
+        ny, nu, nd = model.dims
+        gains = local_gains(refits[bandwidth], ny, nu + nd)
     wins = np.isfinite(local_errors[bandwidth]) and not local_errors[bandwidth] >= global_error
     return steady_model_record(LOCAL if wins else GLOBAL, global_error, local_errors, windows=rows.size,
-                               refits=refits[bandwidth])
+                               refits=len(refits[bandwidth])), gains
 
 
 def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -> ModelArtifact:
@@ -228,9 +248,9 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
     else:
         refinement["kept"] = False
     model = final.model
-    steady_model = _steady_model(model, final.structure, final.ridge, train, selector, selection_data == "val")
+    steady_model, gains = _steady_model(model, final.structure, final.ridge, train, selector, selection_data == "val")
     replicates = jackknife_models(problem, final.structure, final.ridge)
-    gain = steady_gain_record(model, replicates)
+    gain = steady_gain_record(model, replicates, gains)
     if gain["ill_conditioned"]:
         log.warning("binding %s: ill-conditioned steady-state gain (condition %s)", binding.id, gain["condition"])
     selection = {
@@ -261,7 +281,7 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
                 "test": tuple(r.run_id for r in split.test),
                 "live": () if split.live is None else (split.live.run_id,)},
         training_data_hash=split.data_hash, selection=selection, steady_gain=gain,
-        step_response=step_response_record(model.realise(), replicates, binding, split.normalisation))
+        step_response=step_response_record(model.realise(), replicates, binding, split.normalisation, gains))
     log.info("binding %s rev %d: ARX %s ridge=%g, val score %.4f, gates %s, %.3f s", binding.id, binding_revision,
              final.structure.record(), final.ridge, final.score,
              "".join("P" if g.passed else "F" for g in artifact.gates), selection["seconds"])

@@ -186,11 +186,19 @@ def settle_limit(ss: StateSpace) -> int:
     return 0 if settling is None else SETTLE_FACTOR * settling
 
 
+def window_points(stacked: Stacked, rows: np.ndarray, h: int, ends: np.ndarray) -> list[OperatingPoint]:
+    """The operating point of each h-step window k of `rows`: midway from its first MVs and its CVs
+    at k to the MVs of its last step and `ends[i]` (ny,), the CVs a model predicts there."""
+    return [OperatingPoint.of_move(stacked.u[k], stacked.y[k], stacked.u[k + h - 1], ends[i]) for i, k in enumerate(rows)]
+
+
 def local_paths(fitter: LocalFitter, ss: StateSpace, stacked: Stacked, orders: Orders, rows: np.ndarray,
-                identified: np.ndarray, window: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                identified: np.ndarray, window: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                                     list[ArxModel]]:
     """Per window k of `rows`: the h-step open-loop prediction of y[k + 1 .. k + h] (n, h, ny) by the
-    identified model `ss` and by the local procedure, and whether the procedure used a refit (else the
-    identified model's path: the refit was refused, `LocalFitter.refit` within `settle_limit(ss)`).
+    identified model `ss` and by the local procedure, whether the procedure used a refit (else the
+    identified model's path: the refit was refused, `LocalFitter.refit` within `settle_limit(ss)`),
+    and the refits it used, in window order (their gains: `local_gains`).
     `identified`: the identified model's own rollout of the windows (model.arx.rollout_windows, which
     the callers have already run for the measured values), h its length.
     With `window`, each holds its own disturbance fitted over the `window` rows before k
@@ -210,10 +218,9 @@ def local_paths(fitter: LocalFitter, ss: StateSpace, stacked: Stacked, orders: O
     with np.errstate(over="ignore", invalid="ignore"):
         global_path = identified + held(ss, rows)
         local_path, used = global_path.copy(), np.zeros(rows.size, bool)
-        points = [OperatingPoint.of_move(stacked.u[k], stacked.y[k], stacked.u[k + h - 1], global_path[i, -1])
-                  for i, k in enumerate(rows)]
-        models = {i: fit.state_space for i, (fit, _) in enumerate(fitter.refits(points, settle_limit(ss)))
-                  if fit is not None}
+        points = window_points(stacked, rows, h, global_path[:, -1])
+        fits = {i: fit for i, (fit, _) in enumerate(fitter.refits(points, settle_limit(ss))) if fit is not None}
+        models = {i: fit.state_space for i, fit in fits.items()}
         used[list(models)] = True
         if models:  # every refit's window rolled out by its own refit at once
             at = rows[used]
@@ -223,7 +230,17 @@ def local_paths(fitter: LocalFitter, ss: StateSpace, stacked: Stacked, orders: O
             if window is not None:
                 for i, model in models.items():
                     local_path[i] += held(model, rows[i:i + 1])[0]
-    return global_path, local_path, used
+    return global_path, local_path, used, [fit.model for fit in fits.values()]
+
+
+def local_gains(refits: Sequence[ArxModel], ny: int, nv: int) -> np.ndarray:
+    """The steady-state gains [G, Gd] (m, ny, nv = nu + nd) of the ARX `refits` (normalised units):
+    (I - sum A)^-1 [sum B, sum D], what statespace.steady_state gives of their realisations."""
+    if not refits:
+        return np.zeros((0, ny, nv))
+    ar = np.stack([np.eye(ny) - model.A.sum(axis=0) for model in refits])
+    exo = np.stack([np.hstack([model.B.sum(axis=0), model.D.sum(axis=0)]) for model in refits])
+    return np.linalg.solve(ar, exo)
 
 
 def best_bandwidth(local_errors: Mapping[float, float]) -> float:

@@ -28,6 +28,10 @@ k + 1 sample periods after the step, the statespace.rollout convention):
                 without one train run at a time): per pair and step, and for the gain and the dead
                 time, se = sqrt((K - 1) / K * sum_r (x_r - mean x)^2) over the K replicates' values.
                 None with fewer than 2 train runs.
+  gain spread   how far the plant's gain strays from the model's over the history's operating range:
+                the root-mean-square deviation of the local gains (the model refitted around each
+                held-out operating point, model/local.py) from its gain; None without held-out
+                windows. The steady-gain uncertainty adds it to the jackknife's (model/artifact.py).
   condition     of the MV gain matrix in engineering units (the artifact's `steady_gain.condition`
                 is the same in normalised units); None when singular.
   RGA           G .* inv(G)^T of the MV gain matrix G (Bristol); for a non-square or singular G
@@ -111,9 +115,11 @@ def _optional(value: float) -> float | None:
 
 
 def step_response_record(ss: StateSpace, replicates: Sequence[StateSpace], binding: BindingSpec,
-                         normalisation: Normalisation) -> dict[str, Any]:
+                         normalisation: Normalisation, local_gains: np.ndarray | None = None) -> dict[str, Any]:
     """The step-response matrix (module docstring) of the model `ss` (normalised units, the
-    artifact's state space) and its K jackknife `replicates`, in engineering units."""
+    artifact's state space) and its K jackknife `replicates`, in engineering units; with the
+    `local_gains` [G, Gd] over the held-out operating points (m, ny, nu + nd, normalised; model/local.py
+    `local_gains`) each pair's `gain_spread`, their root-mean-square deviation from its gain."""
     _, cv_std = normalisation.of(binding.cv_tags)
     inputs = binding.mv_tags + binding.dv_tags
     scale = cv_std[:, None] / normalisation.of(inputs)[1][None, :]  # (ny, n_in): normalised -> engineering
@@ -126,6 +132,8 @@ def step_response_record(ss: StateSpace, replicates: Sequence[StateSpace], bindi
 
     with np.errstate(over="ignore", invalid="ignore"):  # an unstable model's responses overflow: None below
         response, gain = engineering(ss)
+        spread = None if local_gains is None or not len(local_gains) else \
+            np.sqrt(np.mean((np.asarray(local_gains, float) * scale - gain) ** 2, axis=0))
         dead = dead_time_steps(response)
         se = None
         if len(replicates) >= 2:
@@ -141,6 +149,7 @@ def step_response_record(ss: StateSpace, replicates: Sequence[StateSpace], bindi
             pairs.append({
                 "cv": cv, "input": tag, "kind": kind,
                 "gain": float(gain[i, j]), "gain_se": None if se is None else _optional(se["gain"][i, j]),
+                "gain_spread": None if spread is None else _optional(spread[i, j]),
                 "dead_time_steps": _optional(dead[i, j]), "dead_time_s": _optional(dead[i, j] * period),
                 "dead_time_se_steps": None if se is None else _optional(se["dead_time"][i, j]),
                 "settling_steps": settling, "settling_s": None if settling is None else float(settling * period),
@@ -158,6 +167,7 @@ def step_response_record(ss: StateSpace, replicates: Sequence[StateSpace], bindi
         "settle_fraction": SETTLE_FRACTION,
         "dead_time_rule": "tangent method: where the tangent at the steepest sample-to-sample move crosses zero",
         "uncertainty": None if se is None else {"method": JACKKNIFE, "replicates": len(replicates)},
+        "gain_spread_points": 0 if spread is None else len(local_gains),
         "pairs": pairs,
         "mv_gain": {"gain": gain[:, :nu].tolist(), "condition": gain_condition(gain[:, :nu]),
                     "rga": rga.tolist(), "rga_method": rga_method},
@@ -173,15 +183,19 @@ def _num(value: float | None, se: float | None = None, digits: int = 4) -> str:
 def step_response_table(record: Mapping[str, Any]) -> str:
     """Markdown: per pair gain ± se, dead time and settling time; the MV gain matrix's condition
     number and RGA."""
-    lines = ["| CV | input | gain ± se | dead time [samples] ± se | dead time [s] | settling [samples] "
-             "| settling [s] |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| CV | input | gain ± se | gain spread | dead time [samples] ± se | dead time [s] | settling [samples] "
+             "| settling [s] |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for p in record["pairs"]:
         dead = _num(p["dead_time_steps"], p["dead_time_se_steps"], 3)
-        lines.append(f"| {p['cv']} | {p['input']} ({p['kind'].upper()}) | {_num(p['gain'], p['gain_se'])} | {dead} | "
+        lines.append(f"| {p['cv']} | {p['input']} ({p['kind'].upper()}) | {_num(p['gain'], p['gain_se'])} | "
+                     f"{_num(p.get('gain_spread'), digits=2)} | {dead} | "
                      f"{_num(p['dead_time_s'], digits=3)} | {_num(p['settling_steps'])} | {_num(p['settling_s'])} |")
     uncertainty = record["uncertainty"]
     se = (f"standard errors: {uncertainty['method']}, K = {uncertainty['replicates']}" if uncertainty
           else "no standard errors (fewer than 2 train runs)")
+    points = record.get("gain_spread_points") or 0
+    se += (f"; gain spread: root-mean-square deviation of the local gains at {points} held-out operating points "
+           "from the gain" if points else "; no gain spread (no held-out operating points)")
     mv = record["mv_gain"]
     condition = "singular" if mv["condition"] is None else f"{mv['condition']:.4g}"
     mv_tags = [t for t, kind in zip(record["input_tags"], record["input_kinds"]) if kind == "mv"]
