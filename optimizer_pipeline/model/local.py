@@ -189,7 +189,8 @@ def settle_limit(ss: StateSpace) -> int:
 def window_points(stacked: Stacked, rows: np.ndarray, h: int, ends: np.ndarray) -> list[OperatingPoint]:
     """The operating point of each h-step window k of `rows`: midway from its first MVs and its CVs
     at k to the MVs of its last step and `ends[i]` (ny,), the CVs a model predicts there."""
-    return [OperatingPoint.of_move(stacked.u[k], stacked.y[k], stacked.u[k + h - 1], ends[i]) for i, k in enumerate(rows)]
+    return [OperatingPoint.of_move(stacked.u[k], stacked.y[k], stacked.u[k + h - 1], ends[i])
+            for i, k in enumerate(rows)]
 
 
 def local_paths(fitter: LocalFitter, ss: StateSpace, stacked: Stacked, orders: Orders, rows: np.ndarray,
