@@ -30,9 +30,12 @@ than 5 settled steps, an unstable model or no band -> `inconclusive`.
 
 Drift rule (`drift_finding`), over the evaluated outcomes of a binding under its current calibration:
 `deviated` in >= 2 of the last 3 conclusive verdicts, or the pooled hits of the last 10 conclusive
-outcomes significantly below p0 (same one-sided binomial test at 0.01).
+outcomes significantly below p0 (same one-sided binomial test at 0.01). The same rule over the
+outcomes of the recommendations solved with one model, whatever its calibration, is a condition for
+`verified` (`model_outcome_condition`).
 """
 
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass
@@ -46,6 +49,7 @@ from scipy import stats
 
 from optimizer_pipeline.contracts import (
     BindingSpec,
+    Condition,
     ContractError,
     ModelArtifact,
     Outcome,
@@ -309,14 +313,24 @@ def check_applicable(rec_row: RecommendationRecord, applied_at: datetime) -> Non
 def evaluate_row(ledger: Ledger, rec_row: RecommendationRecord, observation: Observation,
                  applied_at: datetime) -> Evaluation:
     """`evaluate` for a ledger recommendation: the period from the binding revision it was solved
-    for, the settling steps from its model artifact (steady template only). The CLI and the asset
-    both judge through here."""
+    for, the settling steps from its model artifact (steady template only); the details also name
+    the model (`model`: its artifact hash, binding revision and training data hash, which
+    `model_outcome_condition` matches). The CLI and the asset both judge through here."""
     stored = ledger.get_binding(rec_row.binding_id, rec_row.binding_revision)
     rec = dict(rec_row.payload, id=rec_row.id)
+    try:
+        artifact = ledger.get_artifact(rec_row.model_artifact_hash)
+    except NotFoundError:
+        artifact = None
     settle = None
     if rec["template"] == Template.STEADY_RESPONSE.value:
-        settle = settle_steps(ledger.get_artifact(rec_row.model_artifact_hash), _solved_model(ledger, rec_row.run_id))
-    return evaluate(rec, observation, applied_at.timestamp(), stored.spec.sample_period_s, settle)
+        if artifact is None:
+            raise NotFoundError(f"model artifact {rec_row.model_artifact_hash} is not in the ledger")
+        settle = settle_steps(artifact, _solved_model(ledger, rec_row.run_id))
+    evaluation = evaluate(rec, observation, applied_at.timestamp(), stored.spec.sample_period_s, settle)
+    model = {"artifact_hash": rec_row.model_artifact_hash, "binding_revision": rec_row.binding_revision,
+             "training_data_hash": None if artifact is None else artifact.training_data_hash}
+    return dataclasses.replace(evaluation, details=dict(evaluation.details, model=model))
 
 
 def _solved_model(ledger: Ledger, run_id: str) -> StateSpace | None:
@@ -398,6 +412,35 @@ class DriftFinding:
     binding_id: str
     outcome_id: str
     reason: str
+
+
+def of_model(row: OutcomeRecord, artifact: ModelArtifact) -> bool:
+    """Whether an outcome judged a recommendation solved with `artifact`'s model: the same artifact,
+    or one identified again for the same binding revision from the same training data (a
+    recalibration identifies, scores and calibrates again on the same runs: the same model). An
+    outcome recorded before its details named the model counts for none."""
+    model = (row.details or {}).get("model") or {}
+    return model.get("binding_revision") == artifact.binding_revision and (
+        model.get("artifact_hash") == artifact.artifact_hash
+        or model.get("training_data_hash") == artifact.training_data_hash)
+
+
+def model_outcome_condition(artifact: ModelArtifact, rows: Sequence[OutcomeRecord]) -> Condition:
+    """The condition for `verified` that the model's own outcomes in the plant agree with its
+    evidence: the drift rule over those of the binding's outcomes `rows` that judged this model
+    (`of_model`) under any of its calibrations (a recalibration scores the same val / test runs
+    again: it rebuilds the same evidence and cannot clear what the plant showed; a model identified
+    from new data starts afresh). Holds without a conclusive outcome."""
+    rows = [r for r in rows if of_model(r, artifact)]
+    judged = (OutcomeVerdict.CONFIRMED.value, OutcomeVerdict.DEVIATED.value)
+    conclusive = [r.verdict for r in rows if r.verdict in judged]
+    value = (f"{conclusive.count(OutcomeVerdict.DEVIATED.value)} of {len(conclusive)} conclusive outcomes deviated"
+             if conclusive else "no conclusive outcome yet")
+    finding = drift_finding(artifact.binding_id, rows, None)
+    return Condition("outcomes of this model in the plant", value,
+                     f"no drift: deviated in < {DRIFT_DEVIATED} of the last {DRIFT_RECENT} conclusive, the band hits "
+                     f"of the last {DRIFT_WINDOW} not significantly below the promised rate",
+                     finding is None, "" if finding is None else f"the plant disagrees with this model: {finding.reason}")
 
 
 def drift_finding(binding_id: str, rows: Sequence[OutcomeRecord], calibrated_at: str | None) -> DriftFinding | None:

@@ -13,7 +13,7 @@ import logging
 import os
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -37,11 +37,12 @@ from optimizer_pipeline.contracts import (
 )
 from optimizer_pipeline.data import prepare_history, validate_history_frame
 from optimizer_pipeline.deployment import WORKER_ENV
-from optimizer_pipeline.ledger import Ledger, LedgerError, new_id
+from optimizer_pipeline.ledger import Ledger, LedgerError, OutcomeRecord, new_id
 from optimizer_pipeline.model import current_state, identify
 from optimizer_pipeline.model.artifact import local_artifact
 from optimizer_pipeline.model.local import LOCAL, OperatingPoint, settle_limit, steady_procedure
 from optimizer_pipeline.model.statespace import MAX_SETTLING_STEPS, settling_steps
+from optimizer_pipeline.outcomes import model_outcome_condition
 from optimizer_pipeline.problem import needs_steady_layer
 from optimizer_pipeline.recommend import Decision, EvidenceSnapshot, decide, max_live_age_s
 from optimizer_pipeline.settings import Settings
@@ -326,9 +327,11 @@ def settled_evidence(binding: BindingSpec, artifact: ModelArtifact, split: Histo
 
 def solve_and_decide(binding: BindingSpec, stored: StoredBinding, artifact: ModelArtifact, split: HistorySplit,
                      calibration: Calibration, solve: Callable[[ProblemIR], SolveResult], settings: Settings,
-                     source: str, now: datetime) -> Solved:
+                     source: str, now: datetime, outcomes: Sequence[OutcomeRecord] = ()) -> Solved:
     """Compile `binding` (the stored spec, or a what-if's overridden copy of it) from the live state
-    with the revision's model and calibration, solve it, verify and decide; writes nothing."""
+    with the revision's model and calibration, solve it, verify and decide; writes nothing.
+    `outcomes`: the binding's outcomes (Ledger.list_outcomes), whose verdicts on this model the
+    decision's outcome condition judges (outcomes.model_outcome_condition)."""
     live = split.live
     if live is None:
         raise ValueError(f"binding {binding.id}: no live run in the history, so there is no current state")
@@ -372,7 +375,8 @@ def solve_and_decide(binding: BindingSpec, stored: StoredBinding, artifact: Mode
                   f"the binding is at revision {stored.revision}"),
         Condition("calibration of this model", calibration.artifact_hash[:12], artifact.artifact_hash[:12],
                   calibration.artifact_hash == artifact.artifact_hash, "calibration belongs to another model artifact"),
-        *score_rule_condition(evidence), *newest_sample(split), *settled_conditions]
+        *score_rule_condition(evidence), *newest_sample(split), *settled_conditions,
+        model_outcome_condition(artifact, outcomes)]
     decision = decide(binding, stored.revision, artifact, problem, result, snapshot,
                       uq.band_engineering(evidence, artifact), settings.uq_max_input_distance, run_id, now,
                       extra_conditions=consistency, max_band_fraction=settings.uq_max_band_fraction,
@@ -397,7 +401,8 @@ def recommend(stored: StoredBinding, artifact: ModelArtifact, split: HistorySpli
     expired, reconciled = ledger.housekeeping(stale_after_s=settings.solver_request_timeout_ms / 1000, now=now)
     if reconciled:
         log.warning("closed %d run(s) left running by a writer that died as interrupted", reconciled)
-    solved = solve_and_decide(binding, stored, artifact, split, calibration, solve, settings, source, now)
+    solved = solve_and_decide(binding, stored, artifact, split, calibration, solve, settings, source, now,
+                              ledger.list_outcomes(binding.id))
     result, rec, chosen = solved.result, solved.decision.recommendation, solved.decision.chosen
     ledger.record_solve(solved.run, result.candidates, artifact.artifact_hash, rec,
                         run_status=run_status(result),

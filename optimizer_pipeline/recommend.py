@@ -123,9 +123,14 @@ def gain_conditions(artifact: ModelArtifact, problem: ProblemIR, evidence: Evide
                     candidate: SolveCandidate | None, steady_gain: Mapping[str, Any] | None = None) -> list[Condition]:
     """The planned move against the steady-gain uncertainty: per CV, GAIN_SIGMAS standard errors of
     the gain along the move from the current MVs to the plan's last MVs, sqrt(du' cov_i du), must fit
-    inside the band (qhat_i), or the settled value may be off by more than the evidence says. No
-    condition without a candidate or without evidence (no band to compare with; that fails anyway).
-    steady_gain: the gain record of the model the plan was solved with, when not the artifact's."""
+    inside the band (qhat_i), or the settled value may be off by more than the evidence says. cov is
+    the estimate's own uncertainty, the jackknife over the train runs (`jackknife_cov`; `cov` of a
+    record from before the parts were kept, which was the jackknife alone): the spread of the gain
+    over the operating range, which the record adds to it, is in the band already (calibrated on the
+    settled errors of the held-out runs across that range), and counting it again unverified plans
+    that met every goal (BENCHMARKS.md, "Steady-gain uncertainty"). No condition without a candidate
+    or without evidence (no band to compare with; that fails anyway). steady_gain: the gain record of
+    the model the plan was solved with, when not the artifact's."""
     if candidate is None or not evidence.has_evidence:
         return []
     name, limit = "steady-gain uncertainty along the planned move", f"<= band ({GAIN_SIGMAS:g} standard errors)"
@@ -135,7 +140,8 @@ def gain_conditions(artifact: ModelArtifact, problem: ProblemIR, evidence: Evide
                           "steady-gain uncertainty unknown (the model records none: fewer than 2 train runs)")]
     u_mean, u_std = artifact.normalisation.of(artifact.mv_tags)
     move = (np.asarray(candidate.controls[-1], float) - u_mean) / u_std - np.asarray(problem.u_prev, float)
-    spread = GAIN_SIGMAS * np.sqrt(np.einsum("a,iab,b->i", move, np.asarray(uncertainty["cov"], float), move))
+    cov = np.asarray(uncertainty.get("jackknife_cov", uncertainty["cov"]), float)
+    spread = GAIN_SIGMAS * np.sqrt(np.einsum("a,iab,b->i", move, cov, move))
     qhat = np.asarray(evidence.uq["qhat"], float)
     worst = int(np.argmax(spread / np.maximum(qhat, 1e-300)))
     _, y_std = artifact.normalisation.of(artifact.cv_tags)

@@ -211,7 +211,8 @@ def solve_whatif(stored: StoredBinding, overrides: Sequence[Override], artifact:
     are only read (the latest one, to be shown beside it)."""
     spec = apply_overrides(stored.spec, overrides)
     compared = ledger.latest_recommendation(stored.spec.id)
-    solved = pipeline.solve_and_decide(spec, stored, artifact, split, calibration, solve, settings, source, now)
+    solved = pipeline.solve_and_decide(spec, stored, artifact, split, calibration, solve, settings, source, now,
+                                       ledger.list_outcomes(stored.spec.id))
     result, rec, chosen = solved.result, solved.decision.recommendation, solved.decision.chosen
     run = dict(solved.run, context=dict(solved.run["context"], whatif=True,
                                         overrides=[o.to_json_dict() for o in overrides]))

@@ -18,6 +18,7 @@ from typing import Any, Mapping
 
 import numpy as np
 import pytest
+from ledger_helpers import solve as solve_once
 from model_helpers import binding
 
 from optimizer_pipeline import pipeline, uq
@@ -29,6 +30,8 @@ from optimizer_pipeline.contracts import (
     Normalisation,
     RunSeries,
     SolveCandidate,
+    Outcome,
+    OutcomeVerdict,
     SolveResult,
     UQEvidence,
     iso_utc,
@@ -90,6 +93,10 @@ class World:
     # the CVs predicted at the plan's last step (y0's target is 0, range 200, band 1): the plan's and holding's
     planned_end: float = 0.0
     held_end: float = 12.0
+    # verdicts of outcomes recorded in the ledger before the solve, judging this model (its training data
+    # hash names the world's own model: the module's ledger is shared by every row)
+    model_outcomes: tuple[str, ...] = ()
+    training_data_hash: str = ""
 
 
 EVIDENCE = dict(method="split_conformal", alpha=0.1, block_length=10, cv_tags=("y0",), qhat=(0.5,), rank_k=9,
@@ -120,7 +127,7 @@ def inputs(world: World):
         gain["uncertainty"] = {"method": "given", "replicates": 8, "cov": [[[world.gain_std ** 2]]],
                                "std": [[world.gain_std]]}
     artifact = artifact_from_model(MODEL, SPEC, world.artifact_revision, NORMALISATION, gates=world.gates,
-                                   steady_gain=gain)
+                                   steady_gain=gain, training_data_hash=world.training_data_hash)
     n = 20  # the live run ends live_age_s before now, one sample per period
     t = NOW.timestamp() - world.live_age_s - SPEC.sample_period_s * np.arange(n)[::-1]
     y = np.full((n, 1), 12.0)
@@ -152,6 +159,18 @@ def ledger(tmp_path_factory):
 
 def recommend(ledger: Ledger, world: World) -> pipeline.SolveRecord:
     stored, artifact, split, calibration, solve, settings = inputs(world)
+    model = {"artifact_hash": artifact.artifact_hash, "binding_revision": artifact.binding_revision,
+             "training_data_hash": artifact.training_data_hash}
+    recorded = {o.id for o in ledger.list_outcomes(SPEC.id)}
+    applied = None if not world.model_outcomes else solve_once(ledger, binding_id=SPEC.id)[1]  # what they judged
+    for i, verdict in enumerate(world.model_outcomes):  # as outcomes.evaluate_row records them
+        if f"out-{world.training_data_hash}-{i}" not in recorded:
+            ledger.insert_outcome(Outcome(
+                id=f"out-{world.training_data_hash}-{i}", recommendation_id=applied, binding_id=SPEC.id,
+                applied_at=iso_utc(NOW - timedelta(minutes=30 - i)), observed={}, delta={},
+                verdict=OutcomeVerdict(verdict),
+                details={"hits": 10 if verdict == "confirmed" else 7, "trials": 10, "promised_rate": 0.9,
+                         "model": model}))
     return pipeline.recommend(stored, artifact, split, calibration, solve, ledger, settings, "simulation", NOW)
 
 
@@ -305,6 +324,14 @@ MATRIX = [
         replace(BASE, evidence={"score": None, "score_rule": None}),
         UNVERIFIED, ("the calibration was scored by an older max_residual rule than this version's: run the "
                      "recalibrate job",)),
+    # ---- the model's own outcomes in the plant (outcomes.model_outcome_condition)
+    Row("two of the model's last three outcomes deviated", "outcomes of this model in the plant",
+        replace(BASE, model_outcomes=("deviated", "confirmed", "deviated"), training_data_hash="drifted"),
+        UNVERIFIED, (f"the plant disagrees with this model: 2 of the last 3 outcomes of {SPEC.id} deviated from "
+                     "the prediction (newest out-drifted-2)",)),
+    Row("one of the model's last three outcomes deviated", "outcomes of this model in the plant",
+        replace(BASE, model_outcomes=("deviated", "confirmed", "confirmed"), training_data_hash="one-off"),
+        VERIFIED),
 ]
 
 
@@ -442,7 +469,10 @@ def test_the_conditions_table_shows_what_each_condition_was_judged_on_and_its_li
          "<= 0.25 (uq.max_band_fraction)"),
         ("model from the binding's revision", "r1", "r1"),
         ("calibration of this model", h, h),
-        ("calibration scored by this version's rule", f"max_residual, rule {rule}", f"max_residual, rule {rule}")]
+        ("calibration scored by this version's rule", f"max_residual, rule {rule}", f"max_residual, rule {rule}"),
+        ("outcomes of this model in the plant", "no conclusive outcome yet",
+         "no drift: deviated in < 2 of the last 3 conclusive, the band hits of the last 10 not significantly below "
+         "the promised rate")]
 
 
 def test_the_conditions_table_of_a_rejected_solve_and_an_unknown_calibration_time(ledger):

@@ -457,6 +457,7 @@ def test_the_gain_uncertainty_adds_the_local_gains_spread_to_the_jackknife():
     np.testing.assert_allclose(record["cov"], jackknife + ranged, atol=1e-12)
     np.testing.assert_allclose(record["std"], np.sqrt(np.einsum("iaa->ia", jackknife + ranged)), atol=1e-12)
     np.testing.assert_allclose(record["jackknife_std"], np.sqrt(np.einsum("iaa->ia", jackknife)), atol=1e-12)
+    np.testing.assert_allclose(record["jackknife_cov"], jackknife, atol=1e-12)  # what the gain condition judges
     assert record["operating_range"]["points"] == 2
     np.testing.assert_allclose(record["operating_range"]["std"], np.sqrt(np.mean(deviations ** 2, axis=0)), atol=1e-12)
     assert record["method"] == f"{GAIN_JACKKNIFE}; plus {GAIN_OPERATING_RANGE}"

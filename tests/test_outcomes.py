@@ -2,6 +2,7 @@
 when an outcome may be recorded, and the drift rule."""
 
 import math
+import types
 from datetime import timedelta
 
 import numpy as np
@@ -16,6 +17,7 @@ from optimizer_pipeline.outcomes import (
     OutcomeError,
     check_applicable,
     drift_finding,
+    model_outcome_condition,
     evaluate,
     hit_rate_p_value,
     nearest_samples,
@@ -230,13 +232,22 @@ def test_applied_after_valid_until_or_before_creation_is_refused():
 # --------------------------------------------------------------------------- drift rule
 
 
-def outcome_row(i, verdict, hits=10, trials=10, calibrated_at=UQ["calibrated_at"]):
+MODEL = {"artifact_hash": "a1", "binding_revision": 1, "training_data_hash": "d1"}  # details.model (evaluate_row)
+
+
+def outcome_row(i, verdict, hits=10, trials=10, calibrated_at=UQ["calibrated_at"], model=MODEL):
     applied = parse_iso_utc("2027-01-15T09:00:00") + timedelta(minutes=i)
     return OutcomeRecord(id=f"out-{i}", recommendation_id="rec-1", binding_id="b", applied_at=applied.isoformat(),
                          observed={}, delta={}, verdict=verdict,
                          details={"hits": hits, "trials": trials, "promised_rate": 0.9,
-                                  "calibrated_at": calibrated_at},
+                                  "calibrated_at": calibrated_at, "model": model},
                          created_at=applied.isoformat())
+
+
+def artifact_named(artifact_hash="a1", binding_revision=1, training_data_hash="d1"):
+    """A stand-in for a ModelArtifact with only what of_model reads."""
+    return types.SimpleNamespace(binding_id="b", artifact_hash=artifact_hash, binding_revision=binding_revision,
+                                 training_data_hash=training_data_hash)
 
 
 def test_two_deviated_among_the_last_three_request_recalibration_keyed_by_the_newest():
@@ -344,6 +355,40 @@ def test_without_a_calibration_time_every_conclusive_outcome_counts_for_drift():
 def test_a_rate_drift_finding_names_its_binding():
     rows = [outcome_row(i, "confirmed", 8, 10) for i in range(7)]
     assert drift_finding("b", rows, UQ["calibrated_at"]).binding_id == "b"
+
+
+def test_verified_needs_the_models_own_outcomes_to_show_no_drift_under_any_of_its_calibrations():
+    """model_outcome_condition: the drift rule over the outcomes that judged this model, whatever
+    calibration each was solved under (a recalibration of the same model does not clear them); it
+    holds with no conclusive outcome and names the finding when it fails."""
+    model = artifact_named()
+    none = model_outcome_condition(model, [outcome_row(0, "inconclusive", 0, 0)])
+    assert (none.holds, none.value, none.reason) == (True, "no conclusive outcome yet", "")
+    assert none.name == "outcomes of this model in the plant"
+    older = "2027-01-01T00:00:00+00:00"  # an earlier calibration of the same model
+    rows = [outcome_row(0, "confirmed"), outcome_row(1, "deviated", 3, 10, calibrated_at=older),
+            outcome_row(2, "deviated", 4, 10)]
+    failed = model_outcome_condition(model, rows)
+    assert not failed.holds and failed.value == "2 of 3 conclusive outcomes deviated"
+    assert failed.reason == "the plant disagrees with this model: " + drift_finding("b", rows, None).reason
+    assert "2 of the last 3 outcomes of b deviated" in failed.reason
+    assert drift_finding("b", rows, UQ["calibrated_at"]) is None  # the drift sensor's rule sees only the newest
+    recovered = model_outcome_condition(model, rows + [outcome_row(i, "confirmed") for i in range(3, 10)])
+    assert recovered.holds and recovered.value == "2 of 10 conclusive outcomes deviated"  # hits 87 of 100: p 0.2
+
+
+def test_the_outcomes_of_a_model_are_those_of_its_artifact_or_of_one_identified_again_from_the_same_data():
+    """of_model: the same artifact hash, or (a recalibration's new artifact) the same binding
+    revision and training data; another revision, other data or no recorded model count for none."""
+    again = artifact_named(artifact_hash="a2")  # identified again from the same data: another hash
+    rows = [outcome_row(1, "deviated"), outcome_row(2, "deviated")]
+    assert not model_outcome_condition(again, rows).holds
+    for other in (artifact_named("a2", training_data_hash="d2"), artifact_named("a1", binding_revision=2)):
+        assert model_outcome_condition(other, rows).value == "no conclusive outcome yet"
+    same_hash = artifact_named("a1", training_data_hash="d9")  # the artifact itself, whatever else
+    assert not model_outcome_condition(same_hash, rows).holds
+    unnamed = [outcome_row(1, "deviated", model=None), outcome_row(2, "deviated", model=None)]
+    assert model_outcome_condition(artifact_named(), unnamed).holds
 
 
 def test_the_details_document_of_an_mpc_outcome(caplog):

@@ -234,3 +234,15 @@ def test_deviated_outcomes_make_the_drift_sensor_request_one_recalibration(heate
 
     heater.run("heater-1", job="recalibrate")  # what the request launches
     assert not isinstance(tick(heater), list)  # outcomes of the old calibration no longer count
+
+    # ... but the recalibration identified the same model from the same runs and scores the same
+    # val / test runs: its recommendations are not `verified` while that model's outcomes deviate
+    heater.run("heater-1", job="solve")
+    latest = heater.ledger.latest_recommendation("heater-1")
+    before, after = (heater.ledger.get_artifact(r.model_artifact_hash) for r in (heater.rec, latest))
+    assert latest.id != heater.rec.id and after.training_data_hash == before.training_data_hash
+    assert after.coefficients == before.coefficients
+    assert newest.details["model"] == {"artifact_hash": before.artifact_hash, "binding_revision": 1,
+                                       "training_data_hash": before.training_data_hash}
+    reason = [r for r in latest.payload["reasons"] if r.startswith("the plant disagrees with this model: ")]
+    assert latest.status == "unverified" and len(reason) == 1 and "deviated" in reason[0], latest.payload["reasons"]

@@ -53,9 +53,11 @@ CONTROLS = ((5.0, 6.0), (6.0, 8.0), (7.0, 9.0), (7.0, 10.0))
 PREDICTED = ((11.0, 1.0),) * 4
 
 
-def artifact(cov=COV, gates=GATES):
+def artifact(cov=COV, gates=GATES, jackknife_cov=None):
     gain = steady_gain_record(MODEL)
     gain["uncertainty"] = None if cov is None else {"method": "given", "replicates": 8, "cov": cov}
+    if jackknife_cov is not None:
+        gain["uncertainty"]["jackknife_cov"] = jackknife_cov
     return artifact_from_model(MODEL, SPEC, 3, NORMALISATION, gates=gates, steady_gain=gain)
 
 
@@ -302,6 +304,18 @@ def test_unknown_gain_uncertainty_fails():
     assert (c.name, c.value, c.limit, c.holds, c.reason) == (
         GAIN, "unknown", "<= band (2 standard errors)", False,
         "steady-gain uncertainty unknown (the model records none: fewer than 2 train runs)")
+
+
+def test_the_gain_condition_judges_the_jackknife_part_of_a_record_that_keeps_its_parts():
+    """A record with its parts (model/artifact.py): the total cov adds the operating-range spread,
+    which the band already covers; the condition judges `jackknife_cov`. A record without the parts
+    (cov was the jackknife) is judged by its cov."""
+    evidence = snapshot(uq={**UQ, "qhat": [1.0, 1.0]})
+    parts = artifact(cov=(4 * np.asarray(COV)).tolist(), jackknife_cov=COV)
+    [c] = gain_conditions(parts, PROBLEM, evidence, ROBUST)
+    assert (c.value, c.holds) == ("y1: 3 against band 3", True)  # the jackknife's: 4 x cov would give 6
+    [old] = gain_conditions(artifact(cov=(4 * np.asarray(COV)).tolist()), PROBLEM, evidence, ROBUST)
+    assert (old.value, old.holds) == ("y1: 6 against band 3", False)
 
 
 def test_the_gain_uncertainty_of_the_model_the_plan_was_solved_with_is_judged():

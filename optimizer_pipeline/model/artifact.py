@@ -58,7 +58,8 @@ def steady_gain_record(model: ArxModel, replicates: Sequence[StateSpace] = (),
     uncertainty: per CV the covariance of its row of G (ny, nu, nu) and the standard errors (ny, nu),
     the jackknife's plus, with the local `gains` (m, ny, >= nu) over the held-out operating points
     (model/local.py `local_gains`), their spread around G (GAIN_OPERATING_RANGE); each part's
-    standard errors are recorded too.
+    standard errors are recorded too, and the jackknife's covariance, which the steady-gain condition
+    for `verified` judges (recommend.gain_conditions).
 
     condition None = singular; `ill_conditioned` flags condition > GAIN_CONDITION_WARN (the steady
     targets along the weak direction are then unreliable). uncertainty None: fewer than 2 replicates.
@@ -77,6 +78,7 @@ def steady_gain_record(model: ArxModel, replicates: Sequence[StateSpace] = (),
         uncertainty = {"method": GAIN_JACKKNIFE if ranged is None else f"{GAIN_JACKKNIFE}; plus {GAIN_OPERATING_RANGE}",
                        "replicates": len(replicates), "cov": cov.tolist(),
                        "std": np.sqrt(np.einsum("iaa->ia", cov)).tolist(),
+                       "jackknife_cov": jackknife.tolist(),
                        "jackknife_std": np.sqrt(np.einsum("iaa->ia", jackknife)).tolist(),
                        "operating_range": None if ranged is None else {
                            "points": len(deviation), "std": np.sqrt(np.einsum("iaa->ia", ranged)).tolist()}}
