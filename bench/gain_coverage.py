@@ -46,6 +46,8 @@ def _ratios(artifact, record, truth: np.ndarray) -> tuple[np.ndarray, np.ndarray
     scale = y_std[:, None] / u_std[None, :]  # normalised -> engineering
     error = np.abs(np.asarray(record["gain"]) * scale - truth)
     uncertainty = record["uncertainty"]
+    if uncertainty is None:  # fewer than 2 train runs: no standard errors to judge
+        return np.zeros(0), np.zeros(0)
     return (error / (np.asarray(uncertainty["jackknife_std"]) * scale)).ravel(), \
         (error / (np.asarray(uncertainty["std"]) * scale)).ravel()
 
@@ -99,8 +101,9 @@ def main() -> None:
                 everything[kind].append((jackknife, total))
                 print(_row(f"{plant.spec.id}, {kind} ({len(pairs)} seeds)", jackknife, total), flush=True)
     for kind, pairs in everything.items():
-        jackknife, total = (np.concatenate(parts) for parts in zip(*pairs))
-        print(_row(f"all, {kind} ({jackknife.size} gains)", jackknife, total))
+        if pairs:
+            jackknife, total = (np.concatenate(parts) for parts in zip(*pairs))
+            print(_row(f"all, {kind} ({jackknife.size} gains)", jackknife, total))
 
 
 if __name__ == "__main__":

@@ -58,6 +58,7 @@ from optimizer_pipeline.contracts import (
     RecommendationStatus,
     StateSpace,
     Template,
+    content_hash,
     iso_utc,
     parse_iso_utc,
 )
@@ -314,8 +315,8 @@ def evaluate_row(ledger: Ledger, rec_row: RecommendationRecord, observation: Obs
                  applied_at: datetime) -> Evaluation:
     """`evaluate` for a ledger recommendation: the period from the binding revision it was solved
     for, the settling steps from its model artifact (steady template only); the details also name
-    the model (`model`: its artifact hash, binding revision and training data hash, which
-    `model_outcome_condition` matches). The CLI and the asset both judge through here."""
+    the model (`model`: `model_identity`, which `model_outcome_condition` matches; its artifact
+    hash alone when the artifact is not in the ledger). The CLI and the asset both judge through here."""
     stored = ledger.get_binding(rec_row.binding_id, rec_row.binding_revision)
     rec = dict(rec_row.payload, id=rec_row.id)
     try:
@@ -328,8 +329,7 @@ def evaluate_row(ledger: Ledger, rec_row: RecommendationRecord, observation: Obs
             raise NotFoundError(f"model artifact {rec_row.model_artifact_hash} is not in the ledger")
         settle = settle_steps(artifact, _solved_model(ledger, rec_row.run_id))
     evaluation = evaluate(rec, observation, applied_at.timestamp(), stored.spec.sample_period_s, settle)
-    model = {"artifact_hash": rec_row.model_artifact_hash, "binding_revision": rec_row.binding_revision,
-             "training_data_hash": None if artifact is None else artifact.training_data_hash}
+    model = {"artifact_hash": rec_row.model_artifact_hash} if artifact is None else model_identity(artifact)
     return dataclasses.replace(evaluation, details=dict(evaluation.details, model=model))
 
 
@@ -414,15 +414,62 @@ class DriftFinding:
     reason: str
 
 
+def model_identity(artifact: ModelArtifact) -> dict[str, Any]:
+    """What an outcome records of the model it judged (`details.model`, `of_model`)."""
+    return {"artifact_hash": artifact.artifact_hash, "binding_revision": artifact.binding_revision,
+            "training_data_hash": artifact.training_data_hash, "coefficients_hash": content_hash(artifact.coefficients)}
+
+
 def of_model(row: OutcomeRecord, artifact: ModelArtifact) -> bool:
     """Whether an outcome judged a recommendation solved with `artifact`'s model: the same artifact,
-    or one identified again for the same binding revision from the same training data (a
-    recalibration identifies, scores and calibrates again on the same runs: the same model). An
-    outcome recorded before its details named the model counts for none."""
+    or one with the same coefficients identified from the same training data (a recalibration
+    identifies again on the same runs, and so may a new binding revision that kept the model's
+    settings: the same model, though another artifact). An outcome recorded before its details named
+    the model (`model_identity`) counts for none."""
     model = (row.details or {}).get("model") or {}
-    return model.get("binding_revision") == artifact.binding_revision and (
-        model.get("artifact_hash") == artifact.artifact_hash
-        or model.get("training_data_hash") == artifact.training_data_hash)
+    return model.get("artifact_hash") == artifact.artifact_hash or (
+        model.get("training_data_hash") == artifact.training_data_hash
+        and model.get("coefficients_hash") == content_hash(artifact.coefficients))
+
+
+@dataclass(frozen=True)
+class RecentOutcomes:
+    """What the drift rule reads of a binding's conclusive outcomes, oldest first."""
+
+    conclusive: tuple[OutcomeRecord, ...]
+
+    @property
+    def recent(self) -> list[str]:
+        return [r.verdict for r in self.conclusive[-DRIFT_RECENT:]]
+
+    @property
+    def deviated(self) -> int:
+        return self.recent.count(OutcomeVerdict.DEVIATED.value)
+
+    @property
+    def window(self) -> list[Mapping[str, Any]]:
+        return [r.details for r in self.conclusive[-DRIFT_WINDOW:]]
+
+    def hit_rate(self) -> tuple[int, int, float, float]:
+        """(hits, trials, promised rate, one-sided p) pooled over `window`."""
+        window = self.window
+        hits, trials = sum(int(d["hits"]) for d in window), sum(int(d["trials"]) for d in window)
+        promised = min(float(d["promised_rate"]) for d in window)
+        return hits, trials, promised, hit_rate_p_value(hits, trials, promised)
+
+    @staticmethod
+    def of(rows: Sequence[OutcomeRecord], calibrated_at: str | None) -> "RecentOutcomes":
+        """The evaluated, conclusive outcomes of recommendations solved under the calibration at
+        `calibrated_at` (None: under any)."""
+        since = None if calibrated_at is None else parse_iso_utc(calibrated_at)
+
+        def current(row: OutcomeRecord) -> bool:
+            stamp = (row.details or {}).get("calibrated_at")
+            return since is None or (stamp is not None and parse_iso_utc(stamp) >= since)
+
+        judged = (OutcomeVerdict.CONFIRMED.value, OutcomeVerdict.DEVIATED.value)
+        return RecentOutcomes(tuple(sorted((r for r in rows if r.verdict in judged and current(r)),
+                                           key=lambda r: (r.applied_at, r.created_at, r.id))))
 
 
 def model_outcome_condition(artifact: ModelArtifact, rows: Sequence[OutcomeRecord]) -> Condition:
@@ -432,10 +479,12 @@ def model_outcome_condition(artifact: ModelArtifact, rows: Sequence[OutcomeRecor
     again: it rebuilds the same evidence and cannot clear what the plant showed; a model identified
     from new data starts afresh). Holds without a conclusive outcome."""
     rows = [r for r in rows if of_model(r, artifact)]
-    judged = (OutcomeVerdict.CONFIRMED.value, OutcomeVerdict.DEVIATED.value)
-    conclusive = [r.verdict for r in rows if r.verdict in judged]
-    value = (f"{conclusive.count(OutcomeVerdict.DEVIATED.value)} of {len(conclusive)} conclusive outcomes deviated"
-             if conclusive else "no conclusive outcome yet")
+    seen = RecentOutcomes.of(rows, None)
+    value = "no conclusive outcome yet"
+    if seen.conclusive:
+        hits, trials, _, _ = seen.hit_rate()
+        value = (f"{seen.deviated} of the last {len(seen.recent)} conclusive deviated; band hits {hits}/{trials} "
+                 f"over the last {len(seen.window)}")
     finding = drift_finding(artifact.binding_id, rows, None)
     return Condition("outcomes of this model in the plant", value,
                      f"no drift: deviated in < {DRIFT_DEVIATED} of the last {DRIFT_RECENT} conclusive, the band hits "
@@ -446,18 +495,20 @@ def model_outcome_condition(artifact: ModelArtifact, rows: Sequence[OutcomeRecor
 def drift_finding(binding_id: str, rows: Sequence[OutcomeRecord], calibrated_at: str | None) -> DriftFinding | None:
     """The drift rule (module docstring) over ledger outcomes of one binding. Only evaluated,
     conclusive outcomes of recommendations solved under the calibration at `calibrated_at` count
-    (older ones already led to that calibration); None when there is no deviation."""
-    since = None if calibrated_at is None else parse_iso_utc(calibrated_at)
-
-    def current(row: OutcomeRecord) -> bool:
-        stamp = (row.details or {}).get("calibrated_at")
-        return since is None or (stamp is not None and parse_iso_utc(stamp) >= since)
-
-    conclusive = sorted((r for r in rows if r.verdict in (OutcomeVerdict.CONFIRMED.value,
-                                                          OutcomeVerdict.DEVIATED.value) and current(r)),
-                        key=lambda r: (r.applied_at, r.created_at, r.id))
-    if not conclusive:
+    (older ones already led to that calibration; None: every one); None when there is no deviation."""
+    seen = RecentOutcomes.of(rows, calibrated_at)
+    if not seen.conclusive:
         return None
+    newest = seen.conclusive[-1].id
+    if seen.deviated >= DRIFT_DEVIATED:
+        return DriftFinding(binding_id, newest, f"{seen.deviated} of the last {len(seen.recent)} outcomes of "
+                                                f"{binding_id} deviated from the prediction (newest {newest})")
+    hits, trials, promised, p_value = seen.hit_rate()
+    if p_value < SIGNIFICANCE:
+        return DriftFinding(binding_id, newest, f"band hit rate {hits}/{trials} over the last {len(seen.window)} "
+                                                f"outcomes of {binding_id} is below the promised {promised:.3f} "
+                                                f"(one-sided binomial p = {p_value:.3g})")
+    return None
     newest = conclusive[-1].id
     recent = [r.verdict for r in conclusive[-DRIFT_RECENT:]]
     deviated = recent.count(OutcomeVerdict.DEVIATED.value)

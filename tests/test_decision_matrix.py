@@ -39,6 +39,7 @@ from optimizer_pipeline.contracts import (
 from optimizer_pipeline.ledger import Ledger, StoredBinding, candidate_id
 from optimizer_pipeline.model import ArxModel, Orders, artifact_from_model
 from optimizer_pipeline.model.artifact import steady_gain_record
+from optimizer_pipeline.outcomes import model_identity
 from optimizer_pipeline.recommend import decide
 from optimizer_pipeline.settings import Settings
 from optimizer_pipeline.solver import errors
@@ -159,8 +160,7 @@ def ledger(tmp_path_factory):
 
 def recommend(ledger: Ledger, world: World) -> pipeline.SolveRecord:
     stored, artifact, split, calibration, solve, settings = inputs(world)
-    model = {"artifact_hash": artifact.artifact_hash, "binding_revision": artifact.binding_revision,
-             "training_data_hash": artifact.training_data_hash}
+    model = model_identity(artifact)
     recorded = {o.id for o in ledger.list_outcomes(SPEC.id)}
     applied = None if not world.model_outcomes else solve_once(ledger, binding_id=SPEC.id)[1]  # what they judged
     for i, verdict in enumerate(world.model_outcomes):  # as outcomes.evaluate_row records them
@@ -492,7 +492,7 @@ def test_the_gain_condition_judges_the_gain_of_the_model_the_plan_was_solved_wit
     result = SolveResult(record.problem.hash, True,
                          tuple(candidate(p, record.problem.horizon, plan_end=2.0) for p in HONEST), {})
     wide = {**artifact.steady_gain, "uncertainty": {**artifact.steady_gain["uncertainty"], "cov": [[[1.0]]],
-                                                    "std": [[1.0]]}}
+                                                    "jackknife_cov": [[[1.0]]], "std": [[1.0]]}}
 
     def failing(steady_gain):
         decision = decide(SPEC, 1, artifact, record.problem, result, snapshot, (1.0,), 4.0, "or-test", NOW,

@@ -435,7 +435,7 @@ def test_a_failed_steady_stage_is_decided_as_a_rejected_solve_of_that_stage(stee
     calibration = Calibration("cal-test", artifact.artifact_hash, uq.compute_block_uq(scores.val, scores.test))
     solved = pipeline.solve_and_decide(bad, StoredBinding(bad, 1, bad.spec_hash, utc_now()), artifact, split,
                                        calibration, lambda p: solve_problem(p, SolverCache()), Settings(),
-                                       "simulation", utc_now())
+                                       "simulation", utc_now(), outcomes=())
     rec = solved.decision.recommendation
     assert rec.status is RecommendationStatus.REJECTED and rec.controls == ()
     assert (solved.result.ok, solved.result.error_code) == (False, errors.STEADY_STAGE_INFEASIBLE)

@@ -8,7 +8,7 @@ from datetime import timedelta
 import numpy as np
 import pytest
 
-from optimizer_pipeline.contracts import parse_iso_utc
+from optimizer_pipeline.contracts import content_hash, parse_iso_utc
 from optimizer_pipeline.ledger import OutcomeRecord, RecommendationRecord
 from optimizer_pipeline.model.arx import spectral_radius
 from optimizer_pipeline.outcomes import (
@@ -17,6 +17,7 @@ from optimizer_pipeline.outcomes import (
     OutcomeError,
     check_applicable,
     drift_finding,
+    model_identity,
     model_outcome_condition,
     evaluate,
     hit_rate_p_value,
@@ -232,7 +233,9 @@ def test_applied_after_valid_until_or_before_creation_is_refused():
 # --------------------------------------------------------------------------- drift rule
 
 
-MODEL = {"artifact_hash": "a1", "binding_revision": 1, "training_data_hash": "d1"}  # details.model (evaluate_row)
+COEFFICIENTS = {"A": [[[0.5]]]}
+MODEL = {"artifact_hash": "a1", "binding_revision": 1, "training_data_hash": "d1",  # details.model (evaluate_row)
+         "coefficients_hash": content_hash(COEFFICIENTS)}
 
 
 def outcome_row(i, verdict, hits=10, trials=10, calibrated_at=UQ["calibrated_at"], model=MODEL):
@@ -244,10 +247,10 @@ def outcome_row(i, verdict, hits=10, trials=10, calibrated_at=UQ["calibrated_at"
                          created_at=applied.isoformat())
 
 
-def artifact_named(artifact_hash="a1", binding_revision=1, training_data_hash="d1"):
-    """A stand-in for a ModelArtifact with only what of_model reads."""
+def artifact_named(artifact_hash="a1", binding_revision=1, training_data_hash="d1", coefficients=COEFFICIENTS):
+    """A stand-in for a ModelArtifact with only what model_identity and of_model read."""
     return types.SimpleNamespace(binding_id="b", artifact_hash=artifact_hash, binding_revision=binding_revision,
-                                 training_data_hash=training_data_hash)
+                                 training_data_hash=training_data_hash, coefficients=coefficients)
 
 
 def test_two_deviated_among_the_last_three_request_recalibration_keyed_by_the_newest():
@@ -369,24 +372,29 @@ def test_verified_needs_the_models_own_outcomes_to_show_no_drift_under_any_of_it
     rows = [outcome_row(0, "confirmed"), outcome_row(1, "deviated", 3, 10, calibrated_at=older),
             outcome_row(2, "deviated", 4, 10)]
     failed = model_outcome_condition(model, rows)
-    assert not failed.holds and failed.value == "2 of 3 conclusive outcomes deviated"
+    assert not failed.holds and failed.value == "2 of the last 3 conclusive deviated; band hits 17/30 over the last 3"
     assert failed.reason == "the plant disagrees with this model: " + drift_finding("b", rows, None).reason
     assert "2 of the last 3 outcomes of b deviated" in failed.reason
     assert drift_finding("b", rows, UQ["calibrated_at"]) is None  # the drift sensor's rule sees only the newest
     recovered = model_outcome_condition(model, rows + [outcome_row(i, "confirmed") for i in range(3, 10)])
-    assert recovered.holds and recovered.value == "2 of 10 conclusive outcomes deviated"  # hits 87 of 100: p 0.2
+    assert recovered.holds and recovered.value == (  # 87 of 100 at 0.9: p 0.2
+        "0 of the last 3 conclusive deviated; band hits 87/100 over the last 10")
+    assert model_outcome_condition(model, rows[:1]).value == (
+        "0 of the last 1 conclusive deviated; band hits 10/10 over the last 1")
 
 
-def test_the_outcomes_of_a_model_are_those_of_its_artifact_or_of_one_identified_again_from_the_same_data():
-    """of_model: the same artifact hash, or (a recalibration's new artifact) the same binding
-    revision and training data; another revision, other data or no recorded model count for none."""
-    again = artifact_named(artifact_hash="a2")  # identified again from the same data: another hash
+def test_the_outcomes_of_a_model_are_those_of_its_artifact_or_of_the_same_coefficients_from_the_same_data():
+    """of_model: the same artifact hash, or (a recalibration's new artifact, a new binding revision
+    that kept the model) the same coefficients identified from the same training data; other data,
+    other coefficients or no recorded model count for none."""
     rows = [outcome_row(1, "deviated"), outcome_row(2, "deviated")]
-    assert not model_outcome_condition(again, rows).holds
-    for other in (artifact_named("a2", training_data_hash="d2"), artifact_named("a1", binding_revision=2)):
+    for again in (artifact_named("a2"), artifact_named("a3", binding_revision=2)):
+        assert not model_outcome_condition(again, rows).holds
+    for other in (artifact_named("a2", training_data_hash="d2"), artifact_named("a2", coefficients={"A": [[[0.6]]]})):
         assert model_outcome_condition(other, rows).value == "no conclusive outcome yet"
-    same_hash = artifact_named("a1", training_data_hash="d9")  # the artifact itself, whatever else
+    same_hash = artifact_named("a1", training_data_hash="d9", coefficients={})  # the artifact itself
     assert not model_outcome_condition(same_hash, rows).holds
+    assert model_identity(artifact_named()) == MODEL
     unnamed = [outcome_row(1, "deviated", model=None), outcome_row(2, "deviated", model=None)]
     assert model_outcome_condition(artifact_named(), unnamed).holds
 

@@ -16,7 +16,7 @@ from dagster import AssetKey, RunRequest, build_sensor_context, instance_for_tes
 
 from optimizer_pipeline import cli
 from optimizer_pipeline.contracts import Outcome, Recommendation, RecommendationStatus, Template, iso_utc, parse_iso_utc, utc_now
-from optimizer_pipeline.outcomes import EVALUATION_SUFFIX, Observation, record_outcome
+from optimizer_pipeline.outcomes import EVALUATION_SUFFIX, Observation, model_identity, record_outcome
 from optimizer_pipeline.plants import get_plant
 from optimizer_pipeline.resources.ledger import LedgerResource
 
@@ -242,7 +242,6 @@ def test_deviated_outcomes_make_the_drift_sensor_request_one_recalibration(heate
     before, after = (heater.ledger.get_artifact(r.model_artifact_hash) for r in (heater.rec, latest))
     assert latest.id != heater.rec.id and after.training_data_hash == before.training_data_hash
     assert after.coefficients == before.coefficients
-    assert newest.details["model"] == {"artifact_hash": before.artifact_hash, "binding_revision": 1,
-                                       "training_data_hash": before.training_data_hash}
+    assert newest.details["model"] == model_identity(before)
     reason = [r for r in latest.payload["reasons"] if r.startswith("the plant disagrees with this model: ")]
     assert latest.status == "unverified" and len(reason) == 1 and "deviated" in reason[0], latest.payload["reasons"]

@@ -184,11 +184,13 @@ def test_the_blend_target_is_solved_with_the_model_refitted_midway_and_reaches_t
     # gain uncertainty, not the artifact's
     stored, cache = demo.ledger.get_binding("blend-1"), SolverCache()
     solved = pipeline.solve_and_decide(spec, stored, artifact, split, pipeline.load_calibration(demo.ledger, artifact),
-                                       lambda p: solve_problem(p, cache), Settings(), "simulation", utc_now())
+                                       lambda p: solve_problem(p, cache), Settings(), "simulation", utc_now(),
+                                       outcomes=demo.ledger.list_outcomes(spec.id))
     assert solved.problem.to_dict()["model"] == run.problem["model"]
     (gain_row,) = [c for c in solved.decision.conditions if c.name == "steady-gain uncertainty along the planned move"]
     move = (np.asarray(doc["controls"][-1]) - u_mean) / u_std - (live.u - u_mean) / u_std
-    spread = 2 * np.sqrt(np.einsum("a,iab,b->i", move, np.asarray(refit.steady_gain["uncertainty"]["cov"]), move))
+    spread = 2 * np.sqrt(np.einsum("a,iab,b->i", move, np.asarray(refit.steady_gain["uncertainty"]["jackknife_cov"]),
+                                   move))
     worst = int(np.argmax(spread / np.asarray(doc["evidence"]["uq"]["qhat"])))
     assert gain_row.value.startswith(f"{spec.cv_tags[worst]}: {spread[worst] * y_std[worst]:.4g} against band")
     target = np.array([c.target for c in spec.cvs])
@@ -237,7 +239,7 @@ def test_the_tank_move_plan_is_solved_with_the_model_refitted_midway_to_its_p_th
     # its end is held to the settled band of the same procedure, not to the P-step band
     cache = SolverCache()
     solved = pipeline.solve_and_decide(spec, stored, artifact, split, calibration, lambda p: solve_problem(p, cache),
-                                       Settings(), "simulation", utc_now())
+                                       Settings(), "simulation", utc_now(), outcomes=())
     conditions = {c.name: c for c in solved.decision.conditions}
     assert conditions["settled evidence of the plan's end"].holds
     settled, _ = pipeline.settled_evidence(spec, artifact, split, Settings(), utc_now())

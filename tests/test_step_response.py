@@ -222,6 +222,10 @@ def test_the_gain_spread_is_the_local_gains_rms_deviation_in_engineering_units()
     bare = step_response_record(ss, replicates, HAND_SPEC, norm)
     assert bare["gain_spread_points"] == 0 and all(p["gain_spread"] is None for p in bare["pairs"])
     assert "| y1 | u (MV) | 1 ± 0.12 | - |" in step_response_table(bare)
+    assert "no gain spread (no held-out operating points)" in step_response_table(bare)
+    older = {k: v for k, v in bare.items() if k != "gain_spread_points"}  # identified before the spread was kept
+    older["pairs"] = [{k: v for k, v in p.items() if k != "gain_spread"} for p in bare["pairs"]]
+    assert "gain spread not recorded (identified before it was)" in step_response_table(older)
 
 
 def test_fewer_than_two_replicates_give_no_standard_errors():

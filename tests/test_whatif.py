@@ -11,8 +11,9 @@ import pytest
 from dagster import AssetKey, AssetRecordsFilter, instance_for_test
 
 from optimizer_pipeline import cli, whatif
-from optimizer_pipeline.contracts import binding_from_dict
+from optimizer_pipeline.contracts import Outcome, OutcomeVerdict, binding_from_dict
 from optimizer_pipeline.economics import economic_value
+from optimizer_pipeline.outcomes import model_identity
 from optimizer_pipeline.plants import get_plant
 
 from pipeline_fixtures import DemoHome, seed_home
@@ -333,3 +334,25 @@ def test_the_ledger_command_marks_whatif_runs_and_lists_their_overrides(demo, ca
     code, out, err = run_cli(demo, capsys, "ledger", "--binding", "tanks-1", "--json")
     whatifs = json.loads(out)["whatifs"]
     assert any(w["run_id"] == run_id and w["overrides"] == [{"path": "cvs.y1.hi", "value": 9.1}] for w in whatifs)
+
+
+# ---------------------------------------------------------------------------- last: it records outcomes
+
+
+def test_a_whatif_is_decided_with_the_models_own_outcomes_like_a_normal_solve(demo, capsys):
+    """Two deviated outcomes of the model behind tanks-1's open recommendation (stored directly, as
+    outcomes.evaluate_row records them): the what-if's decision is `unverified` naming the drift,
+    as a normal solve's would be; the open recommendation stays as it was."""
+    rec = demo.ledger.latest_recommendation("tanks-1")
+    model = model_identity(demo.ledger.get_artifact(rec.model_artifact_hash))
+    for i in range(2):
+        demo.ledger.insert_outcome(Outcome(
+            id=f"out-drifted-{i}", recommendation_id=rec.id, binding_id="tanks-1", applied_at=rec.created_at,
+            observed={}, delta={}, verdict=OutcomeVerdict.DEVIATED,
+            details={"hits": 3, "trials": 10, "promised_rate": 0.9, "model": model}))
+    doc = whatif_json(demo, capsys, "tanks-1", "cvs.y1.hi=9.2")
+    assert doc["open"]["id"] == rec.id and doc["open"]["status"] == rec.status
+    assert doc["whatif"]["status"] == "unverified"
+    assert [r for r in doc["whatif"]["reasons"] if r.startswith("the plant disagrees with this model: ")] == [
+        "the plant disagrees with this model: 2 of the last 2 outcomes of tanks-1 deviated from the prediction "
+        "(newest out-drifted-1)"]

@@ -93,7 +93,8 @@ class ModelArtifact:
     training_data_hash: str
     selection: Mapping[str, Any] = field(default_factory=dict)  # order choice record
     # steady-state MV gain G (normalised units): gain, singular_values, condition, ill_conditioned and
-    # uncertainty (method, replicates, cov per CV row, std; the parts' jackknife_std and operating_range)
+    # uncertainty (method, replicates, cov per CV row, std; the parts: jackknife_cov, which the gain condition
+    # judges, jackknife_std and operating_range)
     # or None (model.artifact.steady_gain_record)
     steady_gain: Mapping[str, Any] = field(default_factory=dict)
     # the step-response matrix in engineering units (model.step_response.step_response_record); None

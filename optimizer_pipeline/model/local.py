@@ -236,7 +236,8 @@ def local_paths(fitter: LocalFitter, ss: StateSpace, stacked: Stacked, orders: O
 
 def local_gains(refits: Sequence[ArxModel], ny: int, nv: int) -> np.ndarray:
     """The steady-state gains [G, Gd] (m, ny, nv = nu + nd) of the ARX `refits` (normalised units):
-    (I - sum A)^-1 [sum B, sum D], what statespace.steady_state gives of their realisations."""
+    (I - sum A)^-1 [sum B, sum D], what statespace.steady_state gives of their realisations (a refit
+    is kept only when it settles, `LocalFitter.refit`, so I - sum A is regular)."""
     if not refits:
         return np.zeros((0, ny, nv))
     ar = np.stack([np.eye(ny) - model.A.sum(axis=0) for model in refits])

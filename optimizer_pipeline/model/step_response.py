@@ -181,8 +181,8 @@ def _num(value: float | None, se: float | None = None, digits: int = 4) -> str:
 
 
 def step_response_table(record: Mapping[str, Any]) -> str:
-    """Markdown: per pair gain ± se, dead time and settling time; the MV gain matrix's condition
-    number and RGA."""
+    """Markdown: per pair gain ± se, gain spread, dead time and settling time; the MV gain matrix's
+    condition number and RGA."""
     lines = ["| CV | input | gain ± se | gain spread | dead time [samples] ± se | dead time [s] | settling [samples] "
              "| settling [s] |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for p in record["pairs"]:
@@ -193,8 +193,9 @@ def step_response_table(record: Mapping[str, Any]) -> str:
     uncertainty = record["uncertainty"]
     se = (f"standard errors: {uncertainty['method']}, K = {uncertainty['replicates']}" if uncertainty
           else "no standard errors (fewer than 2 train runs)")
-    points = record.get("gain_spread_points") or 0
-    se += (f"; gain spread: root-mean-square deviation of the local gains at {points} held-out operating points "
+    points = record.get("gain_spread_points")
+    se += ("; gain spread not recorded (identified before it was)" if points is None else
+           f"; gain spread: root-mean-square deviation of the local gains at {points} held-out operating points "
            "from the gain" if points else "; no gain spread (no held-out operating points)")
     mv = record["mv_gain"]
     condition = "singular" if mv["condition"] is None else f"{mv['condition']:.4g}"
