@@ -509,18 +509,3 @@ def drift_finding(binding_id: str, rows: Sequence[OutcomeRecord], calibrated_at:
                                                 f"outcomes of {binding_id} is below the promised {promised:.3f} "
                                                 f"(one-sided binomial p = {p_value:.3g})")
     return None
-    newest = conclusive[-1].id
-    recent = [r.verdict for r in conclusive[-DRIFT_RECENT:]]
-    deviated = recent.count(OutcomeVerdict.DEVIATED.value)
-    if deviated >= DRIFT_DEVIATED:
-        return DriftFinding(binding_id, newest, f"{deviated} of the last {len(recent)} outcomes of {binding_id} "
-                                                f"deviated from the prediction (newest {newest})")
-    window = [r.details for r in conclusive[-DRIFT_WINDOW:]]
-    hits, trials = sum(int(d["hits"]) for d in window), sum(int(d["trials"]) for d in window)
-    promised = min(float(d["promised_rate"]) for d in window)
-    p_value = hit_rate_p_value(hits, trials, promised)
-    if p_value < SIGNIFICANCE:
-        return DriftFinding(binding_id, newest, f"band hit rate {hits}/{trials} over the last {len(window)} outcomes "
-                                                f"of {binding_id} is below the promised {promised:.3f} "
-                                                f"(one-sided binomial p = {p_value:.3g})")
-    return None

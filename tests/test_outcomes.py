@@ -368,6 +368,8 @@ def test_verified_needs_the_models_own_outcomes_to_show_no_drift_under_any_of_it
     none = model_outcome_condition(model, [outcome_row(0, "inconclusive", 0, 0)])
     assert (none.holds, none.value, none.reason) == (True, "no conclusive outcome yet", "")
     assert none.name == "outcomes of this model in the plant"
+    assert none.limit == ("no drift: deviated in < 2 of the last 3 conclusive, the band hits of the last 10 not "
+                          "significantly below the promised rate")
     older = "2027-01-01T00:00:00+00:00"  # an earlier calibration of the same model
     rows = [outcome_row(0, "confirmed"), outcome_row(1, "deviated", 3, 10, calibrated_at=older),
             outcome_row(2, "deviated", 4, 10)]

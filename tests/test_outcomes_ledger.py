@@ -26,13 +26,14 @@ from optimizer_pipeline.contracts import (
     binding_from_dict,
     iso_utc,
 )
-from optimizer_pipeline.ledger import Ledger
+from optimizer_pipeline.ledger import Ledger, NotFoundError
 from optimizer_pipeline.model import ArxModel, Orders, artifact_from_model
 from optimizer_pipeline.outcomes import (
     EVALUATION_SUFFIX,
     Observation,
     OutcomeError,
     evaluate_pending,
+    model_identity,
     SETTLE_FRACTION,
     record_outcome,
     settle_steps,
@@ -87,6 +88,8 @@ def test_an_outcome_applied_at_the_files_first_sample_is_judged_stored_and_summa
     assert outcome.observed["source"] == "obs.csv" and outcome.observed["run_ids"] == ["after"]
     assert outcome.observed["t"] == [T0.timestamp() + 10 * k for k in range(21)]
     assert [(r.id, r.verdict) for r in ledger.list_outcomes("heat")] == [(outcome.id, "confirmed")]
+    # the recommendation's model artifact is not in this ledger: the outcome names it by its hash alone
+    assert outcome.details["model"] == ledger.list_outcomes("heat")[0].details["model"] == {"artifact_hash": "m" * 64}
     doc = summary(outcome)
     assert {k: doc[k] for k in ("outcome_id", "recommendation_id", "binding_id", "applied_at", "verdict",
                                 "rule", "judged_steps", "trials", "hits", "promised_rate", "p_value", "band",
@@ -251,6 +254,15 @@ def test_a_steady_outcome_is_judged_from_the_settling_steps_of_its_model_artifac
     outcome = record_outcome(ledger, "rec-s", tmp_path / "steady.csv")
     assert (outcome.verdict, outcome.details["settle_steps"], outcome.delta["steps"]) == (
         OutcomeVerdict.CONFIRMED, 1, [1, 2, 3, 4, 5, 6])
+    # the outcome names the model it judged (what the condition for `verified` matches), as stored
+    assert outcome.details["model"] == model_identity(artifact) == ledger.list_outcomes("heat-steady")[0].details["model"]
+    assert outcome.details["model"]["artifact_hash"] == artifact.artifact_hash
+    # a steady recommendation whose artifact is not in the ledger cannot be judged: its settling is unknown
+    ledger.upsert_binding(replace(STEADY, id="heat-steady-2"))
+    ledger.insert_recommendation(replace(rec, id="rec-gone", binding_id="heat-steady-2", model_artifact_hash="g" * 64),
+                                 "simulation")
+    with pytest.raises(NotFoundError, match=f"^model artifact {'g' * 64} is not in the ledger$"):
+        record_outcome(ledger, "rec-gone", tmp_path / "steady.csv")
 
 
 def test_a_steady_outcome_solved_with_a_local_refit_waits_for_the_refit_to_settle(tmp_path):
