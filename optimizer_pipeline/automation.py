@@ -241,7 +241,7 @@ def outcome_drift_sensor():
         requests = []
         for binding_id in context.instance.get_dynamic_partitions(BINDINGS.name):
             calibration = store.latest_calibration(binding_id)
-            finding = drift_finding(binding_id, store.list_outcomes(binding_id),
+            finding = drift_finding(binding_id, store.list_verdicts(binding_id),
                                     None if calibration is None else calibration.calibrated_at)
             if finding is None:
                 continue

@@ -420,16 +420,16 @@ def model_identity(artifact: ModelArtifact) -> dict[str, Any]:
             "training_data_hash": artifact.training_data_hash, "coefficients_hash": content_hash(artifact.coefficients)}
 
 
-def of_model(row: OutcomeRecord, artifact: ModelArtifact) -> bool:
-    """Whether an outcome judged a recommendation solved with `artifact`'s model: the same artifact,
-    or one with the same coefficients identified from the same training data (a recalibration
-    identifies again on the same runs, and so may a new binding revision that kept the model's
-    settings: the same model, though another artifact). An outcome recorded before its details named
-    the model (`model_identity`) counts for none."""
+def of_model(row: OutcomeRecord, identity: Mapping[str, Any]) -> bool:
+    """Whether an outcome judged a recommendation solved with the model of `identity`
+    (`model_identity` of an artifact): the same artifact, or one with the same coefficients
+    identified from the same training data (a recalibration identifies again on the same runs, and
+    so may a new binding revision that kept the model's settings: the same model, though another
+    artifact). An outcome recorded before its details named the model counts for none."""
     model = (row.details or {}).get("model") or {}
-    return model.get("artifact_hash") == artifact.artifact_hash or (
-        model.get("training_data_hash") == artifact.training_data_hash
-        and model.get("coefficients_hash") == content_hash(artifact.coefficients))
+    return model.get("artifact_hash") == identity["artifact_hash"] or (
+        model.get("training_data_hash") == identity["training_data_hash"]
+        and model.get("coefficients_hash") == identity["coefficients_hash"])
 
 
 @dataclass(frozen=True)
@@ -457,6 +457,21 @@ class RecentOutcomes:
         promised = min(float(d["promised_rate"]) for d in window)
         return hits, trials, promised, hit_rate_p_value(hits, trials, promised)
 
+    def finding(self, binding_id: str) -> DriftFinding | None:
+        """The drift rule (module docstring) over these outcomes; None when there is no deviation."""
+        if not self.conclusive:
+            return None
+        newest = self.conclusive[-1].id
+        if self.deviated >= DRIFT_DEVIATED:
+            return DriftFinding(binding_id, newest, f"{self.deviated} of the last {len(self.recent)} outcomes of "
+                                                    f"{binding_id} deviated from the prediction (newest {newest})")
+        hits, trials, promised, p_value = self.hit_rate()
+        if p_value < SIGNIFICANCE:
+            return DriftFinding(binding_id, newest, f"band hit rate {hits}/{trials} over the last {len(self.window)} "
+                                                    f"outcomes of {binding_id} is below the promised {promised:.3f} "
+                                                    f"(one-sided binomial p = {p_value:.3g})")
+        return None
+
     @staticmethod
     def of(rows: Sequence[OutcomeRecord], calibrated_at: str | None) -> "RecentOutcomes":
         """The evaluated, conclusive outcomes of recommendations solved under the calibration at
@@ -474,18 +489,19 @@ class RecentOutcomes:
 
 def model_outcome_condition(artifact: ModelArtifact, rows: Sequence[OutcomeRecord]) -> Condition:
     """The condition for `verified` that the model's own outcomes in the plant agree with its
-    evidence: the drift rule over those of the binding's outcomes `rows` that judged this model
-    (`of_model`) under any of its calibrations (a recalibration scores the same val / test runs
-    again: it rebuilds the same evidence and cannot clear what the plant showed; a model identified
-    from new data starts afresh). Holds without a conclusive outcome."""
-    rows = [r for r in rows if of_model(r, artifact)]
-    seen = RecentOutcomes.of(rows, None)
+    evidence: the drift rule over those of the binding's outcomes `rows` (their verdicts, e.g.
+    Ledger.list_verdicts) that judged this model (`of_model`) under any of its calibrations (a
+    recalibration scores the same val / test runs again: it rebuilds the same evidence and cannot
+    clear what the plant showed; a model identified from new data starts afresh). Holds without a
+    conclusive outcome."""
+    identity = model_identity(artifact)
+    seen = RecentOutcomes.of([r for r in rows if of_model(r, identity)], None)
     value = "no conclusive outcome yet"
     if seen.conclusive:
         hits, trials, _, _ = seen.hit_rate()
         value = (f"{seen.deviated} of the last {len(seen.recent)} conclusive deviated; band hits {hits}/{trials} "
                  f"over the last {len(seen.window)}")
-    finding = drift_finding(artifact.binding_id, rows, None)
+    finding = seen.finding(artifact.binding_id)
     return Condition("outcomes of this model in the plant", value,
                      f"no drift: deviated in < {DRIFT_DEVIATED} of the last {DRIFT_RECENT} conclusive, the band hits "
                      f"of the last {DRIFT_WINDOW} not significantly below the promised rate",
@@ -496,16 +512,4 @@ def drift_finding(binding_id: str, rows: Sequence[OutcomeRecord], calibrated_at:
     """The drift rule (module docstring) over ledger outcomes of one binding. Only evaluated,
     conclusive outcomes of recommendations solved under the calibration at `calibrated_at` count
     (older ones already led to that calibration; None: every one); None when there is no deviation."""
-    seen = RecentOutcomes.of(rows, calibrated_at)
-    if not seen.conclusive:
-        return None
-    newest = seen.conclusive[-1].id
-    if seen.deviated >= DRIFT_DEVIATED:
-        return DriftFinding(binding_id, newest, f"{seen.deviated} of the last {len(seen.recent)} outcomes of "
-                                                f"{binding_id} deviated from the prediction (newest {newest})")
-    hits, trials, promised, p_value = seen.hit_rate()
-    if p_value < SIGNIFICANCE:
-        return DriftFinding(binding_id, newest, f"band hit rate {hits}/{trials} over the last {len(seen.window)} "
-                                                f"outcomes of {binding_id} is below the promised {promised:.3f} "
-                                                f"(one-sided binomial p = {p_value:.3g})")
-    return None
+    return RecentOutcomes.of(rows, calibrated_at).finding(binding_id)

@@ -330,7 +330,7 @@ def solve_and_decide(binding: BindingSpec, stored: StoredBinding, artifact: Mode
                      source: str, now: datetime, *, outcomes: Sequence[OutcomeRecord]) -> Solved:
     """Compile `binding` (the stored spec, or a what-if's overridden copy of it) from the live state
     with the revision's model and calibration, solve it, verify and decide; writes nothing.
-    `outcomes`: the binding's outcomes (Ledger.list_outcomes), whose verdicts on this model the
+    `outcomes`: the binding's judged outcomes (Ledger.list_verdicts), whose verdicts on this model the
     decision's outcome condition judges (outcomes.model_outcome_condition)."""
     live = split.live
     if live is None:
@@ -402,7 +402,7 @@ def recommend(stored: StoredBinding, artifact: ModelArtifact, split: HistorySpli
     if reconciled:
         log.warning("closed %d run(s) left running by a writer that died as interrupted", reconciled)
     solved = solve_and_decide(binding, stored, artifact, split, calibration, solve, settings, source, now,
-                              outcomes=ledger.list_outcomes(binding.id))
+                              outcomes=ledger.list_verdicts(binding.id))
     result, rec, chosen = solved.result, solved.decision.recommendation, solved.decision.chosen
     ledger.record_solve(solved.run, result.candidates, artifact.artifact_hash, rec,
                         run_status=run_status(result),

@@ -212,7 +212,7 @@ def solve_whatif(stored: StoredBinding, overrides: Sequence[Override], artifact:
     spec = apply_overrides(stored.spec, overrides)
     compared = ledger.latest_recommendation(stored.spec.id)
     solved = pipeline.solve_and_decide(spec, stored, artifact, split, calibration, solve, settings, source, now,
-                                       outcomes=ledger.list_outcomes(stored.spec.id))
+                                       outcomes=ledger.list_verdicts(stored.spec.id))
     result, rec, chosen = solved.result, solved.decision.recommendation, solved.decision.chosen
     run = dict(solved.run, context=dict(solved.run["context"], whatif=True,
                                         overrides=[o.to_json_dict() for o in overrides]))

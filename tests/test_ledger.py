@@ -187,6 +187,24 @@ def test_outcomes_are_appended(ledger):
     assert [o.verdict for o in ledger.list_outcomes(recommendation_id=rec_id)] == ["confirmed", "deviated"]
 
 
+def test_the_verdicts_of_a_binding_are_its_judged_outcomes_without_their_documents(ledger):
+    _, rec_id = solve(ledger)
+    recorded = [Outcome(id=new_id("out"), recommendation_id=rec_id, binding_id="tanks-1",
+                        applied_at=iso_utc(utc_now()), observed={"y1": [7.0]}, delta={"y1": [0.1]},
+                        verdict=verdict, details={"hits": 9, "trials": 10})
+                for verdict in (OutcomeVerdict.CONFIRMED, None, OutcomeVerdict.DEVIATED)]  # None: pending
+    for outcome in recorded:
+        ledger.insert_outcome(outcome)
+    full = {o.id: o for o in ledger.list_outcomes("tanks-1")}
+    verdicts = ledger.list_verdicts("tanks-1")
+    assert [o.id for o in verdicts] == [recorded[0].id, recorded[2].id]
+    for o in verdicts:
+        assert (o.observed, o.delta) == ({}, {})
+        assert (o.verdict, o.details, o.applied_at, o.created_at, o.recommendation_id) == (
+            full[o.id].verdict, full[o.id].details, full[o.id].applied_at, full[o.id].created_at, rec_id)
+    assert ledger.list_verdicts("no-such-binding") == []
+
+
 def test_lock_held_past_the_bound_gives_a_clear_error(tmp_path):
     from filelock import FileLock
 

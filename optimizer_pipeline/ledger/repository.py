@@ -478,6 +478,14 @@ class Ledger(EvidenceRows, WhatIfRows):
                                              "ORDER BY created_at, id", [recommendation_id])
         return self._select(OutcomeRecord, "optimizer_outcomes", binding_id, "created_at")
 
+    def list_verdicts(self, binding_id: str) -> list[OutcomeRecord]:
+        """The binding's judged outcomes (a verdict) in the order they were recorded, without their
+        `observed` and `delta` documents (read as {}): what the drift rule reads, at a solve's cost."""
+        return self._read(OutcomeRecord, """SELECT id, recommendation_id, binding_id, applied_at, '{}' AS observed_json,
+                                                   '{}' AS delta_json, verdict, details_json, created_at
+                                            FROM optimizer_outcomes WHERE binding_id = ? AND verdict IS NOT NULL
+                                            ORDER BY created_at, id""", [binding_id])
+
     # ------------------------------------------------------------------ helpers
 
     def _select(self, kind: type, table: str, binding_id: str | None, order: str) -> list:
