@@ -40,7 +40,7 @@ from optimizer_pipeline.deployment import WORKER_ENV
 from optimizer_pipeline.ledger import Ledger, LedgerError, OutcomeRecord, new_id
 from optimizer_pipeline.model import current_state, identify
 from optimizer_pipeline.model.artifact import local_artifact
-from optimizer_pipeline.model.local import LOCAL, OperatingPoint, settle_limit, steady_procedure
+from optimizer_pipeline.model.local import GLOBAL, LOCAL, OperatingPoint, settle_limit, steady_procedure
 from optimizer_pipeline.model.statespace import MAX_SETTLING_STEPS, settling_steps
 from optimizer_pipeline.outcomes import model_outcome_condition
 from optimizer_pipeline.problem import needs_steady_layer
@@ -161,9 +161,10 @@ def load_scores(ledger: Ledger, binding: BindingSpec, artifact: ModelArtifact) -
     (h, score), tags = block_rule(binding, artifact), list(artifact.cv_tags)
 
     def segment(name: str) -> uq.BlockScores:
-        wide = frame[frame["segment"] == name].pivot_table(index=["run_id", "block_start"], columns="cv_tag",
-                                                           values="score", aggfunc="first", dropna=False)
-        wide = wide.reindex(columns=tags)
+        # only the (run, block) pairs stored: runs hold different numbers of blocks (a pivot over every
+        # pair would add blocks with NaN scores, which the rules read as non-finite scores)
+        wide = (frame[frame["segment"] == name].set_index(["run_id", "block_start", "cv_tag"])["score"]
+                .unstack("cv_tag").reindex(columns=tags))
         run_ids = np.asarray(wide.index.get_level_values(0), dtype=object)
         return uq.BlockScores(cv_tags=tuple(tags), h=h, run_ids=run_ids,
                               starts=np.asarray(wide.index.get_level_values(1), dtype=np.int64),
@@ -361,9 +362,12 @@ def solve_and_decide(binding: BindingSpec, stored: StoredBinding, artifact: Mode
 
     problem, result = compile_and_solve(artifact, *current_state(artifact, live))
     decided_with, local = artifact, None
+    agrees = model_outcome_condition(artifact, outcomes)
     if steady_procedure(artifact) == LOCAL:
         end = _planned_end(result, artifact.horizon)  # a move plan's P-th step: where its band's claim ends
-        if end is not None:  # solved again, with the model refitted midway to it (model/local.py)
+        if end is not None and not agrees.holds:  # a refit weighs the train rows of a plant that has changed
+            local = {"procedure": GLOBAL, "refused": agrees.reason}
+        elif end is not None:  # solved again, with the model refitted midway to it (model/local.py)
             decided_with, local = _local_model(binding, artifact, split, end)
             if decided_with is not artifact:  # else the refit was refused: the first solve stands
                 problem, result = compile_and_solve(decided_with, *current_state(decided_with, live, artifact))
@@ -375,8 +379,7 @@ def solve_and_decide(binding: BindingSpec, stored: StoredBinding, artifact: Mode
                   f"the binding is at revision {stored.revision}"),
         Condition("calibration of this model", calibration.artifact_hash[:12], artifact.artifact_hash[:12],
                   calibration.artifact_hash == artifact.artifact_hash, "calibration belongs to another model artifact"),
-        *score_rule_condition(evidence), *newest_sample(split), *settled_conditions,
-        model_outcome_condition(artifact, outcomes)]
+        *score_rule_condition(evidence), *newest_sample(split), *settled_conditions, agrees]
     decision = decide(binding, stored.revision, artifact, problem, result, snapshot,
                       uq.band_engineering(evidence, artifact), settings.uq_max_input_distance, run_id, now,
                       extra_conditions=consistency, max_band_fraction=settings.uq_max_band_fraction,

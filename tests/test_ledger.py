@@ -1,6 +1,7 @@
 """The DuckDB ledger: schema, append-only rules, one-transaction writes, expiry (issue 2, "Ledger")."""
 
 import duckdb
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -9,7 +10,11 @@ from optimizer_pipeline.contracts import Outcome, OutcomeVerdict, Recommendation
 from optimizer_pipeline.ledger import (SCHEMA_VERSION, Ledger, LedgerBusyError, LedgerError, NotFoundError, RunStateError,
                                        new_id)
 
+from optimizer_pipeline import pipeline
+from optimizer_pipeline.model import ArxModel, Orders, artifact_from_model
+
 from ledger_helpers import candidates, recommendation, run_row, solve
+from model_helpers import binding, unit_normalisation
 
 
 @pytest.fixture
@@ -271,3 +276,22 @@ def test_appending_overlapping_samples_stores_each_sample_once(ledger, binding_d
     wide = ledger.history_frame(spec.id, spec.tags)
     assert wide["timestamp"].tolist() == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]
     assert wide["v1"].tolist() == [0.1, 0.2, 0.3, 0.4, 0.1, 0.2, 0.3]
+
+
+def test_block_scores_read_back_as_the_blocks_stored(ledger):
+    """Runs hold different numbers of blocks: pipeline.load_scores reads back the stored blocks and no
+    others (a block added with NaN scores would read as a non-finite score: no evidence); a NaN that
+    was stored is kept."""
+    spec = binding(n_mv=1, n_cv=2, na=1, nb=1, delay=1)
+    model = ArxModel(Orders(1, 1, 1), np.full((1, 2, 2), 0.1), np.full((1, 2, 1), 0.5), np.zeros((1, 2, 0)),
+                     np.zeros(2))
+    artifact = artifact_from_model(model, spec, 1, unit_normalisation(spec))
+    val = ["a", "a", "a", "b", "b"], [0, 10, 20, 0, 10], [[1, 2], [3, 4], [5, 6], [7, 8], [9, 10]]
+    test = ["c", "d", "d"], [0, 0, 10], [[1, np.nan], [2, 3], [4, 5]]
+    for segment, (run_ids, starts, scores) in (("val", val), ("test", test)):
+        ledger.put_block_scores(artifact, segment, run_ids, starts, scores)
+    loaded = pipeline.load_scores(ledger, spec, artifact)
+    for got, (run_ids, starts, scores) in ((loaded.val, val), (loaded.test, test)):
+        assert list(got.run_ids) == run_ids and list(got.starts) == starts
+        np.testing.assert_array_equal(got.scores, np.asarray(scores, float))
+        assert got.n_runs == len(set(run_ids)) and got.n_unique_steps == len(run_ids) * spec.model.horizon

@@ -245,3 +245,11 @@ def test_deviated_outcomes_make_the_drift_sensor_request_one_recalibration(heate
     assert newest.details["model"] == model_identity(before)
     reason = [r for r in latest.payload["reasons"] if r.startswith("the plant disagrees with this model: ")]
     assert latest.status == "unverified" and len(reason) == 1 and "deviated" in reason[0], latest.payload["reasons"]
+    # the heater's move plans are solved with a local refit, but not while the model's outcomes drift:
+    # the refit would weigh the train rows of the plant the outcomes disagree with
+    assert after.selection["steady_model"]["procedure"] == "local"
+    assert heater.ledger.get_run(heater.rec.run_id).context["steady_model"]["procedure"] == "local"
+    run = heater.ledger.get_run(latest.run_id)
+    assert run.context["steady_model"] == {"procedure": "global", "refused": reason[0]}
+    for matrix in ("A", "B", "C"):  # the problem holds the identified model's realisation
+        np.testing.assert_allclose(run.problem["model"][matrix], getattr(after.state_space, matrix), rtol=1e-12)
