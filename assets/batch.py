@@ -151,7 +151,7 @@ class BindingInputs:
 
     def scores(self):
         return self._get("uq_block_scores",
-                         lambda: pipeline.load_scores(self.ledger, self.stored.spec, self.artifact()))
+                         lambda: pipeline.load_scores(self.ledger, self.stored.spec, self.artifact(), self.split()))
 
     def calibration(self):
         return self._get("uq_calibration", lambda: pipeline.load_calibration(self.ledger, self.artifact()))

@@ -152,13 +152,15 @@ def score_and_store(ledger: Ledger, binding: BindingSpec, artifact: ModelArtifac
     return scores
 
 
-def load_scores(ledger: Ledger, binding: BindingSpec, artifact: ModelArtifact) -> Scores:
-    """The block scores stored for the artifact (non-overlapping blocks of h steps each)."""
+def load_scores(ledger: Ledger, binding: BindingSpec, artifact: ModelArtifact, split: HistorySplit) -> Scores:
+    """The block scores stored for the artifact (non-overlapping blocks of h steps each); `split`
+    names the plant's run each scored run is part of (RunSeries.plant_run)."""
     frame = ledger.block_scores(artifact.artifact_hash)
     if frame.empty:
         raise MissingInputError(f"binding {binding.id}: no block scores of model artifact "
                                 f"{artifact.artifact_hash[:12]} in the ledger; materialize uq_block_scores first")
     (h, score), tags = block_rule(binding, artifact), list(artifact.cv_tags)
+    plant_run = {run.run_id: run.plant_run for run in (*split.val, *split.test)}
 
     def segment(name: str) -> uq.BlockScores:
         # only the (run, block) pairs stored: runs hold different numbers of blocks (a pivot over every
@@ -169,7 +171,8 @@ def load_scores(ledger: Ledger, binding: BindingSpec, artifact: ModelArtifact) -
         return uq.BlockScores(cv_tags=tuple(tags), h=h, run_ids=run_ids,
                               starts=np.asarray(wide.index.get_level_values(1), dtype=np.int64),
                               scores=wide.to_numpy(float).reshape(len(wide), len(tags)),
-                              n_unique_steps=len(wide) * h, n_runs=len(set(run_ids)), score=score)
+                              n_unique_steps=len(wide) * h, n_runs=len({plant_run.get(r, r) for r in run_ids}),
+                              score=score)
 
     return Scores(segment("val"), segment("test"))
 

@@ -165,7 +165,8 @@ def block_scores(artifact: ModelArtifact, runs: Sequence[RunSeries], h: int | No
     run_ids = np.asarray(stacked.run_ids, dtype=object)[which]  # which is an int array, empty without blocks
     return BlockScores(cv_tags=tuple(artifact.cv_tags), h=h, run_ids=run_ids,
                        starts=rows - stacked.offsets[which], scores=scores,
-                       n_unique_steps=int(rows.size * h), n_runs=int(np.unique(which).size), score=score)
+                       n_unique_steps=int(rows.size * h), n_runs=len({runs[i].plant_run for i in np.unique(which)}),
+                       score=score)
 
 
 # --------------------------------------------------------------------------- evidence

@@ -111,6 +111,7 @@ def test_gap_of_four_samples_splits_the_run_with_the_reason():
     frame = _run().drop(index=[20, 21, 22, 23])
     series, report = clean_runs(frame, _binding(), min_length=10)
     assert [(s.run_id, len(s)) for s in series] == [("r1#1", 20), ("r1#2", 16)]
+    assert [(s.source_run, s.plant_run) for s in series] == [("r1", "r1")] * 2  # one run of the plant
     np.testing.assert_array_equal(series[1].t, 1000.0 + PERIOD * np.arange(24, 40))
     entry = _entry(report, "r1")
     assert entry["action"] == "split" and entry["pieces"] == ["r1#1", "r1#2"]
@@ -128,7 +129,7 @@ def test_long_gap_in_one_tag_splits_the_run():
 def test_short_run_is_dropped_with_its_reason():
     frame = pd.concat([_run("long", n=40), _run("short", n=8, t0=5000.0)])
     series, report = clean_runs(frame, _binding(), min_length=10)
-    assert [s.run_id for s in series] == ["long"]
+    assert [(s.run_id, s.source_run, s.plant_run) for s in series] == [("long", "", "long")]
     assert report["dropped"] == [
         {"run_id": "short", "reason": "8 samples after cleaning < min_length 10 (one model window)"}]
     assert _entry(report, "short")["action"] == "dropped"
@@ -137,7 +138,7 @@ def test_short_run_is_dropped_with_its_reason():
 def test_short_piece_after_a_split_is_dropped_and_the_rest_kept():
     frame = _run().drop(index=range(5, 12))  # piece #1 has 5 samples
     series, report = clean_runs(frame, _binding(), min_length=10)
-    assert [s.run_id for s in series] == ["r1#2"]
+    assert [(s.run_id, s.plant_run) for s in series] == [("r1#2", "r1")]
     assert report["dropped"][0]["run_id"] == "r1#1" and "5 samples" in report["dropped"][0]["reason"]
     assert _entry(report, "r1")["action"] == "split"
 

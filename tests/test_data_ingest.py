@@ -322,3 +322,18 @@ def test_frame_validation_returns_the_same_shape_as_files():
     result = validate_history_frame(frame, _binding(), "stored")
     assert list(result.columns) == ["run_id", "timestamp", "v1", "y1", "y2"]
     assert result.iloc[0].tolist() == ["7", JAN1_2024, 1.0, 2.0, 3.0]
+
+
+def test_extra_columns_are_ignored_also_when_repeated_or_blank(tmp_path):
+    """A spreadsheet export's repeated note columns or trailing empty ones are not the binding's:
+    ignored like any extra column; a required column twice is still refused."""
+    text = "run_id,timestamp,v1,note,y1,y2,note,,\nr1,0,1,a,2,3,b,,\nr1,5,1.5,c,2.5,3.5,d,,\n"
+    frame = read_history(_write(tmp_path, text), _binding())
+    assert list(frame.columns) == ["run_id", "timestamp", "v1", "y1", "y2"]
+    assert frame["y2"].tolist() == [3.0, 3.5]
+    stored = pd.DataFrame([["r1", 0, 1, 2, 3, "a", "b"]], columns=["run_id", "timestamp", "v1", "y1", "y2", "x", "x"])
+    assert list(validate_history_frame(stored, _binding(), "stored").columns) == ["run_id", "timestamp", "v1", "y1",
+                                                                                   "y2"]
+    path = tmp_path / "history.parquet"
+    stored.rename(columns={"x": "note"}).iloc[:, :6].to_parquet(path)
+    assert list(read_history(path, _binding()).columns) == ["run_id", "timestamp", "v1", "y1", "y2"]

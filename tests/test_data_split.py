@@ -163,3 +163,36 @@ def test_prepare_history_does_not_warn_about_grid_snapping_of_the_last_sample():
     split = prepare_history(frame, _binding())
     assert split.report["warnings"] == []
     assert split.report["live_behind_s"] == 2.0 and split.report["live_tail_dropped"] is False
+
+
+def _in_pieces(run, cut):
+    """`run` as cleaning splits it at a gap after row `cut`: two pieces of one run of the plant."""
+    return [RunSeries(f"{run.run_id}#{i + 1}", run.t[rows], run.u[rows], run.y[rows], run.d[rows],
+                      source_run=run.run_id) for i, rows in enumerate((slice(None, cut), slice(cut, None)))]
+
+
+def test_the_pieces_of_a_run_split_at_a_gap_go_to_one_split_together():
+    """A run cleaning split at a gap is one run of the plant: its pieces land in the same split (val and
+    test never hold parts of one run), and the counts follow the rounding rule over the plant's runs."""
+    base = _runs()  # r00 .. r09, live r10
+    runs = [piece for run in base[:6] for piece in _in_pieces(run, 12)] + base[6:]
+    for seed in range(20):
+        split = split_runs(runs, _binding(), seed=seed)
+        homes: dict[str, set] = {}
+        for name in ("train", "val", "test"):
+            for run in getattr(split, name):
+                homes.setdefault(run.plant_run, set()).add(name)
+        assert all(len(names) == 1 for names in homes.values()), (seed, homes)
+        assert len(homes) == 10 and split.live.run_id == "r10"
+        units = tuple(len({r.plant_run for r in getattr(split, name)}) for name in ("train", "val", "test"))
+        assert units == split_counts(10, (0.6, 0.2, 0.2))
+
+
+def test_the_live_runs_earlier_piece_is_a_run_of_its_own_split():
+    """The live run's own earlier piece (before a gap) is not the live state: it goes to a split, whole."""
+    base = _runs(n_runs=6)
+    runs = base[:5] + _in_pieces(base[5], 12)
+    split = split_runs(runs, _binding(), seed=0)
+    assert split.live.run_id == "r05#2"
+    assert sorted(r.run_id for name in ("train", "val", "test") for r in getattr(split, name)) == \
+        ["r00", "r01", "r02", "r03", "r04", "r05#1"]

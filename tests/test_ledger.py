@@ -5,8 +5,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from optimizer_pipeline.contracts import Outcome, OutcomeVerdict, RecommendationStatus, binding_from_dict, iso_utc, \
-    utc_now
+from optimizer_pipeline.contracts import (HistorySplit, Outcome, OutcomeVerdict, RecommendationStatus, RunSeries,
+                                         binding_from_dict, iso_utc, utc_now)
 from optimizer_pipeline.ledger import (SCHEMA_VERSION, Ledger, LedgerBusyError, LedgerError, NotFoundError, RunStateError,
                                        new_id)
 
@@ -281,7 +281,7 @@ def test_appending_overlapping_samples_stores_each_sample_once(ledger, binding_d
 def test_block_scores_read_back_as_the_blocks_stored(ledger):
     """Runs hold different numbers of blocks: pipeline.load_scores reads back the stored blocks and no
     others (a block added with NaN scores would read as a non-finite score: no evidence); a NaN that
-    was stored is kept."""
+    was stored is kept; the pieces of a run split at a gap count as one run (the split names them)."""
     spec = binding(n_mv=1, n_cv=2, na=1, nb=1, delay=1)
     model = ArxModel(Orders(1, 1, 1), np.full((1, 2, 2), 0.1), np.full((1, 2, 1), 0.5), np.zeros((1, 2, 0)),
                      np.zeros(2))
@@ -290,8 +290,13 @@ def test_block_scores_read_back_as_the_blocks_stored(ledger):
     test = ["c", "d", "d"], [0, 0, 10], [[1, np.nan], [2, 3], [4, 5]]
     for segment, (run_ids, starts, scores) in (("val", val), ("test", test)):
         ledger.put_block_scores(artifact, segment, run_ids, starts, scores)
-    loaded = pipeline.load_scores(ledger, spec, artifact)
-    for got, (run_ids, starts, scores) in ((loaded.val, val), (loaded.test, test)):
+    def series(run_id, source_run=""):
+        return RunSeries(run_id, np.zeros(1), np.zeros((1, 1)), np.zeros((1, 2)), np.zeros((1, 0)), source_run)
+
+    split = HistorySplit((), (series("a"), series("b")), (series("c", "x"), series("d", "x")), None,
+                         unit_normalisation(spec), {}, "data-hash")
+    loaded = pipeline.load_scores(ledger, spec, artifact, split)
+    for got, (run_ids, starts, scores), runs in ((loaded.val, val, 2), (loaded.test, test, 1)):
         assert list(got.run_ids) == run_ids and list(got.starts) == starts
         np.testing.assert_array_equal(got.scores, np.asarray(scores, float))
-        assert got.n_runs == len(set(run_ids)) and got.n_unique_steps == len(run_ids) * spec.model.horizon
+        assert got.n_runs == runs and got.n_unique_steps == len(run_ids) * spec.model.horizon

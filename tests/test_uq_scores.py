@@ -63,6 +63,16 @@ def test_blocks_tile_each_run_without_overlap_and_count_only_runs_with_a_block()
         assert np.all(np.diff(scores.starts[scores.run_ids == run_id]) == 5)
 
 
+def test_the_pieces_of_one_run_count_as_one_run():
+    """Pieces of a run split at a gap (RunSeries.source_run) are scored as series of their own but count
+    once: the UQ rules' run counts are of the plant's runs (uq.MIN_TEST_RUNS, the split-conformal rule)."""
+    a, b, c = random_runs([37, 30, 18])
+    pieces = [RunSeries(f"run-0#{i}", r.t, r.u, r.y, r.d, source_run="run-0") for i, r in ((1, a), (2, b))]
+    scores = block_scores(artifact(), pieces + [c])
+    assert set(scores.run_ids) == {"run-0#1", "run-0#2", "run-2"} and scores.n_runs == 2
+    assert block_scores(artifact(), pieces).n_runs == 1
+
+
 def test_one_step_blocks_are_one_step_residuals():
     runs = random_runs([30, 25], seed=1)
     scores = block_scores(artifact(horizon=10), runs, h=1)

@@ -22,7 +22,8 @@ class BlockScores:
     (optimizer_pipeline.uq.SCORE_RULES): "max_residual", the max over the block of |measured -
     predicted|, or "settled_residual", |measured - predicted| at the block's end, the prediction
     holding the disturbance bias of the rows before the block.
-    n_runs counts runs with at least one block.
+    n_runs counts the plant's runs with at least one block (RunSeries.plant_run: the pieces of a run
+    split at a gap count once).
     """
 
     cv_tags: tuple[str, ...]

@@ -15,6 +15,8 @@ class RunSeries:
 
     t: (n,) seconds since epoch; u: (n, n_mv); y: (n, n_cv); d: (n, n_dv) (n_dv may be 0).
     Row k holds the samples at t[k]; u[k] is the MV value held from t[k] to t[k+1].
+    source_run: the history's run this series is a piece of, when cleaning split that run at a gap
+    (data/clean.py); "" for a whole run.
     """
 
     run_id: str
@@ -22,9 +24,16 @@ class RunSeries:
     u: np.ndarray
     y: np.ndarray
     d: np.ndarray
+    source_run: str = ""
 
     def __len__(self) -> int:
         return int(self.t.shape[0])
+
+    @property
+    def plant_run(self) -> str:
+        """The history's run this series comes from: the unit the split and the UQ run counts use (the
+        pieces of one run are not independent of each other)."""
+        return self.source_run or self.run_id
 
 
 @dataclass(frozen=True, eq=False)

@@ -70,7 +70,7 @@ def clean_runs(frame: pd.DataFrame, binding: BindingSpec, min_length: int) -> tu
         runs_report.append(entry)
         dropped.extend(run_dropped)
         for name, t, values in pieces:
-            series.append(_run_series(name, t, values, binding))
+            series.append(_run_series(name, t, values, binding, str(run_id) if name != str(run_id) else ""))
 
     report = {
         "runs": runs_report,
@@ -242,11 +242,11 @@ def _first(items: list[str], sep: str, shown: int = 3) -> str:
     return sep.join(items[:shown]) + more
 
 
-def _run_series(name: str, t: np.ndarray, values: np.ndarray, binding: BindingSpec) -> RunSeries:
+def _run_series(name: str, t: np.ndarray, values: np.ndarray, binding: BindingSpec, source_run: str) -> RunSeries:
     n_mv, n_cv = len(binding.mvs), len(binding.cvs)
     arrays = [np.ascontiguousarray(a, dtype=float) for a in
               (t, values[:, :n_mv], values[:, n_mv:n_mv + n_cv], values[:, n_mv + n_cv:])]
     for a in arrays:
         a.setflags(write=False)  # RunSeries is frozen; its arrays are shared by the splits
-    return RunSeries(name, *arrays)
+    return RunSeries(name, *arrays, source_run=source_run)
 

@@ -72,7 +72,7 @@ def read_history(path: str | Path, binding: BindingSpec, now_s: float | None = N
         frame = _read_csv(path, binding)
         lines = True
     elif suffix in PARQUET_SUFFIXES:
-        frame = _read_parquet(path)
+        frame = _read_parquet(path, binding)
         lines = False
     else:
         raise HistoryError(f"{source}: unknown history file type {path.suffix!r} (use .csv, .parquet or .pq)")
@@ -89,9 +89,17 @@ def validate_history_frame(frame: pd.DataFrame, binding: BindingSpec, source: st
     """
     if not isinstance(frame, pd.DataFrame):
         raise HistoryError(f"{source}: expected a table of samples, got {type(frame).__name__}")
-    if frame.columns.duplicated().any():
-        raise HistoryError(f"{source}: duplicate column(s) {_names(frame.columns[frame.columns.duplicated()])}")
-    return _validate(frame.reset_index(drop=True), binding, source, lines=False)
+    return _validate(_required_columns(frame, binding, source).reset_index(drop=True), binding, source, lines=False)
+
+
+def _required_columns(frame: pd.DataFrame, binding: BindingSpec, source: str) -> pd.DataFrame:
+    """The frame's run id, timestamp and tag columns (extra columns are ignored, also when their names
+    repeat or are blank); HistoryError when one of those appears twice."""
+    required = frame.columns.isin((RUN_ID, TIMESTAMP, *binding.tags))
+    twice = frame.columns.duplicated() & required
+    if twice.any():
+        raise HistoryError(f"{source}: duplicate column(s) {_names(frame.columns[twice])}")
+    return frame.loc[:, required]
 
 
 # --------------------------------------------------------------------------- file readers
@@ -118,7 +126,7 @@ def _read_csv(path: Path, binding: BindingSpec) -> pd.DataFrame:
         if count > 0 and count >= len(header) - 1:
             raise HistoryError(f"{source}: the header looks like {label}-delimited "
                                f"({len(header)} column(s) when split on ','); use ','")
-    duplicates = [name for name, n in Counter(header).items() if n > 1]
+    duplicates = [name for name, n in Counter(header).items() if n > 1 and name in required]  # extras are ignored
     if duplicates:
         raise HistoryError(f"{source}: duplicate column(s) {_names(duplicates)} in the header")
 
@@ -143,7 +151,7 @@ def _too_many_rows(source: str) -> HistoryError:
                         f"(MAX_HISTORY_ROWS); split it into several files and ingest each")
 
 
-def _read_parquet(path: Path) -> pd.DataFrame:
+def _read_parquet(path: Path, binding: BindingSpec) -> pd.DataFrame:
     import pyarrow.parquet as pq
 
     try:
@@ -155,9 +163,7 @@ def _read_parquet(path: Path) -> pd.DataFrame:
     except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise HistoryError(f"{path}: cannot read Parquet file ({detail})") from None
-    if frame.columns.duplicated().any():
-        raise HistoryError(f"{path}: duplicate column(s) {_names(frame.columns[frame.columns.duplicated()])}")
-    return frame.reset_index(drop=True)
+    return _required_columns(frame, binding, str(path)).reset_index(drop=True)
 
 
 # --------------------------------------------------------------------------- validation

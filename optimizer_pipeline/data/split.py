@@ -4,7 +4,9 @@ Rules:
 * live run = the run with the latest last timestamp (ties: the larger run id); it supplies the
   current state and is in no other split.
 * The other runs, sorted by run id, are shuffled with numpy's Generator(seed) and cut in that order
-  into train / val / test. Counts (n runs, fractions f): floor(n * f) per split, then the runs left
+  into train / val / test. A run that cleaning split at a gap into pieces (data/clean.py) is one
+  run here: its pieces (but the live one) go to the same split together, so that val and test never
+  hold parts of one run of the plant. Counts (n runs, fractions f): floor(n * f) per split, then the runs left
   over go one each to the largest remainders (ties in the order train, val, test); then minimums
   are enforced — train >= 1, and val >= 1 and test >= 1 when n >= 3 — each missing run taken from
   the split with the most runs above its own minimum (ties in the order train, val, test).
@@ -44,11 +46,14 @@ def split_runs(runs: Sequence[RunSeries], binding: BindingSpec, seed: int = 0,
         raise HistoryError(f"binding {binding.id!r}: duplicate run ids among the cleaned runs")
 
     live = max(runs, key=lambda r: (float(r.t[-1]), r.run_id))
-    rest = sorted((r for r in runs if r is not live), key=lambda r: r.run_id)
+    units: dict[str, list[RunSeries]] = {}  # the plant's runs, each with its pieces
+    for run in sorted((r for r in runs if r is not live), key=lambda r: r.run_id):
+        units.setdefault(run.plant_run, []).append(run)
+    rest = [units[name] for name in sorted(units)]
     order = np.random.default_rng(seed).permutation(len(rest))
     counts = split_counts(len(rest), fractions)
     cuts = np.cumsum((0,) + counts)
-    groups = {name: tuple(sorted((rest[i] for i in order[cuts[k]:cuts[k + 1]]),
+    groups = {name: tuple(sorted((run for i in order[cuts[k]:cuts[k + 1]] for run in rest[i]),
                                  key=lambda r: (float(r.t[0]), r.run_id)))
               for k, name in enumerate(SPLITS)}
 
