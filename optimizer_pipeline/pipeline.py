@@ -139,8 +139,9 @@ def block_rule(binding: BindingSpec, artifact: ModelArtifact) -> tuple[int, str]
 
 def score_blocks(binding: BindingSpec, artifact: ModelArtifact, split: HistorySplit) -> Scores:
     h, score = block_rule(binding, artifact)
-    train = train_runs(artifact, split) if score in uq.LOCAL_SCORES else ()
-    return Scores(*(uq.block_scores(artifact, runs, h, score, train) for runs in (split.val, split.test)))
+    train = artifact_runs(artifact, split, "train") if score in uq.LOCAL_SCORES else ()
+    return Scores(*(uq.block_scores(artifact, artifact_runs(artifact, split, segment), h, score, train)
+                    for segment in ("val", "test")))
 
 
 def score_and_store(ledger: Ledger, binding: BindingSpec, artifact: ModelArtifact, split: HistorySplit) -> Scores:
@@ -160,7 +161,7 @@ def load_scores(ledger: Ledger, binding: BindingSpec, artifact: ModelArtifact, s
         raise MissingInputError(f"binding {binding.id}: no block scores of model artifact "
                                 f"{artifact.artifact_hash[:12]} in the ledger; materialize uq_block_scores first")
     (h, score), tags = block_rule(binding, artifact), list(artifact.cv_tags)
-    plant_run = {run.run_id: run.plant_run for run in (*split.val, *split.test)}
+    plant_run = {run.run_id: run.plant_run for run in (*split.train, *split.val, *split.test)}
 
     def segment(name: str) -> uq.BlockScores:
         # only the (run, block) pairs stored: runs hold different numbers of blocks (a pivot over every
@@ -268,22 +269,27 @@ def _local_model(binding: BindingSpec, artifact: ModelArtifact, split: HistorySp
     y_mean, y_std = artifact.normalisation.of(artifact.cv_tags)
     point = OperatingPoint.of_move((live.u[-1] - u_mean) / u_std, (live.y[-1] - y_mean) / y_std,
                                    (end[0] - u_mean) / u_std, (end[1] - y_mean) / y_std)
-    local, record = local_artifact(artifact, binding, train_runs(artifact, split), point,
+    local, record = local_artifact(artifact, binding, artifact_runs(artifact, split, "train"), point,
                                    settle_limit(artifact.state_space))
     return (artifact if local is None else local), {**record, "first_target": end[0].tolist(),
                                                     "first_settled": end[1].tolist()}
 
 
-def train_runs(artifact: ModelArtifact, split: HistorySplit) -> tuple[RunSeries, ...]:
-    """The runs the artifact was identified on, from a later split of the same history (a run that
-    has ended never changes; the split of the runs may, when a new run arrives). MissingInputError
-    when one is gone (the binding's history was replaced): identify again."""
-    wanted = tuple(artifact.splits.get("train", ()))
+def artifact_runs(artifact: ModelArtifact, split: HistorySplit, segment: str) -> tuple[RunSeries, ...]:
+    """The artifact's own `segment` runs ("train", "val" or "test": the split it was identified on),
+    from a later split of the same history. A run that has ended never changes, but the split of the
+    runs may, when a new run arrives: a refit trains on the model's train runs, and a model's evidence
+    is scored on the runs its fit held out, never on one it was fitted on. The later split's own runs
+    for an artifact that records no split (a benchmark's reference fit). MissingInputError when one
+    is gone (the binding's history was replaced): identify again."""
+    if not any(artifact.splits.get(name) for name in ("train", "val", "test")):
+        return tuple(getattr(split, segment))
+    wanted = tuple(artifact.splits.get(segment, ()))
     runs = {run.run_id: run for run in (*split.train, *split.val, *split.test)}
     missing = [run_id for run_id in wanted if run_id not in runs]
     if missing:
-        raise MissingInputError(f"binding {artifact.binding_id}: the model's train run(s) {', '.join(missing)} are "
-                                f"not in the history; materialize model_artifact (job refresh) again")
+        raise MissingInputError(f"binding {artifact.binding_id}: the model's {segment} run(s) {', '.join(missing)} "
+                                f"are not in the history; materialize model_artifact (job refresh) again")
     return tuple(runs[run_id] for run_id in wanted)
 
 

@@ -422,18 +422,27 @@ def test_a_refit_is_kept_when_its_slowest_mode_has_decayed_to_the_settle_fractio
         assert kept or refused.startswith(f"the refit does not settle within {steps} steps")
 
 
-def test_a_later_split_refits_on_the_artifacts_own_train_runs():
-    """A solve re-reads the history, whose runs a new run can assign anew: the refit (and its evidence)
-    still trains on the runs the artifact was identified on, never on a run its evidence held out."""
+def test_a_later_split_refits_and_scores_on_the_artifacts_own_runs():
+    """A solve re-reads the history, whose runs a new run can assign anew: the refit still trains on the
+    runs the artifact was identified on, and the model's evidence is scored on the runs its fit held
+    out, never on a run it was fitted on (nor does a held-out run become a refit's train run)."""
     spec = steady_binding()
     runs = hammerstein_runs(6, runs=8)
     artifact = identify(split_runs(spec, runs), spec, 1)
-    later = split_of(spec, runs[::-1], 4, 2, 2)  # the same runs, the val / test ones now in train
-    assert {r.run_id for r in later.train} != set(artifact.splits["train"])
-    assert [r.run_id for r in pipeline.train_runs(artifact, later)] == list(artifact.splits["train"])
+    later = split_of(spec, runs[::-1], 4, 2, 2)  # the same runs, some of the train ones now held out
+    assert {r.run_id for r in (*later.val, *later.test)} & set(artifact.splits["train"])
+    for segment in ("train", "val", "test"):
+        assert [r.run_id for r in pipeline.artifact_runs(artifact, later, segment)] == list(artifact.splits[segment])
+    scores = pipeline.score_blocks(spec, artifact, later)
+    for segment in ("val", "test"):
+        scored = set(getattr(scores, segment).run_ids)
+        assert scored and scored <= set(artifact.splits[segment])
+    # a fit that records no split (a benchmark's reference) is scored on the split it is given
+    unsplit = dataclasses.replace(artifact, splits={"train": (), "val": (), "test": ()})
+    assert pipeline.artifact_runs(unsplit, later, "val") == later.val
     gone = split_of(spec, runs[1:], 3, 2, 2)
     with pytest.raises(pipeline.MissingInputError, match=r"the model's train run\(s\) h0 are not in the history"):
-        pipeline.train_runs(artifact, gone)
+        pipeline.artifact_runs(artifact, gone, "train")
 
 
 def test_local_paths_refit_each_window_midway_to_its_predicted_end_or_keep_the_identified_path():
