@@ -66,12 +66,16 @@ outcomes_job = define_asset_job(
 
 
 def binding_changes_sensor():
-    """Fires on a new binding or a new revision of one (cursor: binding -> revision seen).
+    """Fires on a new binding or a new revision of one (cursor: binding -> [revision, newest sample
+    time] seen).
 
     A new binding adds its partition; a new or changed revision without a recommendation yet
     requests `refresh` for that partition with run key `<binding>@r<revision>`, so one change
     gives exactly one run. No change, no request. A binding that a queued or running `refresh`
     already covers (e.g. one `materialize` submitted) is left to it, and looked at again next tick.
+    A revision still without a recommendation once its refresh ran (it failed: e.g. too little
+    history for a split) is refreshed again when newer samples arrive, run key
+    `<binding>@r<revision>@t<newest>`: new_samples re-solves only bindings with a recommendation.
     """
 
     @sensor(name="binding_changes", job=refresh_job, minimum_interval_seconds=15,
@@ -83,17 +87,24 @@ def binding_changes_sensor():
         known = set(context.instance.get_dynamic_partitions(BINDINGS.name))
         new_keys = [b.spec.id for b in stored if b.spec.id not in known]
         requests, busy = [], in_flight(context.instance, refresh_job.name)
+        newest_samples = store.newest_samples()
         for b in stored:
-            if seen.get(b.spec.id) == b.revision:
+            revision, samples_seen = (seen.get(b.spec.id), None) if not isinstance(seen.get(b.spec.id), list) \
+                else seen[b.spec.id]
+            newest = newest_samples.get(b.spec.id)
+            again = revision == b.revision  # its refresh was requested: again only with newer samples
+            if again and (newest is None or samples_seen is None or newest <= samples_seen):
                 continue
             if b.spec.id in busy:
                 continue  # a refresh of it is queued or running; not marked seen: looked at again
-            seen[b.spec.id] = b.revision
+            seen[b.spec.id] = [b.revision, newest]
             latest = store.latest_recommendation(b.spec.id)
             if latest is not None and latest.binding_revision == b.revision:
-                continue  # already solved for this revision (e.g. by the CLI)
-            requests.append(RunRequest(partition_key=b.spec.id, run_key=f"{b.spec.id}@r{b.revision}",
-                                       tags={"optimizer/reason": f"binding {b.spec.id} at revision {b.revision}"}))
+                continue  # already solved for this revision (e.g. by the CLI, or its refresh)
+            key, why = f"{b.spec.id}@r{b.revision}", f"binding {b.spec.id} at revision {b.revision}"
+            if again:
+                key, why = f"{key}@t{newest:.3f}", f"{why} has no recommendation; new samples up to t={newest:.3f}"
+            requests.append(RunRequest(partition_key=b.spec.id, run_key=key, tags={"optimizer/reason": why}))
         cursor = json.dumps(seen, sort_keys=True)
         if not requests and not new_keys:
             return SensorResult(skip_reason=SkipReason("no binding changed"), cursor=cursor)
@@ -105,8 +116,9 @@ def binding_changes_sensor():
 
 def new_samples_sensor():
     """Fires when a binding's newest stored sample is newer than the live state its latest
-    recommendation was solved from (new history from `ingest` or the inbox): requests `solve` for
-    that partition, so the open recommendation starts from recent data. One run per binding at a
+    recommendation was solved from (new history from `ingest` or the inbox), or the binding was
+    recalibrated since (re_solve_requests): requests `solve` for that partition, so the open
+    recommendation starts from recent data and its newest calibration. One run per binding at a
     time (none while a `solve` of it is queued or running), and one per newest sample time (run key
     `<binding>@t<newest>`): a burst of files before a tick gives one re-solve. Bindings without a
     recommendation are left to binding_changes."""
@@ -114,31 +126,41 @@ def new_samples_sensor():
     @sensor(name="new_samples", job=solve_job, minimum_interval_seconds=15, default_status=DefaultSensorStatus.RUNNING)
     def new_samples(context: SensorEvaluationContext, ledger: LedgerResource):
         return (re_solve_requests(context, ledger.ledger())
-                or SkipReason("no binding has samples newer than its recommendation's live state"))
+                or SkipReason("no binding has samples newer than its recommendation's live state, nor a newer "
+                              "calibration"))
 
     return new_samples
 
 
 def re_solve_requests(context: SensorEvaluationContext, store, only: set[str] | None = None) -> list[RunRequest]:
     """`solve` requests for the bindings (all, or those in `only`) whose newest stored sample is newer
-    than the live state of their latest recommendation: none while a solve or refresh of the binding
-    is queued or running, none without a recommendation, run key `<binding>@t<newest>`."""
+    than the live state of their latest recommendation (run key `<binding>@t<newest>`), or whose
+    newest calibration of the binding's revision is not the one that recommendation was solved with
+    (a recalibration ends with a re-solve, whichever way it ran: the `recalibrate` job, a partial
+    materialization in the UI; run key `<binding>@<calibration id>`): none while a solve or refresh of
+    the binding is queued or running, none without a recommendation."""
     known = set(context.instance.get_dynamic_partitions(BINDINGS.name))
     busy = in_flight(context.instance, solve_job.name) | in_flight(context.instance, refresh_job.name)
-    requests, periods = [], {b.spec.id: b.spec.sample_period_s for b in store.list_bindings()}
+    requests, stored = [], {b.spec.id: b for b in store.list_bindings()}
     for binding_id, newest in sorted(store.newest_samples().items()):
         if only is not None and binding_id not in only:
             continue
         rec = store.latest_recommendation(binding_id)
-        if binding_id not in known or binding_id in busy or rec is None or binding_id not in periods:
+        if binding_id not in known or binding_id in busy or rec is None or binding_id not in stored:
             continue
-        solved_from = store.get_run(rec.run_id).context.get("live_t")
+        solved = store.get_run(rec.run_id).context
+        solved_from = solved.get("live_t")
         # the solve's live time is on the sample grid: a raw time up to half a period later is the same sample
-        if solved_from is not None and newest <= float(solved_from) + periods[binding_id] / 2:
+        if solved_from is None or newest > float(solved_from) + stored[binding_id].spec.sample_period_s / 2:
+            requests.append(RunRequest(partition_key=binding_id, run_key=f"{binding_id}@t{newest:.3f}",
+                                       tags={"optimizer/reason": f"new samples of {binding_id} up to "
+                                                                 f"t={newest:.3f}, solved from t={solved_from}"}))
             continue
-        requests.append(RunRequest(partition_key=binding_id, run_key=f"{binding_id}@t{newest:.3f}",
-                                   tags={"optimizer/reason": f"new samples of {binding_id} up to t={newest:.3f}, "
-                                                             f"solved from t={solved_from}"}))
+        calibration = store.latest_calibration(binding_id, binding_revision=stored[binding_id].revision)
+        if calibration is not None and calibration.id != solved.get("calibration_id"):
+            requests.append(RunRequest(partition_key=binding_id, run_key=f"{binding_id}@{calibration.id}",
+                                       tags={"optimizer/reason": f"{binding_id} recalibrated ({calibration.id}) "
+                                                                 f"after its recommendation {rec.id} was solved"}))
     return requests
 
 
@@ -161,11 +183,13 @@ def history_inbox_sensor():
         results = [ingest_inbox_file(store, path) for path in files]
         for r in results:
             log = context.log.info if r.ingested else context.log.warning
-            log(f"inbox {r.binding_id}/{r.file}: {'ingested, ' if r.ingested else 'rejected: '}{r.detail}")
-        ingested = sum(r.ingested for r in results)
+            what = "ingested, " if r.ingested else ("" if r.waiting else "rejected: ")
+            log(f"inbox {r.binding_id}/{r.file}: {what}{r.detail}")
+        ingested, waiting = sum(r.ingested for r in results), sum(r.waiting for r in results)
+        left = f", {waiting} left in the inbox for the next tick" if waiting else ""
         return (re_solve_requests(context, store, {r.binding_id for r in results if r.ingested})
-                or SkipReason(f"inbox: {ingested} file(s) ingested, {len(results) - ingested} rejected; nothing to "
-                              f"re-solve (no recommendation yet, a solve in flight, or no newer sample)"))
+                or SkipReason(f"inbox: {ingested} file(s) ingested, {len(results) - ingested - waiting} rejected{left}; "
+                              f"nothing to re-solve (no recommendation yet, a solve in flight, or no newer sample)"))
 
     return history_inbox
 

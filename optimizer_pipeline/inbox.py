@@ -5,7 +5,11 @@ The inbox: a historian export writes a history file (CSV or Parquet, the history
 binding's folder under a temporary name (starting with `.`, or ending in `.part` / `.tmp`) and
 renames it when done. The `history_inbox` sensor ingests every finished file in name order: an
 ingested file moves to `done/`, a refused one (unknown binding, bad file) to `rejected/` with
-`<name>.error.txt` holding the one-line reason, and the ledger is unchanged for it.
+`<name>.error.txt` holding the one-line reason, and the ledger is unchanged for it. A file is not
+refused for the ledger's state: while the ledger stays busy past its bound (LedgerBusyError: locked
+by other processes, no PostgreSQL connection free) the file waits in the inbox for the next tick.
+A file that cannot be moved (the folder not writable) stays where it is and is read again next
+tick, its samples stored once; the files after it are not held up.
 """
 
 import shutil
@@ -16,7 +20,7 @@ from typing import Any, Callable
 
 from optimizer_pipeline.contracts import BindingSpec, ContractError
 from optimizer_pipeline.data import read_history
-from optimizer_pipeline.ledger import Ledger, LedgerError, NotFoundError
+from optimizer_pipeline.ledger import Ledger, LedgerBusyError, LedgerError, NotFoundError
 
 INBOX = "inbox"
 DONE, REJECTED = "done", "rejected"
@@ -48,7 +52,8 @@ class InboxResult:
     binding_id: str
     file: str  # the name it arrived with
     ingested: bool
-    detail: str  # samples added, or the one-line reason it was refused
+    detail: str  # samples added, the one-line reason it was refused, or why it waits
+    waiting: bool = False  # left in the inbox for the next tick (module docstring)
 
 
 def inbox_folder(home: Path) -> Path:
@@ -77,16 +82,27 @@ def ingest_inbox_file(ledger: Ledger, path: Path, source: str = "real") -> Inbox
             raise ContractError(f"{path.name}: binding {binding_id!r} is not in the ledger; ingest its binding "
                                 f"file first (optimizer-pipeline ingest BINDING_FILE HISTORY_FILE)") from None
         summary = ingest_history(lambda: ledger, spec, path, source, store_binding=False)
+    except LedgerBusyError as exc:  # the ledger's state, not the file's fault
+        return InboxResult(binding_id, path.name, False, "waits for the next tick: " + str(exc).splitlines()[0],
+                           waiting=True)
     except (ContractError, LedgerError) as exc:
         reason = str(exc).splitlines()[0]
-        _move(path, REJECTED)
+        moved = _move(path, REJECTED)
+        if moved:
+            return InboxResult(binding_id, path.name, False, f"{reason}; {moved}", waiting=True)
         (path.parent / REJECTED / f"{path.name}.error.txt").write_text(reason + "\n", encoding="utf-8")
         return InboxResult(binding_id, path.name, False, reason)
-    _move(path, DONE)
-    return InboxResult(binding_id, path.name, True, f"{summary['samples_added']} samples added")
+    detail = f"{summary['samples_added']} samples added"
+    moved = _move(path, DONE)
+    return InboxResult(binding_id, path.name, True, f"{detail}; {moved}" if moved else detail)
 
 
-def _move(path: Path, where: str) -> None:
+def _move(path: Path, where: str) -> str:
+    """Move `path` into its folder's `where`/; "" when done, else why not (it stays in the inbox)."""
     target = path.parent / where
-    target.mkdir(exist_ok=True)
-    shutil.move(str(path), str(target / path.name))
+    try:
+        target.mkdir(exist_ok=True)
+        shutil.move(str(path), str(target / path.name))
+    except OSError as exc:
+        return f"cannot move it to {where}/ ({exc.strerror or exc}), so it stays in the inbox and is read again next tick"
+    return ""

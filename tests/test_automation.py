@@ -10,10 +10,12 @@ from dagster import (AssetKey, RunRequest, SensorResult, SkipReason, build_sched
 from optimizer_pipeline.assets.compat import range_tags
 from optimizer_pipeline.automation import partition_ranges
 from optimizer_pipeline.contracts import binding_from_dict, utc_now
+from optimizer_pipeline.ledger import Ledger
 from optimizer_pipeline.model import identify
 from optimizer_pipeline.data import prepare_history
 from optimizer_pipeline.plants import get_plant
 from optimizer_pipeline.resources.ledger import LedgerResource, SettingsResource
+from optimizer_pipeline.settings import ledger_path
 
 from pipeline_fixtures import SEED, DemoHome, seed_home
 
@@ -41,7 +43,7 @@ def test_new_binding_adds_its_partition_and_requests_refresh(heater_home):
     assert [r.partition_key for r in result.run_requests] == ["heater-1"]
     assert [r.run_key for r in result.run_requests] == ["heater-1@r1"]
     assert result.dynamic_partitions_requests[0].partition_keys == ["heater-1"]
-    assert json.loads(result.cursor) == {"heater-1": 1}
+    assert json.loads(result.cursor) == {"heater-1": [1, heater_home.ledger.newest_samples()["heater-1"]]}
 
 
 def test_unchanged_binding_requests_nothing(heater_home):
@@ -56,7 +58,7 @@ def test_changed_revision_expires_the_old_recommendation_and_requests_one_refres
     heater_home.run("heater-1")
     old = heater_home.ledger.latest_recommendation("heater-1")
     cursor = _tick(heater_home, "binding_changes").cursor  # revision 1 already solved: no request
-    assert json.loads(cursor) == {"heater-1": 1}
+    assert json.loads(cursor)["heater-1"][0] == 1
 
     doc = heater_home.plants["heater-1"].binding_doc()
     doc["cvs"][0]["target"] = 48.0
@@ -281,3 +283,94 @@ def test_a_broken_or_unknown_binding_file_is_set_aside_with_its_reason_and_the_l
     assert after["plant_samples"] > before["plant_samples"]  # only the good file's samples
     assert {k: v for k, v in after.items() if k != "plant_samples"} == \
         {k: v for k, v in before.items() if k != "plant_samples"}
+
+
+def test_a_recalibration_ends_with_one_re_solve(heater_home):
+    """The `recalibrate` job (or a calibration materialized alone) makes a calibration the open
+    recommendation was not solved with: new_samples requests one solve, keyed by the calibration."""
+    heater_home.instance.add_dynamic_partitions("bindings", ["heater-1"])
+    heater_home.run("heater-1")
+    assert isinstance(_tick(heater_home, "new_samples"), SkipReason)
+    heater_home.run("heater-1", job="recalibrate")
+    calibration = heater_home.ledger.latest_calibration("heater-1")
+    solved = heater_home.ledger.get_run(heater_home.ledger.latest_recommendation("heater-1").run_id)
+    assert calibration.id != solved.context["calibration_id"]
+    [request] = _tick(heater_home, "new_samples")
+    assert (request.partition_key, request.run_key) == ("heater-1", f"heater-1@{calibration.id}")
+    assert "recalibrated" in request.tags["optimizer/reason"]
+    heater_home.run("heater-1", job="solve")
+    latest = heater_home.ledger.latest_recommendation("heater-1")
+    assert heater_home.ledger.get_run(latest.run_id).context["calibration_id"] == calibration.id
+    assert isinstance(_tick(heater_home, "new_samples"), SkipReason)
+
+
+def test_a_busy_ledger_leaves_the_file_in_the_inbox_for_the_next_tick(heater_home, monkeypatch):
+    """Not the file's fault: while the ledger stays busy (here a fake: append_samples raising the
+    LedgerBusyError the backends raise past their bound) the file waits, and the next tick ingests it."""
+    from optimizer_pipeline.ledger import Ledger, LedgerBusyError
+
+    heater_home.instance.add_dynamic_partitions("bindings", ["heater-1"])
+    heater_home.run("heater-1")
+    newest = _drop(heater_home, "heater-1", "export.csv", 3)
+    folder = heater_home.home / "inbox" / "heater-1"
+
+    def busy(*args, **kwargs):
+        raise LedgerBusyError("ledger stayed locked for 120 s by other processes")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Ledger, "append_samples", busy)
+        skipped = _tick(heater_home, "history_inbox")
+    assert "0 file(s) ingested, 0 rejected, 1 left in the inbox for the next tick" in skipped.skip_message
+    assert (folder / "export.csv").exists() and not (folder / "rejected").exists()
+    [request] = _tick(heater_home, "history_inbox")
+    assert request.run_key == f"heater-1@t{newest:.3f}" and (folder / "done" / "export.csv").exists()
+
+
+def test_a_file_that_cannot_be_moved_stays_and_does_not_hold_up_the_others(heater_home):
+    """done/ cannot be made (a dangling link has its name): the file's samples are stored, it stays in
+    the inbox (read again next tick, its samples stored once), and the files after it are still read."""
+    heater_home.instance.add_dynamic_partitions("bindings", ["heater-1"])
+    heater_home.run("heater-1")
+    first = _drop(heater_home, "heater-1", "a.csv", 2)
+    folder = heater_home.home / "inbox" / "heater-1"
+    (folder / "done").symlink_to(folder / "nowhere")
+    stray = heater_home.home / "inbox" / "no-such-binding"
+    stray.mkdir()
+    (stray / "x.csv").write_text("run_id,timestamp\n")
+    [request] = _tick(heater_home, "history_inbox")
+    assert request.run_key == f"heater-1@t{first:.3f}"
+    assert (folder / "a.csv").exists() and (stray / "rejected" / "x.csv.error.txt").exists()
+    samples = heater_home.ledger.counts()["plant_samples"]
+    _tick(heater_home, "history_inbox")  # read again: nothing stored twice
+    assert heater_home.ledger.counts()["plant_samples"] == samples and (folder / "a.csv").exists()
+
+
+def test_a_revision_whose_refresh_failed_is_refreshed_again_when_newer_samples_arrive(tmp_path):
+    """A binding ingested with one run: its refresh fails (no run to train on besides the live one) and
+    leaves no recommendation. The same samples request nothing more; newer runs (a historian's next
+    export) request one refresh again, which now succeeds."""
+    plant = get_plant("heater")
+    frame = plant.history(SEED).frame
+    first_run = frame["run_id"] == frame["run_id"].iloc[0]
+    ledger = Ledger(ledger_path(tmp_path / "home"))
+    ledger.ingest(plant.spec, frame[first_run], "simulation")
+    (tmp_path / "dagster").mkdir()
+    with instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
+        home = DemoHome(tmp_path / "home", ledger, instance, {plant.spec.id: plant}, in_process_solver=True)
+        first = _tick(home, "binding_changes")
+        assert [r.run_key for r in first.run_requests] == ["heater-1@r1"]
+        instance.add_dynamic_partitions("bindings", ["heater-1"])
+        failed = home.defs().resolve_job_def("refresh").execute_in_process(partition_key="heater-1", instance=instance,
+                                                                           raise_on_error=False)
+        assert not failed.success and ledger.latest_recommendation("heater-1") is None
+        same = _tick(home, "binding_changes", first.cursor)
+        assert same.run_requests == [] and same.skip_reason is not None
+
+        ledger.append_samples(plant.spec.id, frame[~first_run], plant.spec.tags, "simulation")
+        newest = ledger.newest_samples()["heater-1"]
+        again = _tick(home, "binding_changes", same.cursor)
+        assert [(r.partition_key, r.run_key) for r in again.run_requests] == [("heater-1", f"heater-1@r1@t{newest:.3f}")]
+        assert "has no recommendation" in again.run_requests[0].tags["optimizer/reason"]
+        assert _tick(home, "binding_changes", again.cursor).run_requests == []
+        home.run("heater-1")  # what the requested run does
+        assert ledger.latest_recommendation("heater-1").status == "verified"
