@@ -26,6 +26,7 @@ from dagster import (
 from optimizer_pipeline.assets.outcomes import OUTCOMES_GROUP
 from optimizer_pipeline.assets.partitions import BINDINGS, CALIBRATION_GROUP, RECOMMENDATION_GROUP
 from optimizer_pipeline.contracts import parse_iso_utc, utc_now
+from optimizer_pipeline.ledger import LedgerBusyError
 from optimizer_pipeline.outcomes import drift_finding
 from optimizer_pipeline.settings import Settings
 from optimizer_pipeline.assets.compat import range_tags
@@ -66,16 +67,19 @@ outcomes_job = define_asset_job(
 
 
 def binding_changes_sensor():
-    """Fires on a new binding or a new revision of one (cursor: binding -> [revision, newest sample
-    time] seen).
+    """Fires on a new binding or a new revision of one (cursor: binding -> [revision, its number of
+    stored runs] seen).
 
     A new binding adds its partition; a new or changed revision without a recommendation yet
     requests `refresh` for that partition with run key `<binding>@r<revision>`, so one change
     gives exactly one run. No change, no request. A binding that a queued or running `refresh`
     already covers (e.g. one `materialize` submitted) is left to it, and looked at again next tick.
-    A revision still without a recommendation once its refresh ran (it failed: e.g. too little
-    history for a split) is refreshed again when newer samples arrive, run key
-    `<binding>@r<revision>@t<newest>`: new_samples re-solves only bindings with a recommendation.
+    A revision still without a recommendation once its refresh ran (it failed: e.g. too few runs
+    for a split, or for val / test evidence) is refreshed again when the history holds a new run (runs,
+    not rows, are what the split and the evidence count: more samples of the same run would fail
+    the same way at every export), run key `<binding>@r<revision>@n<runs>`, and once more after an
+    upgrade from a cursor that did not count runs: new_samples re-solves only bindings with a
+    recommendation of their current revision.
     """
 
     @sensor(name="binding_changes", job=refresh_job, minimum_interval_seconds=15,
@@ -87,23 +91,23 @@ def binding_changes_sensor():
         known = set(context.instance.get_dynamic_partitions(BINDINGS.name))
         new_keys = [b.spec.id for b in stored if b.spec.id not in known]
         requests, busy = [], in_flight(context.instance, refresh_job.name)
-        newest_samples = store.newest_samples()
+        run_counts = store.run_counts()
         for b in stored:
-            revision, samples_seen = (seen.get(b.spec.id), None) if not isinstance(seen.get(b.spec.id), list) \
-                else seen[b.spec.id]
-            newest = newest_samples.get(b.spec.id)
-            again = revision == b.revision  # its refresh was requested: again only with newer samples
-            if again and (newest is None or samples_seen is None or newest <= samples_seen):
+            mark = seen.get(b.spec.id)
+            revision, runs_seen = mark if isinstance(mark, list) else (mark, None)  # an int: before runs were counted
+            runs = run_counts.get(b.spec.id, 0)
+            again = revision == b.revision  # its refresh was requested: again only with a new run
+            if again and runs_seen is not None and runs <= runs_seen:
                 continue
             if b.spec.id in busy:
                 continue  # a refresh of it is queued or running; not marked seen: looked at again
-            seen[b.spec.id] = [b.revision, newest]
+            seen[b.spec.id] = [b.revision, runs]
             latest = store.latest_recommendation(b.spec.id)
             if latest is not None and latest.binding_revision == b.revision:
                 continue  # already solved for this revision (e.g. by the CLI, or its refresh)
             key, why = f"{b.spec.id}@r{b.revision}", f"binding {b.spec.id} at revision {b.revision}"
             if again:
-                key, why = f"{key}@t{newest:.3f}", f"{why} has no recommendation; new samples up to t={newest:.3f}"
+                key, why = f"{key}@n{runs}", f"{why} has no recommendation; the history now holds {runs} run(s)"
             requests.append(RunRequest(partition_key=b.spec.id, run_key=key, tags={"optimizer/reason": why}))
         cursor = json.dumps(seen, sort_keys=True)
         if not requests and not new_keys:
@@ -138,7 +142,8 @@ def re_solve_requests(context: SensorEvaluationContext, store, only: set[str] | 
     newest calibration of the binding's revision is not the one that recommendation was solved with
     (a recalibration ends with a re-solve, whichever way it ran: the `recalibrate` job, a partial
     materialization in the UI; run key `<binding>@<calibration id>`): none while a solve or refresh of
-    the binding is queued or running, none without a recommendation."""
+    the binding is queued or running, none without a recommendation of the binding's current
+    revision (binding_changes refreshes a new revision)."""
     known = set(context.instance.get_dynamic_partitions(BINDINGS.name))
     busy = in_flight(context.instance, solve_job.name) | in_flight(context.instance, refresh_job.name)
     requests, stored = [], {b.spec.id: b for b in store.list_bindings()}
@@ -146,7 +151,8 @@ def re_solve_requests(context: SensorEvaluationContext, store, only: set[str] | 
         if only is not None and binding_id not in only:
             continue
         rec = store.latest_recommendation(binding_id)
-        if binding_id not in known or binding_id in busy or rec is None or binding_id not in stored:
+        if (binding_id not in known or binding_id in busy or binding_id not in stored or rec is None
+                or rec.binding_revision != stored[binding_id].revision):
             continue
         solved = store.get_run(rec.run_id).context
         solved_from = solved.get("live_t")
@@ -179,17 +185,25 @@ def history_inbox_sensor():
         files = waiting_files(Path(ledger.home))
         if not files:
             return SkipReason("no history file waiting in the inbox")
-        store = ledger.ledger()
-        results = [ingest_inbox_file(store, path) for path in files]
+        store, results = ledger.ledger(), []
+        for path in files:
+            results.append(ingest_inbox_file(store, path))
+            if results[-1].waiting:
+                break  # the ledger is busy: the files after it wait too
         for r in results:
             log = context.log.info if r.ingested else context.log.warning
             what = "ingested, " if r.ingested else ("" if r.waiting else "rejected: ")
             log(f"inbox {r.binding_id}/{r.file}: {what}{r.detail}")
         ingested, waiting = sum(r.ingested for r in results), sum(r.waiting for r in results)
-        left = f", {waiting} left in the inbox for the next tick" if waiting else ""
-        return (re_solve_requests(context, store, {r.binding_id for r in results if r.ingested})
-                or SkipReason(f"inbox: {ingested} file(s) ingested, {len(results) - ingested - waiting} rejected{left}; "
-                              f"nothing to re-solve (no recommendation yet, a solve in flight, or no newer sample)"))
+        left = len(files) - len(results) + waiting
+        counts = (f"inbox: {ingested} file(s) ingested, {len(results) - ingested - waiting} rejected"
+                  + (f", {left} left in the inbox for the next tick" if left else ""))
+        try:
+            requests = re_solve_requests(context, store, {r.binding_id for r in results if r.ingested})
+        except LedgerBusyError as exc:  # new_samples re-solves them once the ledger is free
+            return SkipReason(f"{counts}; the ledger is busy ({str(exc).splitlines()[0]})")
+        return requests or SkipReason(f"{counts}; nothing to re-solve (no recommendation yet, a solve in flight, or "
+                                      f"no newer sample)")
 
     return history_inbox
 

@@ -7,9 +7,10 @@ renames it when done. The `history_inbox` sensor ingests every finished file in 
 ingested file moves to `done/`, a refused one (unknown binding, bad file) to `rejected/` with
 `<name>.error.txt` holding the one-line reason, and the ledger is unchanged for it. A file is not
 refused for the ledger's state: while the ledger stays busy past its bound (LedgerBusyError: locked
-by other processes, no PostgreSQL connection free) the file waits in the inbox for the next tick.
-A file that cannot be moved (the folder not writable) stays where it is and is read again next
-tick, its samples stored once; the files after it are not held up.
+by other processes, no PostgreSQL connection free) the file waits in the inbox for the next tick,
+and so do the files after it (the sensor stops at the first). A file that cannot be moved (the
+folder not writable) stays where it is and is read again next tick, its samples stored once (a
+refused one refused again); the files after it are not held up.
 """
 
 import shutil
@@ -53,7 +54,7 @@ class InboxResult:
     file: str  # the name it arrived with
     ingested: bool
     detail: str  # samples added, the one-line reason it was refused, or why it waits
-    waiting: bool = False  # left in the inbox for the next tick (module docstring)
+    waiting: bool = False  # the ledger was busy: left in the inbox for the next tick (module docstring)
 
 
 def inbox_folder(home: Path) -> Path:
@@ -89,7 +90,7 @@ def ingest_inbox_file(ledger: Ledger, path: Path, source: str = "real") -> Inbox
         reason = str(exc).splitlines()[0]
         moved = _move(path, REJECTED)
         if moved:
-            return InboxResult(binding_id, path.name, False, f"{reason}; {moved}", waiting=True)
+            return InboxResult(binding_id, path.name, False, f"{reason}; {moved}")
         (path.parent / REJECTED / f"{path.name}.error.txt").write_text(reason + "\n", encoding="utf-8")
         return InboxResult(binding_id, path.name, False, reason)
     detail = f"{summary['samples_added']} samples added"

@@ -154,26 +154,26 @@ def score_and_store(ledger: Ledger, binding: BindingSpec, artifact: ModelArtifac
 
 
 def load_scores(ledger: Ledger, binding: BindingSpec, artifact: ModelArtifact, split: HistorySplit) -> Scores:
-    """The block scores stored for the artifact (non-overlapping blocks of h steps each); `split`
-    names the plant's run each scored run is part of (RunSeries.plant_run)."""
+    """The block scores stored for the artifact (non-overlapping blocks of h steps each) of its own
+    val / test runs (`artifact_runs` of `split`, which also names the plant's run each is part of,
+    RunSeries.plant_run): a ledger may hold scores of other runs, stored before scores kept to them."""
     frame = ledger.block_scores(artifact.artifact_hash)
     if frame.empty:
         raise MissingInputError(f"binding {binding.id}: no block scores of model artifact "
                                 f"{artifact.artifact_hash[:12]} in the ledger; materialize uq_block_scores first")
     (h, score), tags = block_rule(binding, artifact), list(artifact.cv_tags)
-    plant_run = {run.run_id: run.plant_run for run in (*split.train, *split.val, *split.test)}
 
     def segment(name: str) -> uq.BlockScores:
+        plant_run = {run.run_id: run.plant_run for run in artifact_runs(artifact, split, name)}
+        rows = frame[(frame["segment"] == name) & frame["run_id"].isin(list(plant_run))]
         # only the (run, block) pairs stored: runs hold different numbers of blocks (a pivot over every
         # pair would add blocks with NaN scores, which the rules read as non-finite scores)
-        wide = (frame[frame["segment"] == name].set_index(["run_id", "block_start", "cv_tag"])["score"]
-                .unstack("cv_tag").reindex(columns=tags))
+        wide = rows.set_index(["run_id", "block_start", "cv_tag"])["score"].unstack("cv_tag").reindex(columns=tags)
         run_ids = np.asarray(wide.index.get_level_values(0), dtype=object)
         return uq.BlockScores(cv_tags=tuple(tags), h=h, run_ids=run_ids,
                               starts=np.asarray(wide.index.get_level_values(1), dtype=np.int64),
                               scores=wide.to_numpy(float).reshape(len(wide), len(tags)),
-                              n_unique_steps=len(wide) * h, n_runs=len({plant_run.get(r, r) for r in run_ids}),
-                              score=score)
+                              n_unique_steps=len(wide) * h, n_runs=len({plant_run[r] for r in run_ids}), score=score)
 
     return Scores(segment("val"), segment("test"))
 

@@ -43,7 +43,8 @@ def test_new_binding_adds_its_partition_and_requests_refresh(heater_home):
     assert [r.partition_key for r in result.run_requests] == ["heater-1"]
     assert [r.run_key for r in result.run_requests] == ["heater-1@r1"]
     assert result.dynamic_partitions_requests[0].partition_keys == ["heater-1"]
-    assert json.loads(result.cursor) == {"heater-1": [1, heater_home.ledger.newest_samples()["heater-1"]]}
+    runs = heater_home.ledger.run_counts()["heater-1"]
+    assert runs > 2 and json.loads(result.cursor) == {"heater-1": [1, runs]}
 
 
 def test_unchanged_binding_requests_nothing(heater_home):
@@ -66,6 +67,8 @@ def test_changed_revision_expires_the_old_recommendation_and_requests_one_refres
     assert (upsert.revision, upsert.expired) == (2, 1)
     assert heater_home.ledger.get_recommendation(old.id).status == "expired"
 
+    _append_live_samples(heater_home, "heater-1", 2)  # new samples: the new revision's refresh, not a solve
+    assert isinstance(_tick(heater_home, "new_samples"), SkipReason)
     result = _tick(heater_home, "binding_changes", cursor)
     assert [(r.partition_key, r.run_key) for r in result.run_requests] == [("heater-1", "heater-1@r2")]
     assert _tick(heater_home, "binding_changes", result.cursor).run_requests == []
@@ -304,26 +307,29 @@ def test_a_recalibration_ends_with_one_re_solve(heater_home):
     assert isinstance(_tick(heater_home, "new_samples"), SkipReason)
 
 
-def test_a_busy_ledger_leaves_the_file_in_the_inbox_for_the_next_tick(heater_home, monkeypatch):
-    """Not the file's fault: while the ledger stays busy (here a fake: append_samples raising the
-    LedgerBusyError the backends raise past their bound) the file waits, and the next tick ingests it."""
-    from optimizer_pipeline.ledger import Ledger, LedgerBusyError
+def test_a_busy_ledger_leaves_the_files_in_the_inbox_for_the_next_tick(heater_home, monkeypatch):
+    """Not the files' fault: while another process holds the ledger's lock past the bound (0.3 s here,
+    the sensor's ledger opened with it) the first file waits, the sensor stops there (the others wait
+    too) and the tick ends with the reason; the next tick, the lock free, ingests them all."""
+    from filelock import FileLock
+
+    from optimizer_pipeline.ledger import Ledger
 
     heater_home.instance.add_dynamic_partitions("bindings", ["heater-1"])
     heater_home.run("heater-1")
-    newest = _drop(heater_home, "heater-1", "export.csv", 3)
+    _drop(heater_home, "heater-1", "a.csv", 2)
+    newest = _drop(heater_home, "heater-1", "b.csv", 2, start=3)
     folder = heater_home.home / "inbox" / "heater-1"
-
-    def busy(*args, **kwargs):
-        raise LedgerBusyError("ledger stayed locked for 120 s by other processes")
-
-    with monkeypatch.context() as patch:
-        patch.setattr(Ledger, "append_samples", busy)
+    path = ledger_path(heater_home.home)
+    monkeypatch.setattr(LedgerResource, "ledger", lambda self: Ledger(path, lock_timeout_s=0.3))
+    with FileLock(str(path) + ".lock"):
         skipped = _tick(heater_home, "history_inbox")
-    assert "0 file(s) ingested, 0 rejected, 1 left in the inbox for the next tick" in skipped.skip_message
-    assert (folder / "export.csv").exists() and not (folder / "rejected").exists()
+    assert "0 file(s) ingested, 0 rejected, 2 left in the inbox for the next tick; the ledger is busy" in \
+        skipped.skip_message
+    assert (folder / "a.csv").exists() and (folder / "b.csv").exists() and not (folder / "rejected").exists()
     [request] = _tick(heater_home, "history_inbox")
-    assert request.run_key == f"heater-1@t{newest:.3f}" and (folder / "done" / "export.csv").exists()
+    assert request.run_key == f"heater-1@t{newest:.3f}"
+    assert sorted(p.name for p in (folder / "done").iterdir()) == ["a.csv", "b.csv"]
 
 
 def test_a_file_that_cannot_be_moved_stays_and_does_not_hold_up_the_others(heater_home):
@@ -343,17 +349,28 @@ def test_a_file_that_cannot_be_moved_stays_and_does_not_hold_up_the_others(heate
     samples = heater_home.ledger.counts()["plant_samples"]
     _tick(heater_home, "history_inbox")  # read again: nothing stored twice
     assert heater_home.ledger.counts()["plant_samples"] == samples and (folder / "a.csv").exists()
+    # a refused file that cannot be moved to rejected/ is still a refusal (not a file waiting for the ledger)
+    from optimizer_pipeline.inbox import ingest_inbox_file
+
+    (stray / "rejected").rename(stray / "kept")
+    (stray / "rejected").symlink_to(stray / "nowhere")
+    (stray / "y.csv").write_text("run_id,timestamp\n")
+    refused = ingest_inbox_file(heater_home.ledger, stray / "y.csv")
+    assert not refused.ingested and not refused.waiting and (stray / "y.csv").exists()
+    assert "is not in the ledger" in refused.detail and "cannot move it to rejected/" in refused.detail
 
 
-def test_a_revision_whose_refresh_failed_is_refreshed_again_when_newer_samples_arrive(tmp_path):
+def test_a_revision_whose_refresh_failed_is_refreshed_again_when_a_new_run_arrives(tmp_path):
     """A binding ingested with one run: its refresh fails (no run to train on besides the live one) and
-    leaves no recommendation. The same samples request nothing more; newer runs (a historian's next
-    export) request one refresh again, which now succeeds."""
+    leaves no recommendation. The same samples, or more of the same run (every export of a historian),
+    request nothing more: they would fail the same way. A new run requests one refresh, which now
+    succeeds; so does a cursor written before runs were counted (one retry)."""
     plant = get_plant("heater")
     frame = plant.history(SEED).frame
-    first_run = frame["run_id"] == frame["run_id"].iloc[0]
+    runs = list(dict.fromkeys(frame["run_id"]))
+    first_run = frame["run_id"] == runs[0]
     ledger = Ledger(ledger_path(tmp_path / "home"))
-    ledger.ingest(plant.spec, frame[first_run], "simulation")
+    ledger.ingest(plant.spec, frame[first_run].iloc[:-50], "simulation")
     (tmp_path / "dagster").mkdir()
     with instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
         home = DemoHome(tmp_path / "home", ledger, instance, {plant.spec.id: plant}, in_process_solver=True)
@@ -365,12 +382,17 @@ def test_a_revision_whose_refresh_failed_is_refreshed_again_when_newer_samples_a
         assert not failed.success and ledger.latest_recommendation("heater-1") is None
         same = _tick(home, "binding_changes", first.cursor)
         assert same.run_requests == [] and same.skip_reason is not None
+        ledger.append_samples(plant.spec.id, frame[first_run].iloc[-50:], plant.spec.tags, "simulation")
+        more = _tick(home, "binding_changes", same.cursor)  # the same run, longer: still one run
+        assert more.run_requests == [] and json.loads(more.cursor) == {"heater-1": [1, 1]}
+        # a cursor from before runs were counted: one retry, which records the count
+        assert [r.run_key for r in _tick(home, "binding_changes", json.dumps({"heater-1": 1})).run_requests] == \
+            ["heater-1@r1@n1"]
 
         ledger.append_samples(plant.spec.id, frame[~first_run], plant.spec.tags, "simulation")
-        newest = ledger.newest_samples()["heater-1"]
-        again = _tick(home, "binding_changes", same.cursor)
-        assert [(r.partition_key, r.run_key) for r in again.run_requests] == [("heater-1", f"heater-1@r1@t{newest:.3f}")]
-        assert "has no recommendation" in again.run_requests[0].tags["optimizer/reason"]
+        again = _tick(home, "binding_changes", more.cursor)
+        assert [(r.partition_key, r.run_key) for r in again.run_requests] == [("heater-1", f"heater-1@r1@n{len(runs)}")]
+        assert f"now holds {len(runs)} run(s)" in again.run_requests[0].tags["optimizer/reason"]
         assert _tick(home, "binding_changes", again.cursor).run_requests == []
         home.run("heater-1")  # what the requested run does
         assert ledger.latest_recommendation("heater-1").status == "verified"

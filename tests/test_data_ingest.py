@@ -334,6 +334,16 @@ def test_extra_columns_are_ignored_also_when_repeated_or_blank(tmp_path):
     stored = pd.DataFrame([["r1", 0, 1, 2, 3, "a", "b"]], columns=["run_id", "timestamp", "v1", "y1", "y2", "x", "x"])
     assert list(validate_history_frame(stored, _binding(), "stored").columns) == ["run_id", "timestamp", "v1", "y1",
                                                                                    "y2"]
-    path = tmp_path / "history.parquet"
-    stored.rename(columns={"x": "note"}).iloc[:, :6].to_parquet(path)
-    assert list(read_history(path, _binding()).columns) == ["run_id", "timestamp", "v1", "y1", "y2"]
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "history.parquet"  # pandas refuses to write repeated names; pyarrow writes them
+    pq.write_table(pa.table([pa.array(["r1", "r1"]), pa.array([0.0, 5.0]), pa.array([1.0, 1.5]), pa.array(["a", "b"]),
+                             pa.array([2.0, 2.5]), pa.array([3.0, 3.5]), pa.array(["c", "d"]), pa.array([None, None])],
+                            names=["run_id", "timestamp", "v1", "note", "y1", "y2", "note", ""]), path)
+    frame = read_history(path, _binding())
+    assert list(frame.columns) == ["run_id", "timestamp", "v1", "y1", "y2"] and frame["y2"].tolist() == [3.0, 3.5]
+    pq.write_table(pa.table([pa.array(["r1"]), pa.array([0.0]), pa.array([1.0]), pa.array([2.0]), pa.array([3.0]),
+                             pa.array([4.0])], names=["run_id", "timestamp", "v1", "y1", "y2", "y1"]), path)
+    with pytest.raises(HistoryError, match=r"history\.parquet: duplicate column\(s\) 'y1'"):
+        read_history(path, _binding())

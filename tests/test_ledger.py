@@ -181,6 +181,7 @@ def test_history_round_trips_and_duplicate_samples_are_skipped(ledger, binding_d
     pd.testing.assert_frame_equal(back[["run_id", "timestamp", "v1"]], frame[["run_id", "timestamp", "v1"]]
                                   .astype({"v1": float}), check_dtype=False)
     assert back["y2"].isna().sum() == 1 and ledger.sample_source("tanks-1") == "real"
+    assert ledger.run_counts() == {"tanks-1": 2} and ledger.newest_samples() == {"tanks-1": 105.0}
 
 
 def test_outcomes_are_appended(ledger):
@@ -281,19 +282,24 @@ def test_appending_overlapping_samples_stores_each_sample_once(ledger, binding_d
 def test_block_scores_read_back_as_the_blocks_stored(ledger):
     """Runs hold different numbers of blocks: pipeline.load_scores reads back the stored blocks and no
     others (a block added with NaN scores would read as a non-finite score: no evidence); a NaN that
-    was stored is kept; the pieces of a run split at a gap count as one run (the split names them)."""
+    was stored is kept; the pieces of a run split at a gap count as one run (the split names them);
+    scores stored of a run the model was fitted on (by code that scored a later split) are left out."""
     spec = binding(n_mv=1, n_cv=2, na=1, nb=1, delay=1)
     model = ArxModel(Orders(1, 1, 1), np.full((1, 2, 2), 0.1), np.full((1, 2, 1), 0.5), np.zeros((1, 2, 0)),
                      np.zeros(2))
-    artifact = artifact_from_model(model, spec, 1, unit_normalisation(spec))
+    artifact = artifact_from_model(model, spec, 1, unit_normalisation(spec),
+                                   splits={"train": ("t",), "val": ("a", "b"), "test": ("c", "d")})
     val = ["a", "a", "a", "b", "b"], [0, 10, 20, 0, 10], [[1, 2], [3, 4], [5, 6], [7, 8], [9, 10]]
     test = ["c", "d", "d"], [0, 0, 10], [[1, np.nan], [2, 3], [4, 5]]
     for segment, (run_ids, starts, scores) in (("val", val), ("test", test)):
         ledger.put_block_scores(artifact, segment, run_ids, starts, scores)
+    ledger.put_block_scores(artifact, "val", ["t"], [0], [[0.5, 0.5]])  # the train run, scored as val
+
     def series(run_id, source_run=""):
         return RunSeries(run_id, np.zeros(1), np.zeros((1, 1)), np.zeros((1, 2)), np.zeros((1, 0)), source_run)
 
-    split = HistorySplit((), (series("a"), series("b")), (series("c", "x"), series("d", "x")), None,
+    # a later split of the same runs: the train run now held out, the model's test runs pieces of one run
+    split = HistorySplit((series("a"),), (series("t"), series("b")), (series("c", "x"), series("d", "x")), None,
                          unit_normalisation(spec), {}, "data-hash")
     loaded = pipeline.load_scores(ledger, spec, artifact, split)
     for got, (run_ids, starts, scores), runs in ((loaded.val, val, 2), (loaded.test, test, 1)):

@@ -93,13 +93,17 @@ def validate_history_frame(frame: pd.DataFrame, binding: BindingSpec, source: st
 
 
 def _required_columns(frame: pd.DataFrame, binding: BindingSpec, source: str) -> pd.DataFrame:
-    """The frame's run id, timestamp and tag columns (extra columns are ignored, also when their names
-    repeat or are blank); HistoryError when one of those appears twice."""
-    required = frame.columns.isin((RUN_ID, TIMESTAMP, *binding.tags))
-    twice = frame.columns.duplicated() & required
-    if twice.any():
-        raise HistoryError(f"{source}: duplicate column(s) {_names(frame.columns[twice])}")
-    return frame.loc[:, required]
+    """The frame's run id, timestamp and tag columns (`_refuse_repeated`)."""
+    _refuse_repeated(list(frame.columns), binding, source)
+    return frame.loc[:, frame.columns.isin((RUN_ID, TIMESTAMP, *binding.tags))]
+
+
+def _refuse_repeated(names: list, binding: BindingSpec, source: str, where: str = "") -> None:
+    """HistoryError when the run id, the timestamp or a tag column appears twice among the column
+    `names`; extra columns are ignored, also when their names repeat or are blank."""
+    twice = [name for name, n in Counter(names).items() if n > 1 and name in (RUN_ID, TIMESTAMP, *binding.tags)]
+    if twice:
+        raise HistoryError(f"{source}: duplicate column(s) {_names(twice)}{where}")
 
 
 # --------------------------------------------------------------------------- file readers
@@ -126,9 +130,7 @@ def _read_csv(path: Path, binding: BindingSpec) -> pd.DataFrame:
         if count > 0 and count >= len(header) - 1:
             raise HistoryError(f"{source}: the header looks like {label}-delimited "
                                f"({len(header)} column(s) when split on ','); use ','")
-    duplicates = [name for name, n in Counter(header).items() if n > 1 and name in required]  # extras are ignored
-    if duplicates:
-        raise HistoryError(f"{source}: duplicate column(s) {_names(duplicates)} in the header")
+    _refuse_repeated(header, binding, source, " in the header")
 
     try:
         frame = pd.read_csv(path, encoding="utf-8-sig", skipinitialspace=True, skip_blank_lines=False, low_memory=False,
@@ -157,13 +159,16 @@ def _read_parquet(path: Path, binding: BindingSpec) -> pd.DataFrame:
     try:
         if pq.read_metadata(path).num_rows > MAX_HISTORY_ROWS:
             raise _too_many_rows(str(path))
-        frame = pd.read_parquet(path)
+        names = pq.read_schema(path).names
+        _refuse_repeated(names, binding, str(path))
+        # only the columns the binding needs: extra ones are ignored, also when their names repeat
+        frame = pd.read_parquet(path, columns=[name for name in (RUN_ID, TIMESTAMP, *binding.tags) if name in names])
     except HistoryError:
         raise
     except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise HistoryError(f"{path}: cannot read Parquet file ({detail})") from None
-    return _required_columns(frame, binding, str(path)).reset_index(drop=True)
+    return frame.reset_index(drop=True)
 
 
 # --------------------------------------------------------------------------- validation

@@ -215,6 +215,13 @@ class Ledger(EvidenceRows, WhatIfRows):
             _, rows = self.backend.fetch(conn, "SELECT binding_id, max(ts) FROM plant_samples GROUP BY binding_id")
         return {binding_id: float(ts) for binding_id, ts in rows}
 
+    def run_counts(self) -> dict[str, int]:
+        """The number of runs stored of every binding with samples."""
+        with self.backend.connection() as conn:
+            _, rows = self.backend.fetch(conn, "SELECT binding_id, count(DISTINCT run_id) FROM plant_samples "
+                                               "GROUP BY binding_id")
+        return {binding_id: int(n) for binding_id, n in rows}
+
     def sample_source(self, binding_id: str) -> str | None:
         """'real' when any stored sample of the binding is real plant data, else 'simulation'; None without samples."""
         with self.backend.connection() as conn:
