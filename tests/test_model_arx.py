@@ -506,3 +506,33 @@ def test_a_binding_that_gives_the_delay_gets_one_delay_for_every_channel():
     artifact = identify(split_of(spec, runs, 4, 2, 2), spec, 1)
     assert artifact.selection["per_channel_search"] is None
     assert artifact.selection["structure"]["delays"] == [[2, 2, 2], [2, 2, 2]]
+
+
+def test_the_pieces_of_a_run_are_one_run_for_the_jackknife_and_gate_g4():
+    """Pieces of one run cut at a gap (RunSeries.source_run) are not independent: the jackknife leaves
+    the run out with all its pieces (the fit of the other runs' rows alone), and gate G4 counts it once."""
+    from optimizer_pipeline.model.arx import stack_runs
+    from optimizer_pipeline.model.artifact import quality_gates
+    from optimizer_pipeline.model.fit import RidgeProblem
+
+    rng = np.random.default_rng(16)
+    u = excitation(rng, 4, 120, 1)
+    y = simulate_arx(np.array([[[0.7]]]), np.array([[[0.6]]]), np.zeros((1, 1, 0)), np.zeros(1), 1, u,
+                     np.zeros((4, 120, 0)), 0.2 * rng.normal(size=(4, 120, 1)))
+    spec = binding(n_mv=1, n_cv=1, na=1, nb=1, delay=1, horizon=5)
+
+    def stacked(runs):
+        return stack_runs(runs, unit_normalisation(spec), spec.mv_tags, spec.cv_tags, spec.dv_tags)
+
+    whole = run_series("r", u, y, np.zeros((4, 120, 0)))
+    pieces = [RunSeries(f"r0#{i + 1}", whole[0].t[rows], whole[0].u[rows], whole[0].y[rows], whole[0].d[rows],
+                        source_run="r0") for i, rows in enumerate((slice(None, 60), slice(60, None)))]
+    problem = RidgeProblem(stacked(pieces + whole[1:]), 1, 1)
+    assert problem.n_runs == 4  # r0 (two pieces), r1, r2, r3
+    others, orders = RidgeProblem(stacked(whole[1:]), 1, 1), Orders(1, 1, 1)
+    for matrix in ("A", "B", "c"):
+        np.testing.assert_allclose(getattr(problem.fit(orders, 1e-3, without=0), matrix),
+                                   getattr(others.fit(orders, 1e-3), matrix), rtol=1e-12)
+    g4 = quality_gates(problem.fit(orders, 1e-3), stacked(pieces), stacked(whole[1:]), stacked(whole[1:]), 5,
+                       10_000)[-1]
+    assert g4.name == "G4" and not g4.passed and "(train runs: 1)" in g4.description

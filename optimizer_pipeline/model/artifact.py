@@ -131,7 +131,7 @@ def quality_gates(model: ArxModel, train: Stacked, val: Stacked, test: Stacked, 
                           g3, G3_MAX, g3 <= G3_MAX))
     n_params = model.orders.n_params(ny, nu, nd) if n_params is None else n_params
     need = G4_ROWS_PER_PARAM * n_params
-    n_runs = len(train.run_ids)
+    n_runs = len(set(train.plant_runs))  # the pieces of a run cut at a gap are one run
     gates.append(Gate("G4", f"train regression rows >= {G4_ROWS_PER_PARAM} x {n_params} parameters = {need} "
                             f"and train runs >= {G4_MIN_RUNS} (train runs: {n_runs})",
                       float(regression_rows), float(need), regression_rows >= need and n_runs >= G4_MIN_RUNS))

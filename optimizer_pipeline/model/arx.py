@@ -152,6 +152,7 @@ class Stacked:
     """Runs concatenated row-wise in normalised units: y (N, ny), u (N, nu), d (N, nd).
 
     Run r occupies rows offsets[r] : offsets[r] + lengths[r]; windows never cross a run boundary.
+    plant_runs[r]: the history's run that run r is (a piece of): RunSeries.plant_run.
     """
 
     run_ids: tuple[str, ...]
@@ -160,6 +161,7 @@ class Stacked:
     y: np.ndarray
     u: np.ndarray
     d: np.ndarray
+    plant_runs: tuple[str, ...]
 
 
 def stack_runs(runs: Sequence[RunSeries], normalisation: Normalisation, mv_tags: Sequence[str],
@@ -193,7 +195,7 @@ def stack_runs(runs: Sequence[RunSeries], normalisation: Normalisation, mv_tags:
         stacked -= mean  # in place: block scoring stacks ~1e6 rows and is timed
         stacked /= std
         arrays.append(stacked)
-    return Stacked(tuple(r.run_id for r in runs), offsets, lengths, *arrays)
+    return Stacked(tuple(r.run_id for r in runs), offsets, lengths, *arrays, tuple(r.plant_run for r in runs))
 
 
 def window_rows(stacked: Stacked, first_row: int, h: int, stride: int) -> tuple[np.ndarray, np.ndarray]:

@@ -106,7 +106,8 @@ def free_mask(structure: Structure, dims: tuple[int, int, int]) -> np.ndarray:
 
 class RidgeProblem:
     """Normal equations of the one-step ARX regression on the train rows, shared by every structure
-    whose lags fit in (na_full, lag_full), summed per train run.
+    whose lags fit in (na_full, lag_full), summed per train run (per run of the plant: the pieces of
+    a run cut at a gap are one run here, for the jackknife that leaves a run out).
 
     Target rows start after the largest lag so every structure sees the same rows; regressors never
     cross run boundaries. Objective per CV: mean squared one-step error + ridge * ||theta without
@@ -122,16 +123,19 @@ class RidgeProblem:
         self.dims = train.y.shape[1], train.u.shape[1], train.d.shape[1]
         self._phi, self._target = _lagged(train, self.rows, na_full, lag_full), train.y[self.rows]
         starts = np.flatnonzero(np.diff(which, prepend=-1))  # window_rows keeps each run's rows together
-        self._spans = [slice(a, b) for a, b in zip(starts, [*starts[1:], self.n_rows])]
+        groups: dict[str, list[slice]] = {}  # the rows of each run of the plant, its pieces together
+        for a, b in zip(starts, [*starts[1:], self.n_rows]):
+            groups.setdefault(train.plant_runs[which[a]], []).append(slice(a, b))
+        self._groups = list(groups.values())
         self._accumulate(np.ones(self.n_rows))
 
     def _accumulate(self, w: np.ndarray) -> None:
-        phi, weighted, spans = self._phi, self._phi * w[:, None], self._spans
-        self.run_rows = np.array([w[span].sum() for span in spans])
-        self.run_gram = np.stack([weighted[span].T @ phi[span] for span in spans]) if spans else \
-            np.zeros((0, phi.shape[1], phi.shape[1]))
-        self.run_cross = np.stack([weighted[span].T @ self._target[span] for span in spans]) if spans else \
-            np.zeros((0, phi.shape[1], self.dims[0]))
+        phi, weighted, groups = self._phi, self._phi * w[:, None], self._groups
+        self.run_rows = np.array([sum(w[span].sum() for span in group) for group in groups])
+        self.run_gram = np.stack([sum(weighted[span].T @ phi[span] for span in group) for group in groups]) \
+            if groups else np.zeros((0, phi.shape[1], phi.shape[1]))
+        self.run_cross = np.stack([sum(weighted[span].T @ self._target[span] for span in group) for group in groups]) \
+            if groups else np.zeros((0, phi.shape[1], self.dims[0]))
 
     def weighted(self, weights: np.ndarray) -> "RidgeProblem":
         """The same regression with target row i (of `rows`) weighted by weights[i] >= 0."""
@@ -149,7 +153,7 @@ class RidgeProblem:
 
     def fit(self, structure: Structure | Orders, ridge: float, without: int | None = None) -> ArxModel:
         """The ridge fit of `structure` (Orders: the common structure); `without`: leave that train
-        run (index among the runs with rows) out."""
+        run of the plant (index among the runs with rows, pieces together) out."""
         if isinstance(structure, Orders):
             structure = Structure.common(structure, self.dims[0], self.dims[1] + self.dims[2])
         keep = np.ones(self.n_runs, bool)
