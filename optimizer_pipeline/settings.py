@@ -69,9 +69,34 @@ class Settings:
     dagster_max_partitions_per_run: int = 25  # bindings per run of a refresh launched through the instance
 
 
+# the five cron fields: (lowest, highest, names counted from the lowest); Sunday is 0 or 7
+_CRON_FIELDS = ((0, 59, ()), (0, 23, ()), (1, 31, ()),
+                (1, 12, ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")),
+                (0, 7, ("sun", "mon", "tue", "wed", "thu", "fri", "sat")))
+_CRON_MACROS = ("@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly")
+
+
 def _cron(text: Any) -> str:
-    if not isinstance(text, str) or len(text.split()) != 5:
+    """A macro (`@daily`) or five fields (minute hour day month weekday) of `*`, `?`, values, names,
+    ranges, `/n` steps, comma lists, `L` and `#n`, every value within its field: what Dagster's
+    schedule accepts, refused here with the setting's name instead of by the schedule when Dagster
+    loads the definitions."""
+    if not isinstance(text, str):
         raise ValueError
+    if text.strip().lower() in _CRON_MACROS:
+        return text
+    fields = text.split()
+    if len(fields) != 5:
+        raise ValueError
+    for field, (lo, hi, names) in zip(fields, _CRON_FIELDS):
+        for part in field.lower().split(","):
+            span, _, step = part.partition("/")
+            span, _, nth = span.partition("#")
+            if (step and not (step.isdigit() and int(step) > 0)) or (nth and not (nth.isdigit() and 1 <= int(nth) <= 5)):
+                raise ValueError
+            for bound in span.split("-"):
+                if not (bound in ("*", "?", "l") or bound in names or (bound.isdigit() and lo <= int(bound) <= hi)):
+                    raise ValueError
     return text
 
 
@@ -112,7 +137,7 @@ _SPEC: dict[str, tuple[str, Rule]] = {
     "solver.pool_size": ("solver_pool_size", number_rule(int, Interval(1, 4))),
     "solver.request_timeout_ms": ("solver_request_timeout_ms", number_rule(int, Interval(100, 600_000))),
     "solver.threads": ("solver_threads", number_rule(int, Interval(1, 16))),
-    "schedule.cron": ("schedule_cron", Rule(_cron, "a 5-field cron expression")),
+    "schedule.cron": ("schedule_cron", Rule(_cron, "a 5-field cron expression (minute hour day month weekday)")),
     "schedule.timezone": ("schedule_timezone", Rule(_timezone, "an IANA time zone such as 'Europe/Berlin'")),
     "live.max_age_s": ("live_max_age_s", number_rule(float, POSITIVE)),
     "ledger.url": ("ledger_url", Rule(_postgres_url, "a URL such as 'postgresql://user@host:5432/optimizer'")),
@@ -189,6 +214,9 @@ def load_settings(home: Path, environ: Mapping[str, str] | None = None) -> Setti
             values[_SPEC[key][0]] = _parse(key, environ[name], f"environment variable {name}")
     settings = replace(Settings(), **values)
     if settings.dagster_run_launcher == "celery" and not (settings.dagster_broker and settings.dagster_postgres_url):
-        raise SettingsError(f"{path}: dagster.run_launcher 'celery' needs dagster.broker (a redis:// URL) and "
-                            f"dagster.postgres_url (the Dagster instance the workers share)")
+        sources = [str(path)] if path.exists() else []
+        sources += [env_name(key) for key in ("dagster.run_launcher", "dagster.broker", "dagster.postgres_url")
+                    if env_name(key) in environ]
+        raise SettingsError(f"{' and '.join(sources)}: dagster.run_launcher 'celery' needs dagster.broker (a redis:// "
+                            f"URL) and dagster.postgres_url (the Dagster instance the workers share)")
     return settings

@@ -116,6 +116,21 @@ def test_worker_answering_a_malformed_result_raises_bad_frame_and_keeps_serving(
         assert pool.ping()["pid"] == _pids(tmp_path, "malformed")[0]
 
 
+def test_a_frame_naming_the_request_without_ok_is_ignored_and_the_answer_after_it_counts(tmp_path):
+    """Worker -> pool responses carry `ok`; anything else on stdout is logged and ignored, also a frame
+    that names the pending request (e.g. a progress report): the answer that follows is the result."""
+    cmd = _fake_worker(tmp_path, "chatty", (
+        "import json\n"
+        "print(json.dumps({'type': 'ready', 'protocolVersion': 1, 'diag': {'pid': os.getpid()}}), flush=True)\n"
+        "for line in sys.stdin:\n"
+        "    req = json.loads(line)\n"
+        "    print(json.dumps({'reqId': req['reqId'], 'type': 'progress', 'done': 0.5}), flush=True)\n"
+        "    print(json.dumps({'reqId': req['reqId'], 'ok': True, 'result': {'pid': os.getpid(), 'busy': False}}),\n"
+        "          flush=True)\n"))
+    with SolverPool(size=1, worker_cmd=cmd) as pool:
+        assert pool.ping()["pid"] == _pids(tmp_path, "chatty")[0]
+
+
 def test_worker_that_keeps_dying_at_restart_degrades_the_pool_then_reset_recovers(tmp_path, monkeypatch):
     """A worker that starts once, then every restart exits before its ready frame: the death and two
     failed starts make three failures (degraded, calls refused); the back-off schedule allows one more

@@ -34,6 +34,12 @@ def test_file_overrides_defaults_and_environment_overrides_file(tmp_path):
     ({"OPTIMIZER_UQ_ALPHA": "1.5"}, "uq.alpha must be a number in (0, 1)"),
     ({"OPTIMIZER_UQ_FRESH_DAYS": "nan"}, "uq.fresh_days must be a number > 0"),
     ({"OPTIMIZER_SCHEDULE_TIMEZONE": "Mars/Olympus"}, "schedule.timezone must be an IANA time zone"),
+    ({"OPTIMIZER_SCHEDULE_CRON": "a b c d e"}, "schedule.cron must be a 5-field cron expression"),
+    ({"OPTIMIZER_SCHEDULE_CRON": "0 25 * * *"}, "schedule.cron must be a 5-field cron expression"),
+    ({"OPTIMIZER_SCHEDULE_CRON": "0 3 * * 8"}, "schedule.cron must be a 5-field cron expression"),
+    ({"OPTIMIZER_SCHEDULE_CRON": "*/0 3 * * *"}, "schedule.cron must be a 5-field cron expression"),
+    ({"OPTIMIZER_SCHEDULE_CRON": "0 3 * foo *"}, "schedule.cron must be a 5-field cron expression"),
+    ({"OPTIMIZER_SCHEDULE_CRON": "0 3 * *"}, "schedule.cron must be a 5-field cron expression"),
 ])
 def test_bad_environment_setting_is_named(tmp_path, env, message):
     with pytest.raises(SettingsError) as err:
@@ -76,3 +82,23 @@ def test_live_max_age_from_file_and_environment_and_its_default_per_binding(tmp_
     assert settings.live_max_age_s == 45.5 and max_live_age_s(settings.live_max_age_s, 60) == 45.5
     with pytest.raises(SettingsError, match=r"OPTIMIZER_LIVE_MAX_AGE_S: live\.max_age_s must be a number > 0"):
         load_settings(tmp_path, {"OPTIMIZER_LIVE_MAX_AGE_S": "0"})
+
+
+@pytest.mark.parametrize("cron", ["0 3 * * *", "*/15 0-6,22 1 JAN-MAR mon-fri", "0 3 * * 7", "30 2 1,15 */2 0",
+                                  "0 22-2 * * *", "0 3 L * *", "0 3 * * 1#2", "5/2 * * * *", "@daily"])
+def test_cron_expressions_the_schedule_accepts(tmp_path, cron):
+    """Each value within its field (Dagster refuses the rest when it loads the schedule)."""
+    from dagster._utils.schedules import is_valid_cron_string
+
+    assert load_settings(tmp_path, {"OPTIMIZER_SCHEDULE_CRON": cron}).schedule_cron == cron
+    assert is_valid_cron_string(cron)
+
+
+def test_a_celery_launcher_without_its_services_names_where_it_was_set(tmp_path):
+    with pytest.raises(SettingsError) as err:
+        load_settings(tmp_path, {"OPTIMIZER_DAGSTER_RUN_LAUNCHER": "celery"})
+    assert str(err.value).startswith("OPTIMIZER_DAGSTER_RUN_LAUNCHER: dagster.run_launcher 'celery' needs")
+    (tmp_path / "settings.yaml").write_text("dagster: {run_launcher: celery}\n")
+    with pytest.raises(SettingsError) as err:
+        load_settings(tmp_path, {})
+    assert str(err.value).startswith(f"{tmp_path / 'settings.yaml'}: dagster.run_launcher 'celery' needs")

@@ -135,7 +135,7 @@ class WorkerProcess:
             self.last_heartbeat = time.monotonic()
         elif kind == "log":
             log.info("worker %d: %s", self.pid, frame.get("message"))
-        elif "reqId" in frame:
+        elif "reqId" in frame and "ok" in frame:  # a response; another frame naming a request is ignored
             with self._lock:
                 pending = self._pending
                 if pending is not None and pending.req_id == frame["reqId"]:
