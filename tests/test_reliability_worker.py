@@ -89,6 +89,22 @@ def test_worker_that_exits_at_start_is_refused_naming_its_exit_code_and_stderr(t
     assert all(gone(pid) for pid in _pids(tmp_path, "exits"))
 
 
+def test_a_worker_that_fails_its_first_start_is_restarted_and_the_pool_starts(tmp_path, monkeypatch):
+    """One failed start is one failure, not an unavailable pool: start() waits for the restart its
+    back-off scheduled, and the pool serves once that worker is ready (3 in a row degrade it)."""
+    flag = tmp_path / "started-once"
+    cmd = _fake_worker(tmp_path, "first-fails", (
+        f"if not os.path.exists({str(flag)!r}):\n"
+        f"    open({str(flag)!r}, 'w').close()\n"
+        "    sys.exit(5)\n"
+        "from optimizer_pipeline.solver import worker\nsys.exit(worker.main())\n"))
+    monkeypatch.setenv("OPTIMIZER_WORKER_TEST_OPS", "1")
+    with SolverPool(size=1, worker_cmd=cmd, backoff_s=FAST_BACKOFF) as pool:
+        first, second = _pids(tmp_path, "first-fails")
+        assert pool.ping()["pid"] == second and gone(first)
+        assert not pool.stats()["degraded"]
+
+
 def test_worker_that_prints_only_garbage_is_killed_after_the_start_timeout(tmp_path):
     cmd = _fake_worker(tmp_path, "garbage", "import time\nwhile True:\n"
                                             "    print('\\x00\\xff{not json', flush=True)\n    time.sleep(0.01)\n")

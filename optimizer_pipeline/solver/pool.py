@@ -102,7 +102,9 @@ class SolverPool:
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> "SolverPool":
-        """Probe the interpreter once, then start every worker; raises if not one became ready."""
+        """Probe the interpreter once, then start every worker. While none is ready, the restarts the
+        failed starts scheduled (back-off 1, 2, 4 s) get their turn: raises SOLVER_UNAVAILABLE only
+        once the pool is degraded (MAX_CONSECUTIVE_FAILURES in a row) or has nothing left to restart."""
         with self._lock:
             if self._state != "new":
                 raise SolverError(errors.SOLVER_UNAVAILABLE, f"solver pool already {self._state}; create a new one")
@@ -117,6 +119,10 @@ class SolverPool:
             for spawner in spawners:
                 spawner.join()
             with self._lock:
+                while (self._state == "running" and not self._degraded
+                       and not any(slot.worker is not None for slot in self._slots)
+                       and any(slot.starting for slot in self._slots)):
+                    self._changed.wait(1.0)  # woken by a worker ready, a failure or the degraded state
                 live = sum(slot.worker is not None for slot in self._slots)
                 reason = self._last_failure
             if live == 0:
