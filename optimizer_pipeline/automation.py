@@ -66,9 +66,13 @@ outcomes_job = define_asset_job(
     description="Judge the observations recorded after applying the binding's recommendations.")
 
 
+SOLVED = "solved"  # binding_changes' cursor mark of a revision with a recommendation
+
+
 def binding_changes_sensor():
-    """Fires on a new binding or a new revision of one (cursor: binding -> [revision, its number of
-    stored runs] seen).
+    """Fires on a new binding or a new revision of one (cursor: binding -> [revision, SOLVED] once the
+    revision has a recommendation, else [revision, the number of runs stored when its refresh was
+    requested]; the runs are counted only while some revision waits for its recommendation).
 
     A new binding adds its partition; a new or changed revision without a recommendation yet
     requests `refresh` for that partition with run key `<binding>@r<revision>`, so one change
@@ -91,20 +95,24 @@ def binding_changes_sensor():
         known = set(context.instance.get_dynamic_partitions(BINDINGS.name))
         new_keys = [b.spec.id for b in stored if b.spec.id not in known]
         requests, busy = [], in_flight(context.instance, refresh_job.name)
-        run_counts = store.run_counts()
+        run_counts = None  # read once a revision still waits for its recommendation
         for b in stored:
             mark = seen.get(b.spec.id)
             revision, runs_seen = mark if isinstance(mark, list) else (mark, None)  # an int: before runs were counted
-            runs = run_counts.get(b.spec.id, 0)
             again = revision == b.revision  # its refresh was requested: again only with a new run
-            if again and runs_seen is not None and runs <= runs_seen:
+            if again and runs_seen == SOLVED:
                 continue
             if b.spec.id in busy:
                 continue  # a refresh of it is queued or running; not marked seen: looked at again
-            seen[b.spec.id] = [b.revision, runs]
             latest = store.latest_recommendation(b.spec.id)
             if latest is not None and latest.binding_revision == b.revision:
-                continue  # already solved for this revision (e.g. by the CLI, or its refresh)
+                seen[b.spec.id] = [b.revision, SOLVED]
+                continue  # solved for this revision (by its refresh, or e.g. by the CLI)
+            run_counts = store.run_counts() if run_counts is None else run_counts
+            runs = run_counts.get(b.spec.id, 0)
+            if again and runs_seen is not None and runs <= runs_seen:
+                continue
+            seen[b.spec.id] = [b.revision, runs]
             key, why = f"{b.spec.id}@r{b.revision}", f"binding {b.spec.id} at revision {b.revision}"
             if again:
                 key, why = f"{key}@n{runs}", f"{why} has no recommendation; the history now holds {runs} run(s)"

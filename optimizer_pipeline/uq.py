@@ -165,7 +165,7 @@ def block_scores(artifact: ModelArtifact, runs: Sequence[RunSeries], h: int | No
     run_ids = np.asarray(stacked.run_ids, dtype=object)[which]  # which is an int array, empty without blocks
     return BlockScores(cv_tags=tuple(artifact.cv_tags), h=h, run_ids=run_ids,
                        starts=rows - stacked.offsets[which], scores=scores,
-                       n_unique_steps=int(rows.size * h), n_runs=len({runs[i].plant_run for i in np.unique(which)}),
+                       n_unique_steps=int(rows.size * h), n_runs=len({stacked.plant_runs[i] for i in np.unique(which)}),
                        score=score)
 
 

@@ -92,16 +92,21 @@ def validate_history_frame(frame: pd.DataFrame, binding: BindingSpec, source: st
     return _validate(_required_columns(frame, binding, source).reset_index(drop=True), binding, source, lines=False)
 
 
+def _required(binding: BindingSpec) -> tuple[str, ...]:
+    """The columns a history of `binding` must have: run id, timestamp and one per tag."""
+    return (RUN_ID, TIMESTAMP, *binding.tags)
+
+
 def _required_columns(frame: pd.DataFrame, binding: BindingSpec, source: str) -> pd.DataFrame:
     """The frame's run id, timestamp and tag columns (`_refuse_repeated`)."""
     _refuse_repeated(list(frame.columns), binding, source)
-    return frame.loc[:, frame.columns.isin((RUN_ID, TIMESTAMP, *binding.tags))]
+    return frame.loc[:, frame.columns.isin(_required(binding))]
 
 
 def _refuse_repeated(names: list, binding: BindingSpec, source: str, where: str = "") -> None:
     """HistoryError when the run id, the timestamp or a tag column appears twice among the column
     `names`; extra columns are ignored, also when their names repeat or are blank."""
-    twice = [name for name, n in Counter(names).items() if n > 1 and name in (RUN_ID, TIMESTAMP, *binding.tags)]
+    twice = [name for name, n in Counter(names).items() if n > 1 and name in _required(binding)]
     if twice:
         raise HistoryError(f"{source}: duplicate column(s) {_names(twice)}{where}")
 
@@ -123,7 +128,7 @@ def _read_csv(path: Path, binding: BindingSpec) -> pd.DataFrame:
 
     # Check the header ourselves: pandas would silently rename a duplicate 'x' to 'x.1'.
     header = [name.strip() for name in next(csv.reader([header_line], skipinitialspace=True))]
-    required = (RUN_ID, TIMESTAMP, *binding.tags)
+    required = _required(binding)
     if not set(required) <= set(header):
         counts = {label: header_line.count(d) for d, label in _OTHER_DELIMITERS.items()}
         label, count = max(counts.items(), key=lambda item: item[1])
@@ -162,7 +167,7 @@ def _read_parquet(path: Path, binding: BindingSpec) -> pd.DataFrame:
         names = pq.read_schema(path).names
         _refuse_repeated(names, binding, str(path))
         # only the columns the binding needs: extra ones are ignored, also when their names repeat
-        frame = pd.read_parquet(path, columns=[name for name in (RUN_ID, TIMESTAMP, *binding.tags) if name in names])
+        frame = pd.read_parquet(path, columns=[name for name in _required(binding) if name in names])
     except HistoryError:
         raise
     except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
@@ -182,7 +187,7 @@ def _validate(frame: pd.DataFrame, binding: BindingSpec, source: str, *, lines: 
         row = int(frame.index[position]) + 1
         return f"row {row} (line {row + 1})" if lines else f"row {row}"
 
-    required = (RUN_ID, TIMESTAMP, *binding.tags)
+    required = _required(binding)
     missing = [c for c in required if c not in frame.columns]
     if missing:
         raise HistoryError(f"{source}: missing required column(s) {_names(missing)}")
