@@ -28,9 +28,8 @@ from optimizer_pipeline.contracts import (
     parse_iso_utc,
 )
 from optimizer_pipeline.model.artifact import stack_for
-from optimizer_pipeline.model.arx import Orders, disturbance_window, fit_disturbance, rollout_windows, window_rows
+from optimizer_pipeline.model.arx import Orders, disturbance_window, held_errors, rollout_windows, window_rows
 from optimizer_pipeline.model.local import LocalFitter, local_paths
-from optimizer_pipeline.model.statespace import disturbance_gain
 from optimizer_pipeline.validation import (
     AT_LEAST_ONE,
     OPEN_UNIT,
@@ -75,7 +74,10 @@ SETTLED_RESIDUAL = "settled_residual"
 SETTLED_LOCAL = "settled_residual_local"
 SCORE_RULES = {
     MAX_RESIDUAL: "per CV: the largest |measured - predicted| over the h steps of an open-loop rollout from the "
-                  "block's measured state, driven by the measured MVs / DVs",
+                  "block's measured state, driven by the measured MVs / DVs and the disturbance bias held "
+                  "(model.statespace), bias the held disturbance that best explains the open-loop prediction "
+                  "error of the W rows before the block, least squares, W = max(P, 2 x the model's settling "
+                  "horizon) (model.arx.fit_disturbance: the disturbance a move plan is predicted with)",
     SETTLED_RESIDUAL: "per CV: |measured - predicted| at the last of the h steps of an open-loop rollout "
                       "from the block's measured state, driven by the measured MVs / DVs and the disturbance "
                       "bias held (model.statespace), with h the model's settling horizon "
@@ -92,8 +94,8 @@ SCORE_RULES = {
                    "such an artifact is solved with",
     MAX_RESIDUAL_LOCAL: "as max_residual, but each block predicted by the model refitted around the block's "
                         f"operating point ({_REFIT}, centred midway between the block's MVs and measured CVs at "
-                        "its start and its last MVs and the identified model's prediction at its end), no "
-                        "disturbance held; a refit with fewer than 10 effective rows per parameter, or whose "
+                        "its start and its last MVs and the identified model's prediction at its end), its held "
+                        "disturbance fitted by that model over the same W rows; a refit with fewer than 10 effective rows per parameter, or whose "
                         "slowest mode has not decayed to 5 % within 2 settling horizons of the identified model "
                         "(unstable included), is refused and the block predicted by the identified model: the "
                         "procedure a move plan of such an artifact is solved with",
@@ -128,10 +130,11 @@ def block_scores(artifact: ModelArtifact, runs: Sequence[RunSeries], h: int | No
     SCORE_RULES. h defaults to the artifact's P (the steady-state template passes its settling horizon
     with SETTLED_RESIDUAL or SETTLED_LOCAL); the LOCAL_SCORES refit on the `train` runs.
 
-    Blocks start at the first row with a measured state (for SETTLED_RESIDUAL also the W rows the held
-    disturbance is fitted over before it, model.arx.disturbance_window) and tile each run without overlap; every block is rolled out
-    open-loop from its measured state with the measured MVs / DVs, all blocks of all runs at once
-    (the only loop is over the h steps inside statespace.rollout).
+    Blocks start at the first row with a measured state and the W rows before it the held disturbance is
+    fitted over (model.arx.disturbance_window), and tile each run without overlap; every block is rolled
+    out open-loop from its measured state with the measured MVs / DVs and that disturbance held, as the
+    recommendation predicts, all blocks of all runs at once (the only loop is over the h steps inside
+    statespace.rollout).
     """
     h = check_integer(artifact.horizon if h is None else int(h), "block scores", AT_LEAST_ONE, name="block length h",
                       error=UQInputError)
@@ -140,26 +143,20 @@ def block_scores(artifact: ModelArtifact, runs: Sequence[RunSeries], h: int | No
     orders = Orders(artifact.na, artifact.nb, artifact.delay)
     settled = score in (SETTLED_RESIDUAL, SETTLED_LOCAL)
     ss = artifact.state_space
-    window = disturbance_window(ss, artifact.horizon) if settled else 0
-    first = orders.first_state_row + window
-    rows, which = window_rows(stacked, first, h, h)
+    window = disturbance_window(ss, artifact.horizon)
+    rows, which = window_rows(stacked, orders.first_state_row + window, h, h)
     ny = len(artifact.cv_tags)
     if rows.size:
-        predicted, measured = rollout_windows(ss, stacked, orders, rows, h)
         with np.errstate(invalid="ignore", over="ignore"):
             if score in LOCAL_SCORES:
                 if not train:
                     raise UQInputError(f"block scores: {score} refits on the train runs, and none were given")
                 fitter = LocalFitter.for_artifact(artifact, stack_for(artifact, train))
-                path = local_paths(fitter, ss, stacked, orders, rows, predicted, window if settled else None)[1]
-                scores = np.abs(measured[:, -1] - path[:, -1]) if settled else _max_over_steps(np.abs(measured - path))
-            elif settled:
-                # the disturbance `current_state` would hold at row k: fitted over the W rows before it
-                end = predicted[:, -1] + fit_disturbance(ss, stacked, orders, rows, window) @ disturbance_gain(ss, h).T
-                scores = np.abs(measured[:, -1] - end)
-            else:
-                residual = np.subtract(measured, predicted, out=predicted)  # in place: ~1e6 samples are timed
-                scores = _max_over_steps(np.abs(residual, out=residual))
+                predicted, measured = rollout_windows(ss, stacked, orders, rows, h)
+                errors = measured - local_paths(fitter, ss, stacked, orders, rows, predicted, window)[1]
+            else:  # the disturbance `current_state` would hold at row k: fitted over the W rows before it
+                errors = held_errors(ss, stacked, orders, rows, h, window)
+            scores = np.abs(errors[:, -1]) if settled else _max_over_steps(np.abs(errors, out=errors))
     else:
         scores = np.empty((0, ny))
     run_ids = np.asarray(stacked.run_ids, dtype=object)[which]  # which is an int array, empty without blocks

@@ -6,8 +6,9 @@ from model_helpers import binding, excitation, run_series, simulate_arx, split_o
 
 from optimizer_pipeline.contracts import ContractError, ModelArtifact, Normalisation, RunSeries
 from optimizer_pipeline.model import ArxModel, Orders, artifact_from_model, current_state, identify, stack_for
-from optimizer_pipeline.model.arx import disturbance_window, rollout_windows, window_rows
+from optimizer_pipeline.model.arx import disturbance_window, fit_disturbance, rollout_windows, window_rows
 from optimizer_pipeline.model.artifact import GAIN_JACKKNIFE, GAIN_OPERATING_RANGE, steady_gain_record
+from optimizer_pipeline.model.statespace import disturbance_step_gains
 
 # A stable 2x2 plant with one DV, na = nb = 2, delay = 2 (engineering units).
 A_TRUE = np.array([[[1.1, 0.1], [0.0, 0.9]], [[-0.35, 0.0], [0.05, -0.2]]])
@@ -52,6 +53,29 @@ def test_realisation_rollout_equals_arx_recursion(na, nb, delay, n_dv):
     predicted, measured = rollout_windows(artifact.state_space, stacked, model.orders, rows, 7)
     assert rows.size == 3 * (40 - 7 - model.orders.first_state_row)
     np.testing.assert_allclose(predicted, measured, atol=1e-9)
+
+
+@pytest.mark.parametrize("na, nb, delay, n_dv", [(2, 3, 2, 1), (1, 1, 1, 0), (3, 2, 4, 2)])
+def test_the_disturbance_fitted_as_a_filter_of_one_step_residuals_equals_the_rollouts_least_squares(na, nb, delay,
+                                                                                                    n_dv):
+    """fit_disturbance filters the one-step residuals (model.arx.disturbance_filter); the definition it must
+    reproduce: each window rolled out from its measured start state, then least squares on the held
+    disturbance's step responses, here with np.linalg.lstsq."""
+    rng = np.random.default_rng(na * 100 + nb * 10 + delay)
+    spec = binding(n_mv=2, n_cv=2, n_dv=n_dv, na=na, nb=nb, delay=delay, horizon=5)
+    model = ArxModel(Orders(na, nb, delay), A=0.3 / na * rng.normal(size=(na, 2, 2)), B=rng.normal(size=(nb, 2, 2)),
+                     D=rng.normal(size=(nb, 2, n_dv)), c=rng.normal(size=2))
+    runs = [RunSeries(f"r{i}", np.arange(float(n)), rng.normal(size=(n, 2)), rng.normal(size=(n, 2)),
+                      rng.normal(size=(n, n_dv))) for i, n in enumerate((60, 85))]
+    artifact = artifact_from_model(model, spec, 1, unit_normalisation(spec))
+    stacked, ss, window = stack_for(artifact, runs), artifact.state_space, 13
+    rows, _ = window_rows(stacked, model.orders.first_state_row + window, 1, 3)
+    predicted, measured = rollout_windows(ss, stacked, model.orders, rows - window, window)
+    gains = disturbance_step_gains(ss, window).reshape(-1, 2)  # (window * ny, ny)
+    expected = [np.linalg.lstsq(gains, (measured[i] - predicted[i]).ravel(), rcond=None)[0] for i in range(rows.size)]
+    fitted = fit_disturbance(ss, stacked, model.orders, rows, window)
+    assert rows.size > 30 and np.ptp(fitted) > 0.1
+    np.testing.assert_allclose(fitted, np.array(expected), rtol=1e-9, atol=1e-12)
 
 
 def test_state_size_is_outputs_plus_needed_past_inputs():

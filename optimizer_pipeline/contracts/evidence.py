@@ -21,7 +21,7 @@ class BlockScores:
     initial (measured) state; the block covers y[k+1 .. k+h]. scores (n_blocks, n_cv), by `score`
     (optimizer_pipeline.uq.SCORE_RULES): "max_residual", the max over the block of |measured -
     predicted|, or "settled_residual", |measured - predicted| at the block's end, the prediction
-    holding the disturbance bias of the rows before the block.
+    holding the disturbance bias of the rows before the block (both; and their "_local" forms).
     n_runs counts the plant's runs with at least one block (RunSeries.plant_run: the pieces of a run
     split at a gap count once).
     """

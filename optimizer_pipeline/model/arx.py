@@ -22,6 +22,7 @@ with a complete state is `Orders.first_state_row` = max(na - 1, L).
 import logging
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -290,6 +291,10 @@ def fit_disturbance(ss: StateSpace, stacked: Stacked, orders: Orders, rows: np.n
     k - window must be a row of the same run with a measured state (callers' duty: `state_and_bias`,
     uq's block starts).
 
+    Computed as a filter of the one-step residuals (`disturbance_filter`), not by rolling out every window:
+    the same numbers (tests/test_model_arx.py checks them against the rollout), at the cost of one
+    one-step prediction per row, however many windows overlap there.
+
     The mean one-step residual over the last P rows (the estimate before) sums to its end samples' noise
     divided by P and, held, reaches the settled prediction amplified by the disturbance's steady gain
     1 / (1 - sum of the AR coefficients); fitted on the multi-step error, the noise reaching the settled
@@ -298,11 +303,89 @@ def fit_disturbance(ss: StateSpace, stacked: Stacked, orders: Orders, rows: np.n
     ny = stacked.y.shape[1]
     if rows.size == 0:
         return np.empty((0, ny))
-    predicted, measured = rollout_windows(ss, stacked, orders, rows - window, window)
-    residual = measured - predicted  # (m, window, ny): y[k - window + j] - predicted, j = 1..window
-    gains = disturbance_step_gains(ss, window)
-    normal = np.einsum("jab,jac->bc", gains, gains)  # sum_j G_j' G_j: G_1 = C C' = I, so it is invertible
-    return np.linalg.solve(normal, np.einsum("jab,mja->bm", gains, residual)).T
+    first = int(rows.min()) - window
+    return _filtered(disturbance_filter(ss, window), one_step_residuals(ss, stacked, orders, first, int(rows.max())),
+                     rows - window - first)
+
+
+def held_errors(ss: StateSpace, stacked: Stacked, orders: Orders, rows: np.ndarray, h: int,
+                window: int) -> np.ndarray:
+    """(m, h, ny): per global row k, the measured y[k + 1 .. k + h] minus the h-step open-loop rollout from the
+    measured state x[k] driven by the measured MVs / DVs with `fit_disturbance`'s estimate over the `window`
+    rows before k held (statespace.rollout's disturbance): what a prediction from row k gets wrong.
+
+    From the one-step residuals v, like `fit_disturbance`: the rollout's error is the realisation's
+    error recursion e[j] = sum_l A_l e[j - l] + v[k + j - 1] (A_l the blocks of C A that read y[t - l + 1]:
+    the other state entries are measured inputs, without error), minus the held disturbance's response.
+    One pass over the rows and h steps of m-row products, instead of a rollout of the full state."""
+    ny = stacked.y.shape[1]
+    if rows.size == 0:
+        return np.empty((0, h, ny))
+    first = int(rows.min()) - window
+    residuals = one_step_residuals(ss, stacked, orders, first, int(rows.max()) + h)
+    held = _filtered(disturbance_filter(ss, window), residuals, rows - window - first)
+    A, _, _, _, C = ss.arrays()
+    ar = (C @ A)[:, :orders.na * ny].reshape(ny, orders.na, ny).transpose(1, 0, 2)  # A_l, l = 1..na
+    errors, starts = np.empty((rows.size, h, ny)), rows - first
+    for j in range(h):
+        step = np.take(residuals, starts + j, axis=0)
+        for lag in range(1, min(orders.na, j) + 1):
+            step += errors[:, j - lag] @ ar[lag - 1].T
+        errors[:, j] = step
+    errors -= np.einsum("jab,mb->mja", disturbance_step_gains(ss, h), held)
+    return errors
+
+
+def _filtered(weights: np.ndarray, residuals: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """(m, ny): sum_i weights[i] residuals[starts + i], i < len(weights) (`disturbance_filter`). One gather of m
+    rows per i: the (m, window, ny) windows of a block scoring would be ~1e8 bytes."""
+    estimate = np.zeros((starts.size, residuals.shape[1]))
+    for i in range(weights.shape[0]):
+        estimate += np.take(residuals, starts + i, axis=0) @ weights[i].T
+    return estimate
+
+
+def one_step_residuals(ss: StateSpace, stacked: Stacked, orders: Orders, first: int, end: int) -> np.ndarray:
+    """(end - first, ny): v[t] = y[t + 1] - C (A x[t] + B u[t] + E d[t] + f) for the global rows t = first ..
+    end - 1, x[t] the measured state (`states_at`), first >= orders.first_state_row (a row whose lags reach
+    into the run before gives a value no caller reads). C A x[t] is summed over the state's blocks of
+    shifted rows, without building x."""
+    A, B, E, f, C = ss.arrays()
+    ny, nu, nd = C.shape[0], B.shape[1], E.shape[1]
+    read = C @ A  # (ny, nx): the blocks y[t - l] (l < na), u[t - l] and d[t - l] (1 <= l <= L)
+    predicted = stacked.u[first:end] @ (C @ B).T + C @ f
+    if nd:
+        predicted += stacked.d[first:end] @ (C @ E).T
+    column = 0
+    for series, width, lags in ((stacked.y, ny, range(orders.na)), (stacked.u, nu, range(1, orders.n_past + 1)),
+                                (stacked.d, nd, range(1, orders.n_past + 1))):
+        for lag in lags:
+            if width:
+                predicted += series[first - lag:end - lag] @ read[:, column:column + width].T
+            column += width
+    return stacked.y[first + 1:end + 1] - predicted
+
+
+@lru_cache(maxsize=256)
+def disturbance_filter(ss: StateSpace, window: int) -> np.ndarray:
+    """(window, ny, ny): F_i with `fit_disturbance`'s estimate e = sum_i F_i v[k - window + i - 1], i = 1..window,
+    v the one-step residuals (`one_step_residuals`).
+
+    In the realisation of this module a one-step residual enters only the rows C reads (the other state
+    rows are shifted measurements), so the open-loop error of a rollout from x[k - window] is
+    r_j = sum_{i <= j} H_(j-i) v[k - window + i - 1] with H_n = C A^n C'; the least squares
+    e = N^-1 sum_j G_j' r_j (N = sum_j G_j' G_j) is then sum_i F_i v[.] with
+    F_i = N^-1 sum_{j >= i} G_j' H_(j-i). Cached by value like statespace.settling_steps: one scoring
+    asks it of the same model for every block.
+    """
+    A, _, _, _, C = ss.arrays()
+    gains = disturbance_step_gains(ss, window)  # G_j = H_0 + ... + H_(j-1)
+    responses = np.diff(gains, axis=0, prepend=np.zeros((1, *gains.shape[1:])))  # H_(j-1)
+    normal = np.einsum("jab,jac->bc", gains, gains)  # G_1 = C C' = I, so it is invertible
+    summed = np.stack([np.einsum("nab,nac->bc", gains[i:], responses[:window - i]) for i in range(window)])
+    weights = np.linalg.solve(normal, summed)
+    weights.flags.writeable = False  # shared by every caller of the cache
+    return weights
 
 
 def state_and_bias(ss: StateSpace, orders: Orders, stacked_run: Stacked, horizon: int,

@@ -24,8 +24,8 @@ plant's local gain at the midpoint of the move, so the solve refits the model th
   settled values closest on held-out windows, only when it predicts them closer there than the
   identified model (model/artifact.py, `selection.steady_model`; the models' own open-loop
   prediction, no disturbance held), and its
-  evidence scores the same procedure on every val / test block (uq.SETTLED_LOCAL, each held
-  disturbance included; uq.MAX_RESIDUAL_LOCAL), so the band covers what the recommendation does.
+  evidence scores the same procedure on every val / test block (uq.SETTLED_LOCAL, uq.MAX_RESIDUAL_LOCAL,
+  each block's held disturbance included), so the band covers what the recommendation does.
 """
 
 import copy
@@ -38,7 +38,8 @@ from scipy.spatial.distance import cdist
 from optimizer_pipeline.contracts import ModelArtifact, StateSpace
 from optimizer_pipeline.model.arx import ArxModel, Orders, Stacked, fit_disturbance, spectral_radius, states_at
 from optimizer_pipeline.model.fit import RidgeProblem, Structure
-from optimizer_pipeline.model.statespace import SETTLE_FRACTION, disturbance_step_gains, rollout_each, settling_steps
+from optimizer_pipeline.model.statespace import (SETTLE_FRACTION, disturbance_step_gains, disturbance_step_gains_each,
+                                                 rollout_each, settling_steps)
 
 # kernel widths identification chooses from, in train standard deviations over the MVs and CVs together
 BANDWIDTHS = (1.0, 0.7, 0.5)
@@ -208,30 +209,40 @@ def local_paths(fitter: LocalFitter, ss: StateSpace, stacked: Stacked, orders: O
     and the identified model's end; the live solve's definition (pipeline), whose window is the plan
     up to its P-th step or a steady target (its end predicted with the held disturbance, which a
     window without `window` does not hold)."""
-    h, ny = identified.shape[1], stacked.y.shape[1]
-
-    def held(model: StateSpace, at: np.ndarray) -> np.ndarray:
-        if window is None:
-            return np.zeros((at.size, h, ny))
-        estimate = fit_disturbance(model, stacked, orders, at, window)  # (m, ny)
-        return np.einsum("jki,mi->mjk", disturbance_step_gains(model, h), estimate)
-
+    h = identified.shape[1]
     with np.errstate(over="ignore", invalid="ignore"):
-        global_path = identified + held(ss, rows)
+        global_path = identified.copy()
+        if window is not None:
+            estimate = fit_disturbance(ss, stacked, orders, rows, window)  # (m, ny)
+            global_path += np.einsum("jab,mb->mja", disturbance_step_gains(ss, h), estimate)
         local_path, used = global_path.copy(), np.zeros(rows.size, bool)
         points = window_points(stacked, rows, h, global_path[:, -1])
         fits = {i: fit for i, (fit, _) in enumerate(fitter.refits(points, settle_limit(ss))) if fit is not None}
-        models = {i: fit.state_space for i, fit in fits.items()}
-        used[list(models)] = True
+        models = [fit.state_space for fit in fits.values()]
+        used[list(fits)] = True
         if models:  # every refit's window rolled out by its own refit at once
             at = rows[used]
             steps = at[:, None] + np.arange(h)
-            local_path[used] = rollout_each(list(models.values()), states_at(stacked, orders, at),
-                                            stacked.u[steps], stacked.d[steps])
+            local_path[used] = rollout_each(models, states_at(stacked, orders, at), stacked.u[steps], stacked.d[steps])
             if window is not None:
-                for i, model in models.items():
-                    local_path[i] += held(model, rows[i:i + 1])[0]
+                local_path[used] += held_each(models, stacked, orders, at, window, h)
     return global_path, local_path, used, [fit.model for fit in fits.values()]
+
+
+def held_each(models: Sequence[StateSpace], stacked: Stacked, orders: Orders, rows: np.ndarray, window: int,
+              h: int) -> np.ndarray:
+    """(m, h, ny): the response over h steps to the disturbance each of `models` holds at its row of `rows`,
+    fitted by that model over the `window` rows before it (model.arx.fit_disturbance's least squares, its
+    windows rolled out by their own models at once, statespace.rollout_each)."""
+    starts = rows - window
+    steps = starts[:, None] + np.arange(window)
+    predicted = rollout_each(models, states_at(stacked, orders, starts), stacked.u[steps], stacked.d[steps])
+    residual = np.take(stacked.y, steps + 1, axis=0) - predicted  # (m, window, ny)
+    gains = disturbance_step_gains_each(models, max(window, h))
+    fitted = gains[:, :window]
+    normal = np.einsum("mjab,mjac->mbc", fitted, fitted)
+    estimate = np.linalg.solve(normal, np.einsum("mjab,mja->mb", fitted, residual)[..., None])[..., 0]
+    return np.einsum("mjab,mb->mja", gains[:, :h], estimate)
 
 
 def local_gains(refits: Sequence[ArxModel], ny: int, nv: int) -> np.ndarray:

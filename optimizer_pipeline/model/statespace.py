@@ -96,13 +96,19 @@ def disturbance_gain(ss: StateSpace, steps: int | None = None, rcond: float = 1e
 def disturbance_step_gains(ss: StateSpace, steps: int) -> np.ndarray:
     """(steps, ny, ny): G_j = C (I + A + ... + A^(j-1)) C', j = 1..steps: the outputs after j steps of a
     held disturbance of one unit per output, from rest (`disturbance_gain` for every j)."""
-    A, _, _, _, C = ss.arrays()
-    x, total = C.T, np.zeros_like(C.T)
-    gains = np.empty((steps, C.shape[0], C.shape[0]))
+    return disturbance_step_gains_each([ss], steps)[0]
+
+
+def disturbance_step_gains_each(models: Sequence[StateSpace], steps: int) -> np.ndarray:
+    """(m, steps, ny, ny): `disturbance_step_gains` of each of `models` (one state layout), at once."""
+    A, C = np.stack([ss.arrays()[0] for ss in models]), np.stack([ss.arrays()[4] for ss in models])
+    x = np.transpose(C, (0, 2, 1))
+    total = np.zeros_like(x)
+    gains = np.empty((len(models), steps, C.shape[1], C.shape[1]))
     for j in range(steps):
         total = total + x
         x = A @ x
-        gains[j] = C @ total
+        gains[:, j] = C @ total
     return gains
 
 
