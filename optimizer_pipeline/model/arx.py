@@ -332,7 +332,8 @@ def held_errors(ss: StateSpace, stacked: Stacked, orders: Orders, rows: np.ndarr
         for lag in range(1, min(orders.na, j) + 1):
             step += errors[:, j - lag] @ ar[lag - 1].T
         errors[:, j] = step
-    errors -= np.einsum("jab,mb->mja", disturbance_step_gains(ss, h), held)
+    response = disturbance_step_gains(ss, h).transpose(2, 0, 1).reshape(ny, h * ny)  # [b, (j, a)] = G_j[a, b]
+    errors -= (held @ response).reshape(rows.size, h, ny)
     return errors
 
 
