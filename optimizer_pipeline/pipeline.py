@@ -8,7 +8,6 @@ the same call chain loads it from there (`load_split`, `load_artifact`, `load_sc
 that names what to run first.
 """
 
-import hashlib
 import logging
 import os
 from dataclasses import dataclass, replace
@@ -149,19 +148,21 @@ def score_and_store(ledger: Ledger, binding: BindingSpec, artifact: ModelArtifac
     scores = score_blocks(binding, artifact, split)
     with ledger.session():
         for segment, s in (("val", scores.val), ("test", scores.test)):
-            ledger.put_block_scores(artifact, segment, s.run_ids.tolist(), s.starts.tolist(), s.scores)
+            ledger.put_block_scores(artifact, uq.rule_key(s.score), segment, s.run_ids.tolist(), s.starts.tolist(),
+                                    s.scores)
     return scores
 
 
 def load_scores(ledger: Ledger, binding: BindingSpec, artifact: ModelArtifact, split: HistorySplit) -> Scores:
-    """The block scores stored for the artifact (non-overlapping blocks of h steps each) of its own
-    val / test runs (`artifact_runs` of `split`, which also names the plant's run each is part of,
+    """The block scores stored for the artifact by this version's text of its score rule (uq.rule_key;
+    non-overlapping blocks of h steps each) of its own val / test runs (`artifact_runs` of `split`, which also names the plant's run each is part of,
     RunSeries.plant_run): a ledger may hold scores of other runs, stored before scores kept to them."""
-    frame = ledger.block_scores(artifact.artifact_hash)
+    (h, score), tags = block_rule(binding, artifact), list(artifact.cv_tags)
+    frame = ledger.block_scores(artifact.artifact_hash, uq.rule_key(score))
     if frame.empty:
         raise MissingInputError(f"binding {binding.id}: no block scores of model artifact "
-                                f"{artifact.artifact_hash[:12]} in the ledger; materialize uq_block_scores first")
-    (h, score), tags = block_rule(binding, artifact), list(artifact.cv_tags)
+                                f"{artifact.artifact_hash[:12]} by this version's {score} rule in the ledger; "
+                                f"materialize uq_block_scores first")
 
     def segment(name: str) -> uq.BlockScores:
         plant_run = {run.run_id: run.plant_run for run in artifact_runs(artifact, split, name)}
@@ -237,15 +238,10 @@ def score_rule_condition(evidence: uq.UQEvidence) -> list[Condition]:
     score = evidence.score or uq.MAX_RESIDUAL  # unnamed scores predate the named rules
     recorded = evidence.score_rule if evidence.score is not None else None
     current = uq.SCORE_RULES.get(score)
-    return [Condition("calibration scored by this version's rule", f"{score}, rule {_digest(recorded)}",
-                      f"{score}, rule {_digest(current)}", recorded is not None and recorded == current,
+    return [Condition("calibration scored by this version's rule", f"{score}, rule {uq.rule_digest(recorded)}",
+                      f"{score}, rule {uq.rule_digest(current)}", recorded is not None and recorded == current,
                       f"the calibration was scored by an older {score} rule than this version's: run the "
                       f"recalibrate job")]
-
-
-def _digest(text: str | None) -> str:
-    """A short fingerprint of a score rule's text for the conditions table."""
-    return "unrecorded" if text is None else hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
 def _planned_end(result: SolveResult, steps: int) -> tuple[np.ndarray, np.ndarray] | None:

@@ -8,6 +8,7 @@ converts qhat to engineering units. The evidence vocabulary (BlockScores, UQEvid
 optimizer_pipeline.contracts.evidence.
 """
 
+import hashlib
 import logging
 import math
 from datetime import datetime, timedelta, timezone
@@ -101,6 +102,18 @@ SCORE_RULES = {
                         "procedure a move plan of such an artifact is solved with",
 }
 LOCAL_SCORES = (SETTLED_LOCAL, MAX_RESIDUAL_LOCAL)  # refit on the artifact's train runs (model.local)
+
+
+def rule_digest(text: str | None) -> str:
+    """A short fingerprint of a score rule's text (the conditions table shows it; "unrecorded" for None)."""
+    return "unrecorded" if text is None else hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def rule_key(score: str) -> str:
+    """What stored block scores name as their rule (the ledger keys them by it): the score's name and the
+    digest of this version's text of it, so scores of an older text of the same rule are never read
+    as this one's."""
+    return f"{score}:{rule_digest(SCORE_RULES[score])}"
 
 
 class UQInputError(ContractError):

@@ -10,7 +10,7 @@ from optimizer_pipeline.contracts import (HistorySplit, Outcome, OutcomeVerdict,
 from optimizer_pipeline.ledger import (SCHEMA_VERSION, Ledger, LedgerBusyError, LedgerError, NotFoundError, RunStateError,
                                        new_id)
 
-from optimizer_pipeline import pipeline
+from optimizer_pipeline import pipeline, uq
 from optimizer_pipeline.model import ArxModel, Orders, artifact_from_model
 
 from ledger_helpers import candidates, recommendation, run_row, solve
@@ -291,9 +291,10 @@ def test_block_scores_read_back_as_the_blocks_stored(ledger):
                                    splits={"train": ("t",), "val": ("a", "b"), "test": ("c", "d")})
     val = ["a", "a", "a", "b", "b"], [0, 10, 20, 0, 10], [[1, 2], [3, 4], [5, 6], [7, 8], [9, 10]]
     test = ["c", "d", "d"], [0, 0, 10], [[1, np.nan], [2, 3], [4, 5]]
+    rule = uq.rule_key(uq.MAX_RESIDUAL)
     for segment, (run_ids, starts, scores) in (("val", val), ("test", test)):
-        ledger.put_block_scores(artifact, segment, run_ids, starts, scores)
-    ledger.put_block_scores(artifact, "val", ["t"], [0], [[0.5, 0.5]])  # the train run, scored as val
+        ledger.put_block_scores(artifact, rule, segment, run_ids, starts, scores)
+    ledger.put_block_scores(artifact, rule, "val", ["t"], [0], [[0.5, 0.5]])  # the train run, scored as val
 
     def series(run_id, source_run=""):
         return RunSeries(run_id, np.zeros(1), np.zeros((1, 1)), np.zeros((1, 2)), np.zeros((1, 0)), source_run)
@@ -306,3 +307,31 @@ def test_block_scores_read_back_as_the_blocks_stored(ledger):
         assert list(got.run_ids) == run_ids and list(got.starts) == starts
         np.testing.assert_array_equal(got.scores, np.asarray(scores, float))
         assert got.n_runs == runs and got.n_unique_steps == len(run_ids) * spec.model.horizon
+
+
+def test_block_scores_of_an_older_text_of_the_rule_are_kept_and_never_read(ledger, monkeypatch):
+    """An artifact's hash is its content, so a recalibration after an upgrade that changed a score rule
+    scores the same artifact again, often at the same block starts: the new scores are stored beside
+    the old ones (keyed by uq.rule_key) and pipeline.load_scores reads only this version's."""
+    spec = binding(n_mv=1, n_cv=1, na=1, nb=1, delay=1)
+    model = ArxModel(Orders(1, 1, 1), np.full((1, 1, 1), 0.1), np.full((1, 1, 1), 0.5), np.zeros((1, 1, 0)),
+                     np.zeros(1))
+    artifact = artifact_from_model(model, spec, 1, unit_normalisation(spec),
+                                   splits={"train": ("t",), "val": ("a",), "test": ("c",)})
+    runs = {name: RunSeries(name, np.zeros(1), np.zeros((1, 1)), np.zeros((1, 1)), np.zeros((1, 0)))
+            for name in "tac"}
+    split = HistorySplit((runs["t"],), (runs["a"],), (runs["c"],), None, unit_normalisation(spec), {}, "data-hash")
+    monkeypatch.setitem(uq.SCORE_RULES, uq.MAX_RESIDUAL, "an older text of max_residual")
+    old = uq.rule_key(uq.MAX_RESIDUAL)
+    for segment, run in (("val", "a"), ("test", "c")):
+        ledger.put_block_scores(artifact, old, segment, [run, run], [0, 10], [[1.0], [2.0]])
+    monkeypatch.undo()
+    assert uq.rule_key(uq.MAX_RESIDUAL) != old
+    with pytest.raises(pipeline.MissingInputError, match="by this version's max_residual rule"):
+        pipeline.load_scores(ledger, spec, artifact, split)
+    for segment, run in (("val", "a"), ("test", "c")):  # block 10 again, and a new block 40
+        ledger.put_block_scores(artifact, uq.rule_key(uq.MAX_RESIDUAL), segment, [run, run], [10, 40], [[3.0], [4.0]])
+    loaded = pipeline.load_scores(ledger, spec, artifact, split)
+    for got in (loaded.val, loaded.test):
+        assert list(got.starts) == [10, 40] and got.scores.ravel().tolist() == [3.0, 4.0]
+    assert len(ledger.block_scores(artifact.artifact_hash, old)) == 4  # the old rule's rows are kept

@@ -1,10 +1,12 @@
-"""Schema version 2 (issue 8): a version-1 ledger's JSON plan texts become DOUBLE[][] columns, nothing lost."""
+"""Schema migrations: version 2 (issue 8) turns a version-1 ledger's JSON plan texts into DOUBLE[][] columns,
+nothing lost; version 6 keys block scores by their score rule."""
 
 import json
 
 import duckdb
 import pytest
 
+from optimizer_pipeline import uq
 from optimizer_pipeline.ledger import SCHEMA_VERSION, Ledger
 from optimizer_pipeline.ledger.schema import apply_schema
 
@@ -57,3 +59,20 @@ def test_opening_a_version_1_ledger_records_the_new_version_and_numeric_plan_col
     assert versions == list(range(1, SCHEMA_VERSION + 1)) and SCHEMA_VERSION >= 2
     assert types.values.tolist() == [["controls", "DOUBLE[][]"], ["predicted", "DOUBLE[][]"]]
     assert ledger.counts()["optimizer_candidates"] == 2 and len(ledger.list_runs()) == 1
+
+
+def test_a_version_5_ledger_keeps_its_block_scores_as_of_an_unrecorded_rule(tmp_path):
+    """Schema version 6 keys block scores by their score rule (uq.rule_key): the rows stored before
+    are kept, named 'unrecorded', so no calibration of this version reads them."""
+    path = tmp_path / "optimizer.duckdb"
+    conn = duckdb.connect(str(path))
+    assert apply_schema(conn, up_to=5) == [1, 2, 3, 4, 5]
+    conn.execute("INSERT INTO uq_block_scores VALUES ('a' , 'tanks-1', 1, 'val', 'r1', 0, 'y1', 0.25, "
+                 "'2026-01-02 03:04:05')")
+    conn.close()
+    ledger = Ledger(path)
+    assert ledger.query("SELECT version FROM schema_migrations ORDER BY version")["version"].tolist()[-1] == SCHEMA_VERSION
+    kept = ledger.block_scores("a", "unrecorded")
+    assert kept.values.tolist() == [["val", "r1", 0, "y1", 0.25]]
+    assert ledger.block_scores("a", uq.rule_key(uq.MAX_RESIDUAL)).empty
+    assert SCHEMA_VERSION >= 6 and ledger.counts()["uq_block_scores"] == 1

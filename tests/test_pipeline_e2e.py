@@ -85,7 +85,7 @@ def test_ledger_holds_run_candidates_calibration_and_scores(demo):
         assert runs[0].problem_ir_hash == rec.problem_ir_hash
         cal = demo.ledger.latest_calibration(binding_id)
         assert cal.has_evidence and cal.artifact_hash == rec.model_artifact_hash
-        scores = demo.ledger.block_scores(rec.model_artifact_hash)
+        scores = demo.ledger.block_scores(rec.model_artifact_hash, uq.rule_key(cal.evidence["score"]))
         assert set(scores["segment"]) == {"val", "test"} and scores["score"].notna().all()
 
 

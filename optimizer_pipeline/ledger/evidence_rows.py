@@ -69,9 +69,10 @@ class EvidenceRows:
         return ModelArtifact.from_dict(json.loads(rows[0][0])) if rows else None
 
     @retried
-    def put_block_scores(self, artifact: ModelArtifact, segment: str, run_ids: Sequence[str],
+    def put_block_scores(self, artifact: ModelArtifact, rule: str, segment: str, run_ids: Sequence[str],
                          block_starts: Sequence[int], scores: Any) -> int:
-        """Block scores (n_blocks, n_cv), idempotent per (artifact, segment, run, block, cv)."""
+        """Block scores (n_blocks, n_cv) by the score rule `rule` (uq.rule_key), idempotent per (artifact,
+        rule, segment, run, block, cv)."""
         n_cv = len(artifact.cv_tags)
         scores = np.asarray(scores, float).reshape(len(run_ids), n_cv)
         frame = pd.DataFrame({
@@ -80,15 +81,16 @@ class EvidenceRows:
             "run_id": np.repeat(np.asarray(run_ids, dtype=object), n_cv),
             "block_start": np.repeat(np.asarray(block_starts, dtype=np.int64), n_cv),
             "cv_tag": np.tile(np.asarray(artifact.cv_tags, dtype=object), len(run_ids)),
-            "score": scores.reshape(-1), "created_at": naive_now()})
+            "score": scores.reshape(-1), "created_at": naive_now(), "score_rule": rule})
         with self.backend.transaction() as tx:
             self.backend.insert_table(tx, "uq_block_scores", frame, skip_existing=True)
         return len(frame)
 
-    def block_scores(self, artifact_hash: str) -> pd.DataFrame:
-        """segment, run_id, block_start, cv_tag, score of an artifact, in block order."""
+    def block_scores(self, artifact_hash: str, rule: str) -> pd.DataFrame:
+        """segment, run_id, block_start, cv_tag, score of an artifact by the score rule `rule`, in block order."""
         return self.query("""SELECT segment, run_id, block_start, cv_tag, score FROM uq_block_scores
-                             WHERE artifact_hash = ? ORDER BY segment, run_id, block_start, cv_tag""", [artifact_hash])
+                             WHERE artifact_hash = ? AND score_rule = ? ORDER BY segment, run_id, block_start, cv_tag""",
+                          [artifact_hash, rule])
 
     @retried
     def put_calibration(self, artifact: ModelArtifact, evidence: Mapping[str, Any], *, has_evidence: bool,

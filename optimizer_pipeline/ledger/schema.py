@@ -224,6 +224,30 @@ MIGRATIONS: list[tuple[int, str, list[Statement]]] = [
             created_at TIMESTAMP NOT NULL
         )""",
     ]),
+    # Block scores keyed by the rule that scored them (issue 15). An artifact's hash is its content, so
+    # a recalibration after an upgrade that changed a score rule (move plans now hold the disturbance)
+    # scores the same artifact again; keyed without the rule, its rows at block starts the old rule
+    # also had were skipped as stored, and the calibration read old and new scores together. Rows
+    # stored before name no rule ('unrecorded') and are kept; pipeline.load_scores reads only the
+    # current rule's (uq.rule_key). Rebuilt, not altered: neither backend changes a primary key in place.
+    (6, "block scores keyed by their score rule", [
+        """CREATE TABLE uq_block_scores_by_rule (
+            artifact_hash VARCHAR NOT NULL,
+            binding_id VARCHAR NOT NULL,
+            binding_revision INTEGER NOT NULL,
+            segment VARCHAR NOT NULL,      -- val | test
+            run_id VARCHAR NOT NULL,
+            block_start INTEGER NOT NULL,  -- row index inside the run
+            cv_tag VARCHAR NOT NULL,
+            score DOUBLE,                  -- normalised units
+            created_at TIMESTAMP NOT NULL,
+            score_rule VARCHAR NOT NULL,   -- uq.rule_key: the rule's name and a digest of its text
+            PRIMARY KEY (artifact_hash, score_rule, segment, run_id, block_start, cv_tag)
+        )""",
+        "INSERT INTO uq_block_scores_by_rule SELECT *, 'unrecorded' FROM uq_block_scores",
+        "DROP TABLE uq_block_scores",
+        "ALTER TABLE uq_block_scores_by_rule RENAME TO uq_block_scores",
+    ]),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
