@@ -237,7 +237,7 @@ def score_rule_condition(evidence: uq.UQEvidence) -> list[Condition]:
         return []
     score = evidence.score or uq.MAX_RESIDUAL  # unnamed scores predate the named rules
     recorded = evidence.score_rule if evidence.score is not None else None
-    current = uq.SCORE_RULES.get(score)
+    current = uq.rule_text(score) if score in uq.SCORE_RULES else None
     return [Condition("calibration scored by this version's rule", f"{score}, rule {uq.rule_digest(recorded)}",
                       f"{score}, rule {uq.rule_digest(current)}", recorded is not None and recorded == current,
                       f"the calibration was scored by an older {score} rule than this version's: run the "

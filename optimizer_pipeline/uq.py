@@ -102,6 +102,15 @@ SCORE_RULES = {
                         "procedure a move plan of such an artifact is solved with",
 }
 LOCAL_SCORES = (SETTLED_LOCAL, MAX_RESIDUAL_LOCAL)  # refit on the artifact's train runs (model.local)
+_BASE_RULES = {SETTLED_LOCAL: SETTLED_RESIDUAL, MAX_RESIDUAL_LOCAL: MAX_RESIDUAL}  # "as <base>, but ..."
+
+
+def rule_text(score: str) -> str:
+    """The whole text of a score rule, as the evidence records it (`score_rule`): SCORE_RULES[score], and
+    for a local rule, which says "as <base>, but ...", the base rule's text after it, so that an edit of
+    either shows as a new rule."""
+    base = _BASE_RULES.get(score)
+    return SCORE_RULES[score] if base is None else f"{SCORE_RULES[score]} [{base}: {SCORE_RULES[base]}]"
 
 
 def rule_digest(text: str | None) -> str:
@@ -111,9 +120,9 @@ def rule_digest(text: str | None) -> str:
 
 def rule_key(score: str) -> str:
     """What stored block scores name as their rule (the ledger keys them by it): the score's name and the
-    digest of this version's text of it, so scores of an older text of the same rule are never read
-    as this one's."""
-    return f"{score}:{rule_digest(SCORE_RULES[score])}"
+    digest of this version's text of it (`rule_text`), so scores of an older text of the same rule are
+    never read as this one's."""
+    return f"{score}:{rule_digest(rule_text(score))}"
 
 
 class UQInputError(ContractError):
@@ -144,10 +153,11 @@ def block_scores(artifact: ModelArtifact, runs: Sequence[RunSeries], h: int | No
     with SETTLED_RESIDUAL or SETTLED_LOCAL); the LOCAL_SCORES refit on the `train` runs.
 
     Blocks start at the first row with a measured state and the W rows before it the held disturbance is
-    fitted over (model.arx.disturbance_window), and tile each run without overlap; every block is rolled
-    out open-loop from its measured state with the measured MVs / DVs and that disturbance held, as the
-    recommendation predicts, all blocks of all runs at once (the only loop is over the h steps inside
-    statespace.rollout).
+    fitted over (model.arx.disturbance_window), and tile each run without overlap; every block is predicted
+    open-loop from its measured state with the measured MVs / DVs and that disturbance held, as the
+    recommendation predicts, all blocks of all runs at once: by the identified model from the one-step
+    residuals (model.arx.held_errors: loops over the W filter weights and the h steps), each local refit
+    by rolling out its block and its W-row window (model.local.local_paths).
     """
     h = check_integer(artifact.horizon if h is None else int(h), "block scores", AT_LEAST_ONE, name="block length h",
                       error=UQInputError)
@@ -267,7 +277,7 @@ def compute_block_uq(val: BlockScores, test: BlockScores, alpha: Any = 0.1,
     common = dict(alpha=float(alpha), block_length=val.h, cv_tags=val.cv_tags, n_val_blocks=n, n_val_runs=val.n_runs,
                   n_test_blocks=m, n_test_runs=test.n_runs, n_unique_test_steps=test.n_unique_steps,
                   exchangeability_test=EXCHANGEABILITY_TEST, calibrated_at=calibrated_at, score=val.score,
-                  score_rule=SCORE_RULES[val.score])
+                  score_rule=rule_text(val.score))
     if reasons:
         log.info("no UQ evidence: %s", "; ".join(reasons))
         return UQEvidence(method=None, qhat=None, rank_k=k, safety_factor=None, coverage=None, coverage_per_cv=None,

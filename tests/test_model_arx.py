@@ -7,6 +7,7 @@ from model_helpers import binding, excitation, run_series, simulate_arx, split_o
 from optimizer_pipeline.contracts import ContractError, ModelArtifact, Normalisation, RunSeries
 from optimizer_pipeline.model import ArxModel, Orders, artifact_from_model, current_state, identify, stack_for
 from optimizer_pipeline.model.arx import disturbance_window, fit_disturbance, rollout_windows, window_rows
+from optimizer_pipeline.model.select import LONG_NB
 from optimizer_pipeline.model.artifact import GAIN_JACKKNIFE, GAIN_OPERATING_RANGE, steady_gain_record
 from optimizer_pipeline.model.statespace import disturbance_step_gains
 
@@ -116,10 +117,12 @@ def test_order_selection_picks_the_true_delay():
                      np.zeros((12, 400, 0)), 0.05 * rng.normal(size=(12, 400, 1)))
     spec = binding(n_mv=1, n_cv=1, na=None, nb=None, delay=None, horizon=8)
     artifact = identify(split_of(spec, run_series("r", u, y, np.zeros((12, 400, 0))), 8, 2, 2), spec, 1)
-    assert artifact.delay == 4
-    # na x nb x delay with one delay, all recorded, and the structure with a delay per channel
-    assert len(artifact.selection["order_scores"]) == 3 * 3 * 6 + 1
-    assert len(artifact.selection["ridge_scores"]) == 3 * 5  # best 3 orders x ridge grid
+    assert artifact.delay == 4 and artifact.selection["family"] in ("one_delay", "per_channel")
+    # na x nb x delay with one delay, all recorded, the structure with a delay per channel and the long numerators
+    assert len(artifact.selection["order_scores"]) == 3 * 3 * 6 + 1 + len(LONG_NB)
+    # best 3 orders x ridge grid, and the best long numerator x ridge grid
+    assert len(artifact.selection["ridge_scores"]) == 3 * 5 + 5
+    assert set(artifact.selection["settled_nrmse_by_family"]) == {"one_delay", "per_channel", "long_numerator"}
 
 
 def test_selection_prefers_a_stable_candidate_and_records_radii():
@@ -516,7 +519,7 @@ def test_per_channel_delays_are_recovered_on_a_known_plant_and_its_gains_with_th
     assert structure["delays"] == delays.tolist() and structure["own_ar"]
     assert (structure["na"], structure["nb"]) == (1, 1)
     assert artifact.delay == 1 and artifact.nb == 6  # realised: lags 1..6 span every channel
-    settled = artifact.selection["per_channel_search"]["settled_nrmse"]  # the families' settled errors
+    settled = artifact.selection["settled_nrmse_by_family"]  # the families' settled errors
     assert settled["per_channel"] < settled["one_delay"]
     mu, su = split.normalisation.of(spec.mv_tags)
     my, sy = split.normalisation.of(spec.cv_tags)

@@ -489,3 +489,17 @@ def test_a_bad_timestamp_is_refused_naming_the_field(calibrated_at, now, message
     with pytest.raises(UQInputError) as refused:
         is_fresh(calibrated_at, now)
     assert str(refused.value) == message
+
+
+def test_a_local_rules_text_and_key_carry_its_base_rule(monkeypatch):
+    """max_residual_local says "as max_residual, but ...": an edit of max_residual alone is a new local
+    rule too (its evidence fails the score-rule condition, its stored scores are not read)."""
+    from optimizer_pipeline import uq
+
+    before = {score: (uq.rule_text(score), uq.rule_key(score)) for score in uq.SCORE_RULES}
+    assert uq.SCORE_RULES[uq.MAX_RESIDUAL] in before[uq.MAX_RESIDUAL_LOCAL][0]
+    monkeypatch.setitem(uq.SCORE_RULES, uq.MAX_RESIDUAL, "an edited max_residual")
+    after = {score: (uq.rule_text(score), uq.rule_key(score)) for score in uq.SCORE_RULES}
+    changed = {score for score in uq.SCORE_RULES if after[score] != before[score]}
+    assert changed == {uq.MAX_RESIDUAL, uq.MAX_RESIDUAL_LOCAL}
+    assert all(after[s][1] != before[s][1] for s in changed)

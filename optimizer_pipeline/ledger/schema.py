@@ -229,7 +229,7 @@ MIGRATIONS: list[tuple[int, str, list[Statement]]] = [
     # scores the same artifact again; keyed without the rule, its rows at block starts the old rule
     # also had were skipped as stored, and the calibration read old and new scores together. Rows
     # stored before name no rule ('unrecorded') and are kept; pipeline.load_scores reads only the
-    # current rule's (uq.rule_key). Rebuilt, not altered: neither backend changes a primary key in place.
+    # current rule's (uq.rule_key). Rebuilt, not altered: DuckDB does not change a primary key in place.
     (6, "block scores keyed by their score rule", [
         """CREATE TABLE uq_block_scores_by_rule (
             artifact_hash VARCHAR NOT NULL,

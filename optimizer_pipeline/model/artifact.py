@@ -26,7 +26,7 @@ from optimizer_pipeline.model.local import (BANDWIDTHS, GLOBAL, LOCAL, LocalFitt
                                            local_gains, local_paths, steady_model_record)
 from optimizer_pipeline.model.select import (FIR_NA, MAX_CHANNEL_DELAY, ORDER_STAGE_RIDGE, RIDGE_GRID,
                                              RIDGE_STAGE_ORDERS, SELECTION_WINDOWS, Selector, best, candidates,
-                                             finite_or_none, per_channel, window_lag)
+                                             family, finite_or_none, long_numerators, per_channel, window_lag)
 from optimizer_pipeline.model.statespace import settling_steps, steady_state
 from optimizer_pipeline.model.step_response import gain_condition, jackknife_deviations, step_response_record
 
@@ -138,6 +138,10 @@ def quality_gates(model: ArxModel, train: Stacked, val: Stacked, test: Stacked, 
     return tuple(gates)
 
 
+# the multi-step refinement needs one sensitivity per coefficient: ~10 s for a long numerator's ~250
+LONG_NOT_REFINED = "a long numerator is kept as least squares fitted it (its multi-step refinement takes seconds)"
+
+
 def _settled_error(model: ArxModel, selector: Selector) -> float:
     """Mean over CVs of the NRMSE of held-out rollouts at their last step, after the model's settling
     horizon (what a steady target and the end of a move plan rely on); inf when it does not settle."""
@@ -225,20 +229,27 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
     if per_channel(binding):
         structure, channels = selector.per_channel_structure(binding, best(order_stage))
         order_stage.append(selector.fit(structure, ORDER_STAGE_RIDGE))
+    long = [selector.fit(Structure.common(orders, ny, nu + nd), ORDER_STAGE_RIDGE) for orders in long_numerators(binding)]
     ridge_stage = selector.ridge_stage(order_stage)
+    if long:  # its best length through the ridge grid too: the family is judged by where it settles
+        ridge_stage += selector.ridge_stage([best(long)])
     chosen = best(ridge_stage)
-    if channels is not None:  # one delay or a delay per channel: the family whose model settles closer
-        families = [[s for s in ridge_stage if s.structure.per_channel == flag] for flag in (False, True)]
-        finalists = [best(family) for family in families if family]
+    names = sorted({family(s.structure) for s in ridge_stage})
+    settled_nrmse = None
+    if len(names) > 1:  # the family whose model settles closer on the held-out windows
+        finalists = [best([s for s in ridge_stage if family(s.structure) == name]) for name in names]
         settled = [_settled_error(s.model, selector) for s in finalists]
         chosen = finalists[int(np.argmin(settled))]
-        channels.update(settled_nrmse={("per_channel" if s.structure.per_channel else "one_delay"): finite_or_none(e)
-                                       for s, e in zip(finalists, settled)})
+        settled_nrmse = {name: finite_or_none(e) for name, e in zip(names, settled)}
+    order_stage += long
     if not chosen.stable:
         log.warning("binding %s: no stable candidate; best has spectral radius %.4f", binding.id, chosen.radius)
 
-    refined, refinement = refine_multistep(chosen.model, train, horizon, chosen.ridge,
-                                           free_mask(chosen.structure, problem.dims))
+    if family(chosen.structure) == "long_numerator":
+        refined, refinement = chosen.model, {"tried": False, "reason": LONG_NOT_REFINED}
+    else:
+        refined, refinement = refine_multistep(chosen.model, train, horizon, chosen.ridge,
+                                               free_mask(chosen.structure, problem.dims))
     final = chosen
     if refinement["tried"] and refined is not chosen.model:
         candidate = selector.score(chosen.structure, refined, chosen.ridge)
@@ -265,6 +276,9 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
         "fixed_by_binding": {k: getattr(binding.model, k) for k in ("na", "nb", "delay")
                              if getattr(binding.model, k) is not None},
         "per_channel_search": channels,
+        "long_numerator": [o.nb for o in long_numerators(binding)] or "not searched",
+        "family": family(final.structure),
+        "settled_nrmse_by_family": settled_nrmse,
         "order_scores": [s.record() for s in order_stage],
         "ridge_scores": [s.record() for s in ridge_stage],
         "chosen": chosen.record(),

@@ -291,9 +291,10 @@ def fit_disturbance(ss: StateSpace, stacked: Stacked, orders: Orders, rows: np.n
     k - window must be a row of the same run with a measured state (callers' duty: `state_and_bias`,
     uq's block starts).
 
-    Computed as a filter of the one-step residuals (`disturbance_filter`), not by rolling out every window:
-    the same numbers (tests/test_model_arx.py checks them against the rollout), at the cost of one
-    one-step prediction per row, however many windows overlap there.
+    Computed as a filter of the one-step residuals (`disturbance_filter`, built once per model and
+    window), not by rolling out every window: the same numbers (tests/test_model_arx.py checks them
+    against the rollout), at the cost of one one-step prediction per row and `window` products per
+    row k, however many windows overlap.
 
     The mean one-step residual over the last P rows (the estimate before) sums to its end samples' noise
     divided by P and, held, reaches the settled prediction amplified by the disturbance's steady gain
@@ -376,15 +377,18 @@ def disturbance_filter(ss: StateSpace, window: int) -> np.ndarray:
     rows are shifted measurements), so the open-loop error of a rollout from x[k - window] is
     r_j = sum_{i <= j} H_(j-i) v[k - window + i - 1] with H_n = C A^n C'; the least squares
     e = N^-1 sum_j G_j' r_j (N = sum_j G_j' G_j) is then sum_i F_i v[.] with
-    F_i = N^-1 sum_{j >= i} G_j' H_(j-i). Cached by value like statespace.settling_steps: one scoring
-    asks it of the same model for every block.
+    F_i = N^-1 sum_{j >= i} G_j' H_(j-i) = N^-1 T_i C', with T_i = G_i' C + T_(i+1) A summed backwards
+    (O(window nx^2): a window can be thousands of rows). Cached by value like
+    statespace.settling_steps: one scoring asks it of the same model for every block.
     """
     A, _, _, _, C = ss.arrays()
-    gains = disturbance_step_gains(ss, window)  # G_j = H_0 + ... + H_(j-1)
-    responses = np.diff(gains, axis=0, prepend=np.zeros((1, *gains.shape[1:])))  # H_(j-1)
+    gains = disturbance_step_gains(ss, window)
     normal = np.einsum("jab,jac->bc", gains, gains)  # G_1 = C C' = I, so it is invertible
-    summed = np.stack([np.einsum("nab,nac->bc", gains[i:], responses[:window - i]) for i in range(window)])
-    weights = np.linalg.solve(normal, summed)
+    summed, tail = np.empty((window, C.shape[0], A.shape[0])), np.zeros((C.shape[0], A.shape[0]))
+    for i in range(window - 1, -1, -1):
+        tail = gains[i].T @ C + tail @ A
+        summed[i] = tail
+    weights = np.linalg.solve(normal, summed @ C.T)
     weights.flags.writeable = False  # shared by every caller of the cache
     return weights
 
@@ -395,7 +399,7 @@ def state_and_bias(ss: StateSpace, orders: Orders, stacked_run: Stacked, horizon
 
     bias = `fit_disturbance` at the last row over W = min(window, available) rows, window defaulting to
     disturbance_window(ss, horizon) (a local model passes its artifact's, model/local.py), available =
-    the rows before it with a measured state; zeros when there is none (logged). uq's settled scores
+    the rows before it with a measured state; zeros when there is none (logged). uq's block scores
     hold the same estimate, fitted over the full W rows before each block.
     """
     n = int(stacked_run.lengths[0])

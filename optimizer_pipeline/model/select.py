@@ -1,7 +1,7 @@
 """Structure selection for `identify`: which ARX structure and ridge fit the data, judged by the
 open-loop rollout error on held-out runs.
 
-Two families of candidates, each fitted by ridge least squares (model/fit.py) and scored alike:
+Three families of candidates, each fitted by ridge least squares (model/fit.py) and scored alike:
 
 * common: one delay for every channel, every CV's past in every equation (the ARX orders na, nb,
   delay); the orders the binding leaves unset come from NA_GRID x NB_GRID x DELAY_GRID.
@@ -16,6 +16,14 @@ Two families of candidates, each fitted by ridge least squares (model/fit.py) an
   SCORE_MARGIN): a numerator whose leading coefficient is noise fits as well one lag earlier. (A full scan of every delay per input was tried: 2-4x the time and no better
   choices on the judge's columns.) One delay for all channels forces a long numerator on every
   channel and blurs the gains; a delay per channel does not.
+* long numerator (only when the binding leaves every order to the data): na = 1, delay = 1 and nb
+  from LONG_NB, every CV's past in every equation. Close to a FIR (what gets steady-state gains right
+  on dead-time MIMO plants, BENCHMARKS.md issue 15 "Identification"), with the one pole for the tail
+  of slow channels; the dead times are its leading near-zero coefficients. Its best length goes
+  through the ridge grid like the others' best structures.
+
+When more than one family reaches the ridge stage, identify keeps the family whose best model
+predicts the held-out settled values closest (model/artifact.py, `selection.settled_nrmse_by_family`).
 
 Score: mean over CVs of the P-step open-loop rollout NRMSE on val runs (train runs when no val run
 holds a window, recorded). Every candidate is scored on the same windows. Order stage at
@@ -39,6 +47,10 @@ DELAY_GRID = (1, 2, 3, 4, 5, 6)
 # Per-channel delays range over 1..MAX_CHANNEL_DELAY samples; the first estimate is the first lag of
 # a FIR_LENGTH-long numerator whose coefficient reaches FIR_THRESHOLD of the channel's largest.
 MAX_CHANNEL_DELAY = 12
+# The long-numerator family (only when the binding leaves every order to the data): na = 1, delay = 1
+# and a numerator of LONG_NB lags, which holds each channel's dead time as leading near-zero
+# coefficients and most of its response, the single pole the slow tail.
+LONG_NB = (20, 40)
 FIR_NA = 2
 FIR_THRESHOLD = 0.2
 SWEEPS = 3
@@ -98,10 +110,23 @@ def per_channel(binding: BindingSpec) -> bool:
     return binding.model.delay is None
 
 
+def long_numerators(binding: BindingSpec) -> list[Orders]:
+    """The long-numerator family's orders (module docstring), when the binding leaves every order unset."""
+    m = binding.model
+    return [Orders(1, nb, 1) for nb in LONG_NB] if m.na is None and m.nb is None and m.delay is None else []
+
+
+def family(structure: Structure) -> str:
+    """The candidate family a structure belongs to (module docstring)."""
+    if structure.per_channel:
+        return "per_channel"
+    return "long_numerator" if structure.nb > NB_GRID[-1] and structure.nb in LONG_NB else "one_delay"
+
+
 def window_lag(binding: BindingSpec) -> int:
     """Rows of past data the binding's model may need: the largest lag over the structures it may be
     given (the binding's own orders, or the selection grids where it leaves them unset)."""
-    lag = max(orders.max_lag for orders in candidates(binding))
+    lag = max(orders.max_lag for orders in candidates(binding) + long_numerators(binding))
     if per_channel(binding):
         lag = max(lag, MAX_CHANNEL_DELAY + _grid(binding.model.nb, NB_GRID)[-1] - 1)
     return lag
