@@ -90,6 +90,8 @@ def _artifact_metadata(artifact: ModelArtifact, plot: Callable[[], str], step_pl
         "orders_chosen_from_data": MetadataValue.json(dict(artifact.selection)) if artifact.selection else "given",
         # the structure: delays per CV and input (MVs, then DVs), own-CV past only (MISO) or every CV's
         "structure": MetadataValue.json(dict(artifact.selection.get("structure") or {})),
+        # one delay, a delay per channel or a long numerator (model/select.py), when chosen from the data
+        **({"family": artifact.selection["family"]} if "family" in (artifact.selection or {}) else {}),
         # the steady-state MV gain (normalised units): condition number and its uncertainty (jackknife)
         "steady_gain_condition": _condition(artifact),
         "steady_gain": MetadataValue.json(dict(artifact.steady_gain)),

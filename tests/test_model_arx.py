@@ -563,3 +563,48 @@ def test_the_pieces_of_a_run_are_one_run_for_the_jackknife_and_gate_g4():
     g4 = quality_gates(problem.fit(orders, 1e-3), stacked(pieces), stacked(whole[1:]), stacked(whole[1:]), 5,
                        10_000)[-1]
     assert g4.name == "G4" and not g4.passed and "(train runs: 1)" in g4.description
+
+
+def wood_berry_like_runs(seed: int):
+    """Four first-order channels with their own poles (0.85-0.97) and dead times (1-8 samples), the
+    CVs their sums: no low-order common or per-CV model holds both of a CV's poles."""
+    poles, gains, delays = np.array([[0.9, 0.97], [0.95, 0.85]]), np.array([[1.0, -1.2], [0.6, -1.0]]), \
+        np.array([[1, 6], [8, 3]])
+    rng = np.random.default_rng(seed)
+    runs, n = 10, 500
+    u = excitation(rng, runs, n, 2, hold=25)
+    lag, y = np.zeros((runs, 2, 2)), np.zeros((runs, n, 2))
+    for t in range(n):
+        y[:, t] = lag.sum(axis=2) + 0.02 * rng.normal(size=(runs, 2))
+        for i in range(2):
+            for j in range(2):
+                held = u[:, t - delays[i, j] + 1, j] if t >= delays[i, j] - 1 else 0.0
+                lag[:, i, j] = poles[i, j] * lag[:, i, j] + (1 - poles[i, j]) * gains[i, j] * held
+    return gains, run_series("w", u, y, np.zeros((runs, n, 0)))
+
+
+def test_the_long_numerator_family_wins_where_channels_have_poles_of_their_own():
+    """A binding that leaves every order to the data also gets the long numerator (na = 1, delay = 1, nb
+    from LONG_NB); identify keeps the family whose best model settles closest on the held-out runs, here
+    the long numerator by far, kept as least squares fitted it; its steady gain is the plant's."""
+    gains, runs = wood_berry_like_runs(5)
+    spec = binding(n_mv=2, n_cv=2, na=None, nb=None, delay=None, horizon=10)
+    split = split_of(spec, runs, 6, 2, 2)
+    artifact = identify(split, spec, 1)
+    selection, settled = artifact.selection, artifact.selection["settled_nrmse_by_family"]
+    assert selection["family"] == "long_numerator" and selection["long_numerator"] == list(LONG_NB)
+    assert (artifact.na, artifact.delay) == (1, 1) and artifact.nb in LONG_NB
+    assert settled["long_numerator"] < 0.5 * min(settled["one_delay"], settled["per_channel"])
+    assert not selection["refinement"]["tried"] and "long numerator" in selection["refinement"]["reason"]
+    mu, su = split.normalisation.of(spec.mv_tags)
+    my, sy = split.normalisation.of(spec.cv_tags)
+    truth = gains * su[None, :] / sy[:, None]  # normalised units
+    np.testing.assert_allclose(artifact.steady_gain["gain"], truth, atol=0.1 * np.abs(truth).max())
+
+
+def test_a_binding_that_gives_an_order_gets_no_long_numerator():
+    _, runs = wood_berry_like_runs(6)
+    spec = binding(n_mv=2, n_cv=2, na=2, nb=None, delay=None, horizon=10)
+    artifact = identify(split_of(spec, runs, 6, 2, 2), spec, 1)
+    assert artifact.selection["long_numerator"] == "not searched" and artifact.selection["family"] != "long_numerator"
+    assert all(s["nb"] not in LONG_NB for s in artifact.selection["order_scores"])

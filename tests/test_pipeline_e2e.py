@@ -69,6 +69,7 @@ def test_the_band_says_what_it_is_calibrated_for(demo):
             AssetRecordsFilter(asset_key=AssetKey("model_artifact"), asset_partitions=[binding_id]), limit=1).records
         metadata = record.asset_materialization.metadata
         assert metadata["steady_model"].value == artifact.selection["steady_model"]  # the choice of model
+        assert metadata["family"].value == artifact.selection["family"]  # one delay, per channel, long numerator
         gain = record.asset_materialization.metadata["steady_gain"].value
         assert gain["uncertainty"]["replicates"] >= 2 and len(gain["uncertainty"]["std"]) == len(plant.spec.cvs)
         assert record.asset_materialization.metadata["steady_gain_condition"].value == pytest.approx(gain["condition"])

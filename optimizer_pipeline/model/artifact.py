@@ -229,18 +229,31 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
     if per_channel(binding):
         structure, channels = selector.per_channel_structure(binding, best(order_stage))
         order_stage.append(selector.fit(structure, ORDER_STAGE_RIDGE))
-    long = [selector.fit(Structure.common(orders, ny, nu + nd), ORDER_STAGE_RIDGE) for orders in long_numerators(binding)]
     ridge_stage = selector.ridge_stage(order_stage)
-    if long:  # its best length through the ridge grid too: the family is judged by where it settles
-        ridge_stage += selector.ridge_stage([best(long)])
+    problems = {id(s): problem for s in ridge_stage}  # the regression each candidate was fitted on
+    settled_on, long, long_note = selector, [], "not searched"
+    if long_numerators(binding):  # on rows of their own: their lags would shorten every candidate's data
+        long_problem = RidgeProblem(train, 1, max(o.max_lag for o in long_numerators(binding)))
+        long_structures = [Structure.common(orders, ny, nu + nd) for orders in long_numerators(binding)]
+        if long_problem.n_rows >= max(s.n_params() for s in long_structures):
+            settled_on = Selector(long_problem, data, horizon, max(first_row, long_problem.lag_full - 1))
+            long = [settled_on.fit(structure, ORDER_STAGE_RIDGE) for structure in long_structures]
+            # its best length through the ridge grid too: the family is judged by where it settles
+            long_stage = settled_on.ridge_stage([best(long)])
+            problems.update({id(s): long_problem for s in long_stage})
+            ridge_stage += long_stage
+            long_note = [o.nb for o in long_numerators(binding)]
+        else:
+            long_note = f"{long_problem.n_rows} train rows with {long_problem.lag_full} lags are too few"
     chosen = best(ridge_stage)
     names = sorted({family(s.structure) for s in ridge_stage})
     settled_nrmse = None
-    if len(names) > 1:  # the family whose model settles closer on the held-out windows
+    if len(names) > 1:  # the family whose model settles closer on the held-out windows (the same for all)
         finalists = [best([s for s in ridge_stage if family(s.structure) == name]) for name in names]
-        settled = [_settled_error(s.model, selector) for s in finalists]
+        settled = [_settled_error(s.model, settled_on) for s in finalists]
         chosen = finalists[int(np.argmin(settled))]
         settled_nrmse = {name: finite_or_none(e) for name, e in zip(names, settled)}
+    problem = problems[id(chosen)]
     order_stage += long
     if not chosen.stable:
         log.warning("binding %s: no stable candidate; best has spectral radius %.4f", binding.id, chosen.radius)
@@ -276,7 +289,7 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
         "fixed_by_binding": {k: getattr(binding.model, k) for k in ("na", "nb", "delay")
                              if getattr(binding.model, k) is not None},
         "per_channel_search": channels,
-        "long_numerator": [o.nb for o in long_numerators(binding)] or "not searched",
+        "long_numerator": long_note,
         "family": family(final.structure),
         "settled_nrmse_by_family": settled_nrmse,
         "order_scores": [s.record() for s in order_stage],

@@ -125,8 +125,10 @@ def family(structure: Structure) -> str:
 
 def window_lag(binding: BindingSpec) -> int:
     """Rows of past data the binding's model may need: the largest lag over the structures it may be
-    given (the binding's own orders, or the selection grids where it leaves them unset)."""
-    lag = max(orders.max_lag for orders in candidates(binding) + long_numerators(binding))
+    given (the binding's own orders, or the selection grids where it leaves them unset). Not the long
+    numerators': they are fitted on rows of their own (identify), and a history's shortest run is
+    this lag plus P (data.default_min_length)."""
+    lag = max(orders.max_lag for orders in candidates(binding))
     if per_channel(binding):
         lag = max(lag, MAX_CHANNEL_DELAY + _grid(binding.model.nb, NB_GRID)[-1] - 1)
     return lag
