@@ -503,3 +503,14 @@ def test_a_local_rules_text_and_key_carry_its_base_rule(monkeypatch):
     changed = {score for score in uq.SCORE_RULES if after[score] != before[score]}
     assert changed == {uq.MAX_RESIDUAL, uq.MAX_RESIDUAL_LOCAL}
     assert all(after[s][1] != before[s][1] for s in changed)
+
+
+def test_a_rules_digest_is_the_first_8_hex_digits_of_its_sha256_and_its_key_names_it():
+    import hashlib
+
+    from optimizer_pipeline import uq
+
+    text = uq.rule_text(uq.SETTLED_RESIDUAL)
+    assert uq.rule_digest(text) == hashlib.sha256(text.encode("utf-8")).hexdigest()[:8]
+    assert uq.rule_digest(None) == "unrecorded"  # evidence stored before rules were named
+    assert uq.rule_key(uq.SETTLED_RESIDUAL) == f"settled_residual:{uq.rule_digest(text)}"

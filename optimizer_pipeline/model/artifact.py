@@ -24,9 +24,10 @@ from optimizer_pipeline.model.arx import (ArxModel, Orders, Stacked, nrmse, roll
 from optimizer_pipeline.model.fit import RidgeProblem, Structure, free_mask, refine_multistep
 from optimizer_pipeline.model.local import (BANDWIDTHS, GLOBAL, LOCAL, LocalFitter, OperatingPoint, best_bandwidth,
                                            local_gains, local_paths, steady_model_record)
-from optimizer_pipeline.model.select import (FIR_NA, MAX_CHANNEL_DELAY, ORDER_STAGE_RIDGE, RIDGE_GRID,
-                                             RIDGE_STAGE_ORDERS, SELECTION_WINDOWS, Selector, best, candidates,
-                                             family, finite_or_none, long_numerators, per_channel, window_lag)
+from optimizer_pipeline.model.select import (FIR_NA, LONG_MARGIN, MAX_CHANNEL_DELAY, ORDER_STAGE_RIDGE,
+                                             RIDGE_GRID, RIDGE_STAGE_ORDERS, SELECTION_WINDOWS, Selector, best,
+                                             candidates, family, finite_or_none, long_numerators, per_channel,
+                                             window_lag)
 from optimizer_pipeline.model.statespace import settling_steps, steady_state
 from optimizer_pipeline.model.step_response import gain_condition, jackknife_deviations, step_response_record
 
@@ -251,7 +252,8 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
     if len(names) > 1:  # the family whose model settles closer on the held-out windows (the same for all)
         finalists = [best([s for s in ridge_stage if family(s.structure) == name]) for name in names]
         settled = [_settled_error(s.model, settled_on) for s in finalists]
-        chosen = finalists[int(np.argmin(settled))]
+        handicap = [1 / (1 - LONG_MARGIN) if name == "long_numerator" else 1.0 for name in names]
+        chosen = finalists[int(np.argmin(np.multiply(settled, handicap)))]
         settled_nrmse = {name: finite_or_none(e) for name, e in zip(names, settled)}
     problem = problems[id(chosen)]
     order_stage += long
