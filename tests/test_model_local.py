@@ -620,3 +620,15 @@ def test_the_steady_model_record_states_the_rule_and_its_figures():
     assert diverged["settled_nrmse"] == {GLOBAL: 0.3, LOCAL: None} and diverged["refits"] == 0
     assert steady_model_record(GLOBAL, np.inf, {1.0: 0.1})["settled_nrmse"][GLOBAL] is None
     json.dumps([chosen, none, diverged], allow_nan=False)
+
+
+def test_local_gains_are_the_refits_steady_state_gains_of_mvs_and_dvs():
+    """local_gains solves (I - sum A) [G, Gd] = [sum B, sum D] for every refit at once: the steady state of
+    each refit's realisation (statespace.steady_state), here with two coupled CVs and two AR lags, where
+    the AR sum is a matrix; none gives an empty (0, ny, nv) stack."""
+    rng = np.random.default_rng(8)
+    refits = [ArxModel(Orders(2, 2, 1), A=0.2 * rng.normal(size=(2, 2, 2)), B=rng.normal(size=(2, 2, 1)),
+                       D=rng.normal(size=(2, 2, 1)), c=rng.normal(size=2)) for _ in range(3)]
+    expected = [np.hstack(steady_state(model.realise())[:2]) for model in refits]
+    np.testing.assert_allclose(local_module.local_gains(refits, 2, 2), np.array(expected), rtol=1e-10)
+    assert local_module.local_gains([], 2, 3).shape == (0, 2, 3)
