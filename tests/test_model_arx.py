@@ -608,3 +608,17 @@ def test_a_binding_that_gives_an_order_gets_no_long_numerator():
     artifact = identify(split_of(spec, runs, 6, 2, 2), spec, 1)
     assert artifact.selection["long_numerator"] == "not searched" and artifact.selection["family"] != "long_numerator"
     assert all(s["nb"] not in LONG_NB for s in artifact.selection["order_scores"])
+
+
+def test_a_structure_is_a_long_numerator_only_where_the_binding_searched_them():
+    """A binding that gives nb = 20 itself has one-delay candidates of that length: they are refined
+    and compared as such (selection.family), not handicapped as long numerators."""
+    from optimizer_pipeline.model.fit import Structure
+    from optimizer_pipeline.model.select import family
+
+    long = Structure.common(Orders(1, LONG_NB[0], 1), 2, 2)
+    assert family(long, binding(na=None, nb=None, delay=None)) == "long_numerator"
+    assert family(long, binding(na=None, nb=LONG_NB[0], delay=None)) == "one_delay"
+    assert family(Structure.common(Orders(1, 3, 1), 2, 2), binding(na=None, nb=None, delay=None)) == "one_delay"
+    assert family(Structure(1, 2, ((1, 3), (2, 2)), own_ar=True), binding(na=None, nb=None, delay=None)) == \
+        "per_channel"

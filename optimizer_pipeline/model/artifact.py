@@ -198,10 +198,11 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
     """Identify the ARX model of a binding revision from its train runs (module docstring).
 
     The structure (model/select.py: the orders grid with one delay, and, when the binding leaves the
-    delay unset, a delay per channel) and the ridge are chosen by the val P-step rollout NRMSE (train
-    rollouts when there are no val runs, recorded). The chosen model's free coefficients are then
-    refined for the P-step simulation error and kept only when the val score improves and stability
-    is not lost. The steady-state gain and the step-response matrix are recorded with their jackknife
+    delay unset, a delay per channel, when it leaves every order unset a long numerator too) and the
+    ridge are chosen by the val P-step rollout NRMSE within a family (train rollouts when there are no
+    val runs, recorded), the family by the held-out settled NRMSE. The chosen model's free
+    coefficients are then refined for the P-step simulation error (not a long numerator's) and kept
+    only when the val score improves and stability is not lost. The steady-state gain and the step-response matrix are recorded with their jackknife
     uncertainty over the train runs (one set of replicate models for both).
     """
     started = time.perf_counter()
@@ -247,10 +248,10 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
         else:
             long_note = f"{long_problem.n_rows} train rows with {long_problem.lag_full} lags are too few"
     chosen = best(ridge_stage)
-    names = sorted({family(s.structure) for s in ridge_stage})
+    names = sorted({family(s.structure, binding) for s in ridge_stage})
     settled_nrmse = None
     if len(names) > 1:  # the family whose model settles closer on the held-out windows (the same for all)
-        finalists = [best([s for s in ridge_stage if family(s.structure) == name]) for name in names]
+        finalists = [best([s for s in ridge_stage if family(s.structure, binding) == name]) for name in names]
         settled = [_settled_error(s.model, settled_on) for s in finalists]
         handicap = [1 / (1 - LONG_MARGIN) if name == "long_numerator" else 1.0 for name in names]
         chosen = finalists[int(np.argmin(np.multiply(settled, handicap)))]
@@ -260,7 +261,7 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
     if not chosen.stable:
         log.warning("binding %s: no stable candidate; best has spectral radius %.4f", binding.id, chosen.radius)
 
-    if family(chosen.structure) == "long_numerator":
+    if family(chosen.structure, binding) == "long_numerator":
         refined, refinement = chosen.model, {"tried": False, "reason": LONG_NOT_REFINED}
     else:
         refined, refinement = refine_multistep(chosen.model, train, horizon, chosen.ridge,
@@ -292,7 +293,7 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
                              if getattr(binding.model, k) is not None},
         "per_channel_search": channels,
         "long_numerator": long_note,
-        "family": family(final.structure),
+        "family": family(final.structure, binding),
         "settled_nrmse_by_family": settled_nrmse,
         "order_scores": [s.record() for s in order_stage],
         "ridge_scores": [s.record() for s in ridge_stage],

@@ -121,11 +121,13 @@ def long_numerators(binding: BindingSpec) -> list[Orders]:
     return [Orders(1, nb, 1) for nb in LONG_NB] if m.na is None and m.nb is None and m.delay is None else []
 
 
-def family(structure: Structure) -> str:
-    """The candidate family a structure belongs to (module docstring)."""
+def family(structure: Structure, binding: BindingSpec) -> str:
+    """The candidate family a structure of `binding`'s selection belongs to (module docstring): a long
+    numerator only where the binding searched them (a binding that gives nb = 20 has one-delay candidates)."""
     if structure.per_channel:
         return "per_channel"
-    return "long_numerator" if structure.nb > NB_GRID[-1] and structure.nb in LONG_NB else "one_delay"
+    long = {(o.na, o.nb) for o in long_numerators(binding)}
+    return "long_numerator" if (structure.na, structure.nb) in long else "one_delay"
 
 
 def window_lag(binding: BindingSpec) -> int:
