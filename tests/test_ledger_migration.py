@@ -2,8 +2,10 @@
 nothing lost; version 6 keys block scores by their score rule."""
 
 import json
+from types import SimpleNamespace
 
 import duckdb
+import numpy as np
 import pytest
 
 from optimizer_pipeline import uq
@@ -61,18 +63,48 @@ def test_opening_a_version_1_ledger_records_the_new_version_and_numeric_plan_col
     assert ledger.counts()["optimizer_candidates"] == 2 and len(ledger.list_runs()) == 1
 
 
-def test_a_version_5_ledger_keeps_its_block_scores_as_of_an_unrecorded_rule(tmp_path):
+V5_SCORE_ROWS = "INSERT INTO uq_block_scores VALUES ('a', 'tanks-1', 1, 'val', 'r1', 0, 'y1', 0.25, " \
+                "'2026-01-02 03:04:05'), ('a', 'tanks-1', 1, 'val', 'r1', 0, 'y2', NULL, '2026-01-02 03:04:05')"
+
+
+@pytest.mark.parametrize("backend", ["duckdb", "postgres"])
+def test_a_version_5_ledger_keeps_its_block_scores_as_of_an_unrecorded_rule(backend, tmp_path, request):
     """Schema version 6 keys block scores by their score rule (uq.rule_key): the rows stored before
-    are kept, named 'unrecorded', so no calibration of this version reads them."""
-    path = tmp_path / "optimizer.duckdb"
-    conn = duckdb.connect(str(path))
-    assert apply_schema(conn, up_to=5) == [1, 2, 3, 4, 5]
-    conn.execute("INSERT INTO uq_block_scores VALUES ('a' , 'tanks-1', 1, 'val', 'r1', 0, 'y1', 0.25, "
-                 "'2026-01-02 03:04:05')")
-    conn.close()
-    ledger = Ledger(path)
+    are kept, a NULL score too, named 'unrecorded', so no calibration of this version reads them; a
+    score of this version's rule is stored beside them at the same block."""
+    if backend == "duckdb":
+        path = tmp_path / "optimizer.duckdb"
+        conn = duckdb.connect(str(path))
+        assert apply_schema(conn, up_to=5) == [1, 2, 3, 4, 5]
+        conn.execute(V5_SCORE_ROWS)
+        conn.close()
+        ledger = Ledger(path)
+    else:
+        import psycopg
+
+        from optimizer_pipeline.ledger.postgres_backend import PostgresBackend
+        from optimizer_pipeline.ledger.schema import POSTGRES
+
+        url = request.getfixturevalue("postgres").new_database()
+        with psycopg.connect(url) as conn:  # the schema as the release of version 5 left it
+
+            class Placeholders:  # apply_schema writes `?`, psycopg takes %s
+                def execute(self, sql, params=()):
+                    return conn.execute(sql.replace("?", "%s"), params)
+
+            assert apply_schema(Placeholders(), up_to=5, dialect=POSTGRES) == [1, 2, 3, 4, 5]
+            conn.execute(V5_SCORE_ROWS)
+        postgres_backend = PostgresBackend(url)
+        request.addfinalizer(postgres_backend.close)
+        ledger = Ledger(postgres_backend)
     assert ledger.query("SELECT version FROM schema_migrations ORDER BY version")["version"].tolist()[-1] == SCHEMA_VERSION
     kept = ledger.block_scores("a", "unrecorded")
-    assert kept.values.tolist() == [["val", "r1", 0, "y1", 0.25]]
+    assert kept["score"].tolist()[0] == 0.25 and np.isnan(kept["score"].tolist()[1])
+    assert kept[["segment", "run_id", "block_start", "cv_tag"]].values.tolist() == [["val", "r1", 0, "y1"],
+                                                                                   ["val", "r1", 0, "y2"]]
     assert ledger.block_scores("a", uq.rule_key(uq.MAX_RESIDUAL)).empty
-    assert SCHEMA_VERSION >= 6 and ledger.counts()["uq_block_scores"] == 1
+    # put_block_scores reads only these fields of the artifact (its hash named 'a' like the v5 rows')
+    artifact = SimpleNamespace(artifact_hash="a", binding_id="tanks-1", binding_revision=1, cv_tags=("y1", "y2"))
+    assert ledger.put_block_scores(artifact, uq.rule_key(uq.MAX_RESIDUAL), "val", ["r1"], [0], [[0.5, 0.75]]) == 2
+    assert ledger.block_scores("a", uq.rule_key(uq.MAX_RESIDUAL))["score"].tolist() == [0.5, 0.75]
+    assert SCHEMA_VERSION >= 6 and ledger.counts()["uq_block_scores"] == 4
