@@ -155,8 +155,9 @@ def score_and_store(ledger: Ledger, binding: BindingSpec, artifact: ModelArtifac
 
 def load_scores(ledger: Ledger, binding: BindingSpec, artifact: ModelArtifact, split: HistorySplit) -> Scores:
     """The block scores stored for the artifact by this version's text of its score rule (uq.rule_key;
-    non-overlapping blocks of h steps each) of its own val / test runs (`artifact_runs` of `split`, which also names the plant's run each is part of,
-    RunSeries.plant_run): a ledger may hold scores of other runs, stored before scores kept to them."""
+    non-overlapping blocks of h steps each) of its own val / test runs (`artifact_runs` of `split`,
+    which also names the plant's run each is part of, RunSeries.plant_run): a ledger may hold scores
+    of other runs, stored before scores kept to them."""
     (h, score), tags = block_rule(binding, artifact), list(artifact.cv_tags)
     frame = ledger.block_scores(artifact.artifact_hash, uq.rule_key(score))
     if frame.empty:

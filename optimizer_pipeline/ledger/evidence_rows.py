@@ -89,8 +89,8 @@ class EvidenceRows:
     def block_scores(self, artifact_hash: str, rule: str) -> pd.DataFrame:
         """segment, run_id, block_start, cv_tag, score of an artifact by the score rule `rule`, in block order."""
         return self.query("""SELECT segment, run_id, block_start, cv_tag, score FROM uq_block_scores
-                             WHERE artifact_hash = ? AND score_rule = ? ORDER BY segment, run_id, block_start, cv_tag""",
-                          [artifact_hash, rule])
+                             WHERE artifact_hash = ? AND score_rule = ?
+                             ORDER BY segment, run_id, block_start, cv_tag""", [artifact_hash, rule])
 
     @retried
     def put_calibration(self, artifact: ModelArtifact, evidence: Mapping[str, Any], *, has_evidence: bool,

@@ -202,8 +202,9 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
     ridge are chosen by the val P-step rollout NRMSE within a family (train rollouts when there are no
     val runs, recorded), the family by the held-out settled NRMSE. The chosen model's free
     coefficients are then refined for the P-step simulation error (not a long numerator's) and kept
-    only when the val score improves and stability is not lost. The steady-state gain and the step-response matrix are recorded with their jackknife
-    uncertainty over the train runs (one set of replicate models for both).
+    only when the val score improves and stability is not lost. The steady-state gain and the
+    step-response matrix are recorded with their jackknife uncertainty over the train runs (one set of
+    replicate models for both).
     """
     started = time.perf_counter()
     tags = (binding.mv_tags, binding.cv_tags, binding.dv_tags)
@@ -232,19 +233,16 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
         structure, channels = selector.per_channel_structure(binding, best(order_stage))
         order_stage.append(selector.fit(structure, ORDER_STAGE_RIDGE))
     ridge_stage = selector.ridge_stage(order_stage)
-    problems = {id(s): problem for s in ridge_stage}  # the regression each candidate was fitted on
-    settled_on, long, long_note = selector, [], "not searched"
-    if long_numerators(binding):  # on rows of their own: their lags would shorten every candidate's data
-        long_problem = RidgeProblem(train, 1, max(o.max_lag for o in long_numerators(binding)))
-        long_structures = [Structure.common(orders, ny, nu + nd) for orders in long_numerators(binding)]
+    settled_on, long, long_note, long_orders = selector, [], "not searched", long_numerators(binding)
+    if long_orders:  # on rows of their own: their lags would shorten every candidate's data
+        long_problem = RidgeProblem(train, 1, max(o.max_lag for o in long_orders))
+        long_structures = [Structure.common(orders, ny, nu + nd) for orders in long_orders]
         if long_problem.n_rows >= max(s.n_params() for s in long_structures):
             settled_on = Selector(long_problem, data, horizon, max(first_row, long_problem.lag_full - 1))
             long = [settled_on.fit(structure, ORDER_STAGE_RIDGE) for structure in long_structures]
             # its best length through the ridge grid too: the family is judged by where it settles
-            long_stage = settled_on.ridge_stage([best(long)])
-            problems.update({id(s): long_problem for s in long_stage})
-            ridge_stage += long_stage
-            long_note = [o.nb for o in long_numerators(binding)]
+            ridge_stage += settled_on.ridge_stage([best(long)])
+            long_note = [o.nb for o in long_orders]
         else:
             long_note = f"{long_problem.n_rows} train rows with {long_problem.lag_full} lags are too few"
     chosen = best(ridge_stage)
@@ -256,12 +254,12 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
         handicap = [1 / (1 - LONG_MARGIN) if name == "long_numerator" else 1.0 for name in names]
         chosen = finalists[int(np.argmin(np.multiply(settled, handicap)))]
         settled_nrmse = {name: finite_or_none(e) for name, e in zip(names, settled)}
-    problem = problems[id(chosen)]
     order_stage += long
     if not chosen.stable:
         log.warning("binding %s: no stable candidate; best has spectral radius %.4f", binding.id, chosen.radius)
 
-    if family(chosen.structure, binding) == "long_numerator":
+    if family(chosen.structure, binding) == "long_numerator":  # fitted on the long family's rows
+        problem = settled_on.problem
         refined, refinement = chosen.model, {"tried": False, "reason": LONG_NOT_REFINED}
     else:
         refined, refinement = refine_multistep(chosen.model, train, horizon, chosen.ridge,
