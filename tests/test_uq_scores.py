@@ -7,8 +7,9 @@ from model_helpers import binding, run_series, simulate_arx
 
 from optimizer_pipeline.contracts import Normalisation, RunSeries
 from optimizer_pipeline.model import ArxModel, Orders, artifact_from_model
+from optimizer_pipeline.model import arx
 from optimizer_pipeline.model.arx import disturbance_window
-from optimizer_pipeline.uq import SETTLED_RESIDUAL, UQInputError, block_scores
+from optimizer_pipeline.uq import MAX_RESIDUAL, SETTLED_RESIDUAL, UQInputError, block_scores
 
 MODEL = ArxModel(Orders(2, 2, 2), A=np.array([[[0.6, 0.1], [0.0, 0.5]], [[0.2, 0.0], [0.05, -0.1]]]),
                  B=np.array([[[0.3, 0.1], [0.1, 0.2]], [[0.1, 0.0], [0.0, 0.1]]]),
@@ -140,6 +141,19 @@ def test_settled_scores_hold_the_disturbance_fitted_to_the_rows_before_each_bloc
     assert list(scores.run_ids) == ids and list(scores.starts) == starts and starts[0] == 2 + window
     np.testing.assert_allclose(scores.scores, np.array(expected), rtol=1e-9, atol=1e-11)
     assert scores.n_unique_steps == len(expected) * 9
+
+
+@pytest.mark.parametrize("settled", [False, True])
+def test_scores_gathered_a_few_windows_at_a_time_are_the_same(monkeypatch, settled):
+    """held_errors gathers the residual windows of its blocks in chunks (model.arx.WINDOW_CHUNK_VALUES): chunks
+    of two blocks, their seams between and inside runs, give the independent scores."""
+    runs = random_runs([80, 45, 61], seed=3)
+    h, window = 6, disturbance_window(artifact().state_space, 5)
+    monkeypatch.setattr(arx, "WINDOW_CHUNK_VALUES", 3 * (window + h) * 2 - 1)  # two blocks of W + h rows, 2 CVs
+    scores = block_scores(artifact(), runs, h=h, score=SETTLED_RESIDUAL if settled else MAX_RESIDUAL)
+    ids, starts, expected = naive_scores(runs, h, settled=settled)
+    assert len(expected) >= 7 and list(scores.starts) == starts
+    np.testing.assert_allclose(scores.scores, np.array(expected), rtol=1e-9, atol=1e-11)
 
 
 def test_unknown_score_rule_is_refused():
