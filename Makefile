@@ -56,6 +56,13 @@ MUT_ledger_TESTS := tests/test_ledger.py tests/test_ledger_candidates.py tests/t
 MUT_ledger_ONLY := *record_solve__mutmut_* *_publish__mutmut_* *_expire__mutmut_* *finish_run__mutmut_*
 MUT_local := optimizer_pipeline/model/local.py
 MUT_local_TESTS := tests/test_model_local.py
+# the model's block-scoring path (stacked runs, one-step residuals, the held disturbance's filter, the
+# block errors); the rest of arx.py is identification's, covered by the judge and the model tests
+MUT_arx := optimizer_pipeline/model/arx.py
+MUT_arx_TESTS := tests/test_model_arx.py tests/test_uq_scores.py
+MUT_arx_ONLY := *stack_runs__mutmut_* *one_step_residuals__mutmut_* *disturbance_filter__mutmut_* \
+  *fit_disturbance__mutmut_* *held_errors__mutmut_* *_error_maps__mutmut_* *_flat_filter__mutmut_* \
+  *_filtered__mutmut_* *_windows__mutmut_*
 
 define mutate_module
 	rm -rf .mutation/$(1) && mkdir -p .mutation/$(1)
