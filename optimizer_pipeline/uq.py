@@ -156,7 +156,7 @@ def block_scores(artifact: ModelArtifact, runs: Sequence[RunSeries], h: int | No
     fitted over (model.arx.disturbance_window), and tile each run without overlap; every block is predicted
     open-loop from its measured state with the measured MVs / DVs and that disturbance held, as the
     recommendation predicts, all blocks of all runs at once: by the identified model from the one-step
-    residuals (model.arx.held_errors: two products per chunk of blocks), each local refit
+    residuals (model.arx.held_errors: a pass over the h steps of all blocks), each local refit
     by rolling out its block and its W-row window (model.local.local_paths).
     """
     h = check_integer(artifact.horizon if h is None else int(h), "block scores", AT_LEAST_ONE, name="block length h",
@@ -178,7 +178,7 @@ def block_scores(artifact: ModelArtifact, runs: Sequence[RunSeries], h: int | No
                 predicted, measured = rollout_windows(ss, stacked, orders, rows, h)
                 errors = measured - local_paths(fitter, ss, stacked, orders, rows, predicted, window)[1]
             else:  # the disturbance `current_state` would hold at row k: fitted over the W rows before it
-                errors = held_errors(ss, stacked, orders, rows, h, window, final_only=settled)
+                errors = held_errors(ss, stacked, orders, rows, h, window)
             scores = np.abs(errors[:, -1]) if settled else _max_over_steps(np.abs(errors, out=errors))
     else:
         scores = np.empty((0, ny))

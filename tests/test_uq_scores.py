@@ -144,15 +144,17 @@ def test_settled_scores_hold_the_disturbance_fitted_to_the_rows_before_each_bloc
 
 
 @pytest.mark.parametrize("settled", [False, True])
-def test_scores_gathered_a_few_windows_at_a_time_are_the_same(monkeypatch, settled):
-    """held_errors gathers the residual windows of its blocks in chunks (model.arx.WINDOW_CHUNK_VALUES): chunks
-    of two blocks, their seams between and inside runs, give the independent scores."""
-    runs = random_runs([80, 45, 61], seed=3)
+def test_scores_with_the_disturbance_filtered_a_few_windows_at_a_time_are_the_same(monkeypatch, settled):
+    """The held disturbance's filter gathers the residual windows of the blocks in chunks
+    (model.arx.WINDOW_CHUNK_VALUES): chunks of two blocks, two of them with the end of one run and the
+    start of the next, give the independent scores."""
+    runs = random_runs([75, 55, 61], seed=3)
     h, window = 6, disturbance_window(artifact().state_space, 5)
-    monkeypatch.setattr(arx, "WINDOW_CHUNK_VALUES", 3 * (window + h) * 2 - 1)  # two blocks of W + h rows, 2 CVs
+    monkeypatch.setattr(arx, "WINDOW_CHUNK_VALUES", 3 * window * 2 - 1)  # two windows of W rows, 2 CVs
     scores = block_scores(artifact(), runs, h=h, score=SETTLED_RESIDUAL if settled else MAX_RESIDUAL)
     ids, starts, expected = naive_scores(runs, h, settled=settled)
-    assert len(expected) >= 7 and list(scores.starts) == starts
+    assert ids == ["run-0"] * 5 + ["run-1"] * 2 + ["run-2"] * 3  # blocks 4 | 5 and 6 | 7 share a chunk
+    assert list(scores.run_ids) == ids and list(scores.starts) == starts
     np.testing.assert_allclose(scores.scores, np.array(expected), rtol=1e-9, atol=1e-11)
 
 

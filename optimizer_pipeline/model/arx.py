@@ -23,7 +23,7 @@ import logging
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -276,7 +276,7 @@ def rollout_nrmse(model: ArxModel, stacked: Stacked, h: int, max_windows: int = 
 # most residuals see that effect (the fit measures what a settled prediction holds instead of
 # extrapolating to it), and the measured start state's noise has died out in the first.
 DISTURBANCE_SETTLING_HORIZONS = 2
-# residual values gathered per chunk of windows (4 MiB) by the held disturbance's filter and held_errors
+# residual values gathered per chunk of windows (4 MiB) by the held disturbance's filter (`_filtered`)
 WINDOW_CHUNK_VALUES = 1 << 19
 
 
@@ -298,8 +298,8 @@ def fit_disturbance(ss: StateSpace, stacked: Stacked, orders: Orders, rows: np.n
 
     Computed as a filter of the one-step residuals (`disturbance_filter`, built once per model and
     window), not by rolling out every window: the same numbers (tests/test_model_arx.py checks them
-    against the rollout), at the cost of one one-step prediction per row and `window` products per
-    row k, however many windows overlap.
+    against the rollout), at the cost of one one-step prediction per row and a product of each row k's
+    `window` residuals with the filter, however many windows overlap.
 
     The mean one-step residual over the last P rows (the estimate before) sums to its end samples' noise
     divided by P and, held, reaches the settled prediction amplified by the disturbance's steady gain
@@ -315,81 +315,47 @@ def fit_disturbance(ss: StateSpace, stacked: Stacked, orders: Orders, rows: np.n
 
 
 def held_errors(ss: StateSpace, stacked: Stacked, orders: Orders, rows: np.ndarray, h: int,
-                window: int, final_only: bool = False) -> np.ndarray:
+                window: int) -> np.ndarray:
     """(m, h, ny): per global row k, the measured y[k + 1 .. k + h] minus the h-step open-loop rollout from the
     measured state x[k] driven by the measured MVs / DVs with `fit_disturbance`'s estimate over the `window`
     rows before k held (statespace.rollout's disturbance): what a prediction from row k gets wrong.
-    (m, 1, ny), the last step's only, when `final_only` (a settled score reads no other).
 
     From the one-step residuals v, like `fit_disturbance`: the rollout's error is the realisation's
     error recursion e[j] = sum_l A_l e[j - l] + v[k + j - 1] (A_l the blocks of C A that read y[t - l + 1]:
     the other state entries are measured inputs, without error), minus the held disturbance's response.
-    Both are linear maps of the W + h residuals from k - W (`_error_maps`, `disturbance_filter`): two
-    products per chunk of rows k, on windows gathered from the residuals (`_windows`), instead of a
-    rollout of the full state."""
+    One pass over the rows and h steps of m-row products, instead of a rollout of the full state; each
+    step's m rows are contiguous (the result is a (m, h, ny) view of them)."""
     ny = stacked.y.shape[1]
     if rows.size == 0:
-        return np.empty((0, 1 if final_only else h, ny))
+        return np.empty((0, h, ny))
     first = int(rows.min()) - window
     residuals = one_step_residuals(ss, stacked, orders, first, int(rows.max()) + h)
-    estimate = _flat_filter(disturbance_filter(ss, window))
-    propagate, response = _error_maps(ss, orders.na, h, final_only)
-    errors = np.empty((rows.size, response.shape[1]))
-    for part, windows in _windows(residuals, rows - window - first, window + h):
-        np.matmul(windows[:, window * ny:], propagate, out=errors[part])
-        errors[part] -= (windows[:, :window * ny] @ estimate) @ response
-    return errors.reshape(rows.size, -1, ny)
-
-
-def _error_maps(ss: StateSpace, na: int, h: int, final_only: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(propagate, response) of `held_errors`: the block's h one-step residuals v[k .. k + h - 1], flattened
-    (h ny,), to its prediction errors at steps 1..h flattened (h ny,), and a held disturbance (ny,) to its
-    response there, rows acting on a row vector; the last step's columns only (ny) when `final_only`.
-    The error of step j is sum_{i <= j} I_(j-i) v[k + i] with I_0 = I, I_n = sum_l A_l I_(n-l) (the error
-    recursion's impulse response)."""
+    held = _filtered(disturbance_filter(ss, window), residuals, rows - window - first)
     A, _, _, _, C = ss.arrays()
-    ny = C.shape[0]
-    ar = (C @ A)[:, :na * ny].reshape(ny, na, ny).transpose(1, 0, 2)  # A_l, l = 1..na
-    impulse = np.empty((h, ny, ny))
-    impulse[0] = np.eye(ny)
-    for n in range(1, h):
-        impulse[n] = sum(ar[lag - 1] @ impulse[n - lag] for lag in range(1, min(na, n) + 1))
-    gains = disturbance_step_gains(ss, h)  # G_j[a, b], j = 1..h
-    if final_only:
-        return impulse[::-1].transpose(0, 2, 1).reshape(h * ny, ny), gains[-1].T
-    after = np.subtract.outer(np.arange(h), np.arange(h)).T  # [i, j] = j - i: steps from residual i to step j
-    blocks = impulse.transpose(0, 2, 1)[np.maximum(after, 0)] * (after >= 0)[:, :, None, None]  # [i, j, b, a]
-    return (blocks.transpose(0, 2, 1, 3).reshape(h * ny, h * ny),
-            gains.transpose(2, 0, 1).reshape(ny, h * ny))  # [b, (j, a)] = G_j[a, b]
-
-
-def _flat_filter(weights: np.ndarray) -> np.ndarray:
-    """`disturbance_filter`'s (window, ny, ny) weights as one (window ny, ny) matrix acting on a window of
-    residuals flattened row by row: [(i, b), a] = weights[i, a, b]."""
-    return weights.transpose(0, 2, 1).reshape(-1, weights.shape[1])
+    ar = (C @ A)[:, :orders.na * ny].reshape(ny, orders.na, ny).transpose(1, 0, 2)  # A_l, l = 1..na
+    errors, starts = np.empty((h, rows.size, ny)), rows - first
+    for j in range(h):
+        step = np.take(residuals, starts + j, axis=0)
+        for lag in range(1, min(orders.na, j) + 1):
+            step += errors[j - lag] @ ar[lag - 1].T
+        errors[j] = step
+    errors -= held @ disturbance_step_gains(ss, h).transpose(0, 2, 1)  # step j: held @ G_j'
+    return errors.transpose(1, 0, 2)
 
 
 def _filtered(weights: np.ndarray, residuals: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """(m, ny): sum_i weights[i] residuals[starts + i], i < len(weights) (`disturbance_filter`): one product
-    per chunk of windows (`_windows`)."""
-    estimate = np.empty((starts.size, residuals.shape[1]))
-    flat = _flat_filter(weights)
-    for part, windows in _windows(residuals, starts, weights.shape[0]):
-        np.matmul(windows, flat, out=estimate[part])
-    return estimate
-
-
-def _windows(residuals: np.ndarray, starts: np.ndarray, length: int) -> Iterator[tuple[slice, np.ndarray]]:
-    """(part, windows) for consecutive chunks `part` of `starts`: windows[i] = residuals[s : s + length]
-    flattened row by row, s = starts[part][i], each a (chunk, length ny) copy gathered from a strided view
-    of the residuals (WINDOW_CHUNK_VALUES values at a time: all windows of a block scoring at once would be
-    ~1e8 bytes, and the view itself is never copied)."""
-    ny = residuals.shape[1]
-    view = sliding_window_view(np.ascontiguousarray(residuals).reshape(-1), length * ny)[::ny]
-    size = max(1, WINDOW_CHUNK_VALUES // (length * ny))
+    """(m, ny): sum_i weights[i] residuals[starts + i], i < len(weights) (`disturbance_filter`). Per chunk of
+    starts, one product of their windows of residuals, each flattened row by row and gathered from a
+    strided view of the residuals, WINDOW_CHUNK_VALUES values at a time (all windows of a block scoring
+    at once would be ~1e8 bytes)."""
+    window, ny = weights.shape[0], residuals.shape[1]
+    flat = weights.transpose(0, 2, 1).reshape(window * ny, ny)  # [(i, b), a] = weights[i, a, b]
+    windows = sliding_window_view(np.ascontiguousarray(residuals).reshape(-1), window * ny)[::ny]  # s: v[s:s + W]
+    size = max(1, WINDOW_CHUNK_VALUES // (window * ny))
+    estimate = np.empty((starts.size, ny))
     for begin in range(0, starts.size, size):
-        part = slice(begin, begin + size)
-        yield part, view[starts[part]]
+        np.matmul(windows[starts[begin:begin + size]], flat, out=estimate[begin:begin + size])
+    return estimate
 
 
 def one_step_residuals(ss: StateSpace, stacked: Stacked, orders: Orders, first: int, end: int) -> np.ndarray:
