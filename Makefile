@@ -61,8 +61,7 @@ MUT_local_TESTS := tests/test_model_local.py
 MUT_arx := optimizer_pipeline/model/arx.py
 MUT_arx_TESTS := tests/test_model_arx.py tests/test_uq_scores.py
 MUT_arx_ONLY := *stack_runs__mutmut_* *one_step_residuals__mutmut_* *disturbance_filter__mutmut_* \
-  *fit_disturbance__mutmut_* *held_errors__mutmut_* *_error_maps__mutmut_* *_flat_filter__mutmut_* \
-  *_filtered__mutmut_* *_windows__mutmut_*
+  *fit_disturbance__mutmut_* *held_errors__mutmut_* *_filtered__mutmut_*
 
 define mutate_module
 	rm -rf .mutation/$(1) && mkdir -p .mutation/$(1)

@@ -6,7 +6,8 @@ from model_helpers import binding, excitation, run_series, simulate_arx, split_o
 
 from optimizer_pipeline.contracts import ContractError, ModelArtifact, Normalisation, RunSeries
 from optimizer_pipeline.model import ArxModel, Orders, artifact_from_model, current_state, identify, stack_for
-from optimizer_pipeline.model.arx import disturbance_window, fit_disturbance, rollout_windows, window_rows
+from optimizer_pipeline.model.arx import (disturbance_window, fit_disturbance, held_errors, rollout_windows, stack_runs,
+                                          window_rows)
 from optimizer_pipeline.model.select import LONG_NB
 from optimizer_pipeline.model.artifact import GAIN_JACKKNIFE, GAIN_OPERATING_RANGE, steady_gain_record
 from optimizer_pipeline.model.statespace import disturbance_step_gains
@@ -56,7 +57,7 @@ def test_realisation_rollout_equals_arx_recursion(na, nb, delay, n_dv):
     np.testing.assert_allclose(predicted, measured, atol=1e-9)
 
 
-@pytest.mark.parametrize("na, nb, delay, n_dv", [(2, 3, 2, 1), (1, 1, 1, 0), (3, 2, 4, 2)])
+@pytest.mark.parametrize("na, nb, delay, n_dv", [(2, 3, 2, 1), (1, 1, 1, 0), (3, 2, 4, 2), (2, 2, 1, 1)])
 def test_the_disturbance_fitted_as_a_filter_of_one_step_residuals_equals_the_rollouts_least_squares(na, nb, delay,
                                                                                                     n_dv):
     """fit_disturbance filters the one-step residuals (model.arx.disturbance_filter); the definition it must
@@ -77,6 +78,26 @@ def test_the_disturbance_fitted_as_a_filter_of_one_step_residuals_equals_the_rol
     fitted = fit_disturbance(ss, stacked, model.orders, rows, window)
     assert rows.size > 30 and np.ptp(fitted) > 0.1
     np.testing.assert_allclose(fitted, np.array(expected), rtol=1e-9, atol=1e-12)
+
+
+def test_a_blocks_held_errors_do_not_depend_on_the_blocks_scored_with_it():
+    """held_errors of one row alone equals that row's among many (its residuals and filter window are its
+    own); no rows give empty arrays, also from fit_disturbance."""
+    rng = np.random.default_rng(5)
+    spec = binding(n_mv=2, n_cv=2, n_dv=1, na=2, nb=2, delay=1, horizon=4)
+    model = ArxModel(Orders(2, 2, 1), A=0.2 * rng.normal(size=(2, 2, 2)), B=rng.normal(size=(2, 2, 2)),
+                     D=rng.normal(size=(2, 2, 1)), c=rng.normal(size=2))
+    run = RunSeries("r", np.arange(70.0), rng.normal(size=(70, 2)), rng.normal(size=(70, 2)), rng.normal(size=(70, 1)))
+    artifact = artifact_from_model(model, spec, 1, unit_normalisation(spec))
+    stacked, ss, window = stack_for(artifact, [run]), artifact.state_space, 9
+    rows = np.arange(model.orders.first_state_row + window, 70 - 4, 4)
+    together = held_errors(ss, stacked, model.orders, rows, 4, window)
+    for i in (0, 3, rows.size - 1):
+        np.testing.assert_allclose(held_errors(ss, stacked, model.orders, rows[i:i + 1], 4, window)[0], together[i],
+                                   rtol=1e-12, atol=1e-12)
+    assert together.shape == (rows.size, 4, 2) and np.ptp(together) > 1.0
+    assert held_errors(ss, stacked, model.orders, rows[:0], 4, window).shape == (0, 4, 2)
+    assert fit_disturbance(ss, stacked, model.orders, rows[:0], window).shape == (0, 2)
 
 
 def test_state_size_is_outputs_plus_needed_past_inputs():
@@ -268,6 +289,48 @@ def test_stack_rejects_a_run_whose_columns_do_not_match_the_tags():
     bad = RunSeries("bad-run", np.arange(5.0), np.zeros((5, 3)), np.zeros((5, 2)), np.empty((5, 0)))
     with pytest.raises(ContractError, match="bad-run: u has shape"):
         stack_for(artifact, [bad])
+
+
+STACK_NORM = Normalisation(("u0", "u1", "y0", "y1", "d0"), (1.0, -1.0, 2.0, 0.5, 0.0), (2.0, 4.0, 0.5, 1.0, 1e-9))
+
+
+def test_stack_normalises_each_column_with_its_own_train_statistics_into_float_arrays():
+    """Integer samples are stacked as floats; column j is (x - mean) / std of the j-th tag given; DVs
+    given as any empty array where the binding has none; the runs' offsets and lengths."""
+    runs = [RunSeries("a", np.arange(3.0), np.array([[1, 3], [5, -1], [3, 7]]), np.array([[2, 1], [4, 0], [3, 2]]),
+                      np.empty(0)),
+            RunSeries("b", np.arange(2.0), np.array([[0, 1], [2, 2]]), np.array([[1, 1], [2, 0]]), np.empty((2, 0)))]
+    stacked = stack_runs(runs, STACK_NORM, ("u1", "u0"), ("y0", "y1"), ())
+    assert stacked.u.dtype == stacked.y.dtype == np.float64 and stacked.d.shape == (5, 0)
+    np.testing.assert_array_equal(stacked.u[:, 0], (np.array([1, 5, 3, 0, 2]) + 1.0) / 4.0)  # column 0 is u1
+    np.testing.assert_array_equal(stacked.u[:, 1], (np.array([3, -1, 7, 1, 2]) - 1.0) / 2.0)
+    np.testing.assert_array_equal(stacked.y[:, 0], (np.array([2, 4, 3, 1, 2]) - 2.0) / 0.5)
+    assert list(stacked.offsets) == [0, 3] and list(stacked.lengths) == [3, 2] and stacked.run_ids == ("a", "b")
+
+
+def test_stack_of_no_runs_is_empty_in_every_part():
+    stacked = stack_runs([], STACK_NORM, ("u0", "u1"), ("y0",), ("d0",))
+    assert stacked.u.shape == (0, 2) and stacked.y.shape == (0, 1) and stacked.d.shape == (0, 1)
+    assert stacked.offsets.size == 0 and stacked.lengths.size == 0
+
+
+def test_stack_names_every_tag_without_train_statistics_and_every_flat_tag():
+    with pytest.raises(ContractError) as missing:
+        stack_runs([], STACK_NORM, ("u0", "u7"), ("y0", "y9"), ())
+    assert str(missing.value) == "normalisation: no train statistics for tag(s) u7, y9"
+    flat = Normalisation(("u0", "u1", "y0"), (0.0, 0.0, 0.0), (0.5e-9, 0.9e-9, 1.0))
+    with pytest.raises(ContractError) as both:
+        stack_runs([], flat, ("u0", "u1"), ("y0",), ())
+    assert str(both.value).startswith("normalisation: train std of u0, u1 is below 1e-09 (never moves")
+    assert stack_runs([], STACK_NORM, (), ("y0",), ("d0",)).d.shape == (0, 1)  # a std of exactly MIN_STD is kept
+
+
+@pytest.mark.parametrize("part, shapes", [("y", ((4, 1), (4, 2), (4, 1))), ("d", ((4, 2), (4, 2), (4, 2)))])
+def test_stack_names_the_run_and_part_whose_shape_is_wrong(part, shapes):
+    y, u, d = (np.zeros(shape) for shape in shapes)
+    with pytest.raises(ContractError) as bad:
+        stack_runs([RunSeries("r3", np.arange(4.0), u, y, d)], STACK_NORM, ("u0", "u1"), ("y0", "y1"), ("d0",))
+    assert str(bad.value) == f"run r3: {part} has shape (4, {1 if part == 'y' else 2}), expected (4, {2 if part == 'y' else 1})"
 
 
 # ---------------------------------------------------------------- current state and bias
