@@ -325,12 +325,16 @@ def test_stack_names_every_tag_without_train_statistics_and_every_flat_tag():
     assert stack_runs([], STACK_NORM, (), ("y0",), ("d0",)).d.shape == (0, 1)  # a std of exactly MIN_STD is kept
 
 
-@pytest.mark.parametrize("part, shapes", [("y", ((4, 1), (4, 2), (4, 1))), ("d", ((4, 2), (4, 2), (4, 2)))])
-def test_stack_names_the_run_and_part_whose_shape_is_wrong(part, shapes):
-    y, u, d = (np.zeros(shape) for shape in shapes)
+@pytest.mark.parametrize("shapes, dv_tags, refused", [
+    (((4, 1), (4, 2), (4, 1)), ("d0",), "y has shape (4, 1), expected (4, 2)"),
+    (((4, 2), (4, 2), (4, 2)), ("d0",), "d has shape (4, 2), expected (4, 1)"),
+    (((4, 2), (4, 2), (4, 1)), (), "d has shape (4, 1), expected (4, 0)"),  # a DV the binding does not have
+])
+def test_stack_names_the_run_and_part_whose_shape_is_wrong(shapes, dv_tags, refused):
+    y, u, d = (np.ones(shape) for shape in shapes)
     with pytest.raises(ContractError) as bad:
-        stack_runs([RunSeries("r3", np.arange(4.0), u, y, d)], STACK_NORM, ("u0", "u1"), ("y0", "y1"), ("d0",))
-    assert str(bad.value) == f"run r3: {part} has shape (4, {1 if part == 'y' else 2}), expected (4, {2 if part == 'y' else 1})"
+        stack_runs([RunSeries("r3", np.arange(4.0), u, y, d)], STACK_NORM, ("u0", "u1"), ("y0", "y1"), dv_tags)
+    assert str(bad.value) == f"run r3: {refused}"
 
 
 # ---------------------------------------------------------------- current state and bias
