@@ -39,7 +39,7 @@ clean:
 # a scratch copy of the work tree (.mutation/<module>/: the tree itself is never mutated) against
 # the tests that matter for it. Slow, so not part of `make test`. `make mutation MUTATION_MODULES=uq`
 # runs one module; MUTATION_TIMEOUT caps each module's run (s); MUTATION_JOBS = parallel mutants.
-MUTATION_MODULES ?= uq outcomes recommend verify ledger local
+MUTATION_MODULES ?= uq outcomes recommend verify ledger local arx
 MUTATION_TIMEOUT ?= 5400
 MUTATION_JOBS ?= 1
 MUT_uq := optimizer_pipeline/uq.py
