@@ -194,8 +194,10 @@ def stack_runs(runs: Sequence[RunSeries], normalisation: Normalisation, mv_tags:
     arrays = []
     for part, width, (mean, std) in zip(parts, widths, stats):
         stacked = np.concatenate(part) if part else np.empty((0, width))
-        for column, (m, s) in enumerate(zip(mean, std)):  # in place, a column at a time: block scoring stacks
-            values = stacked[:, column]  # ~1e6 rows and is timed, and broadcasting a row of means is ~3x slower
+        # in place, a column at a time: block scoring stacks ~1e6 rows and is timed, and numpy's broadcast of a
+        # row of means over them is ~3x slower
+        for column, (m, s) in enumerate(zip(mean, std)):
+            values = stacked[:, column]
             values -= m
             values /= s
         arrays.append(stacked)
