@@ -54,8 +54,12 @@ class IllConditionedColumn(Plant):
         "mvs": [{"tag": "reflux", "lo": -2.0, "hi": 2.0, "max_move": 0.2},
                 {"tag": "boilup", "lo": -2.0, "hi": 2.0, "max_move": 0.2}],
         # targets = the steady outputs of u = (1.2, 0.5): reachable inside the MV bounds
-        "cvs": [{"tag": "x_top", "lo": -1.0, "hi": 1.0, "target": 0.521, "weight": 1.0},
-                {"tag": "x_bottom", "lo": -1.0, "hi": 1.0, "target": 0.587, "weight": 1.0}],
+        # the compositions saturate toward +-0.8: the engineer declares it (a logit CV transform, with a
+        # margin over the noise) and keeps the limits inside it
+        "cvs": [{"tag": "x_top", "lo": -0.84, "hi": 0.84, "target": 0.521, "weight": 1.0,
+                 "transform": {"kind": "logit", "lo": -0.85, "hi": 0.85}},
+                {"tag": "x_bottom", "lo": -0.84, "hi": 0.84, "target": 0.587, "weight": 1.0,
+                 "transform": {"kind": "logit", "lo": -0.85, "hi": 0.85}}],
         "dvs": [], "model": {"horizon": 12},
         "profile": {"id": "column-track", "version": 1, "template": "linear_mpc_quadratic@1", "horizon": 60,
                     "move_weight": 0.1, "valid_for_s": 3600}}

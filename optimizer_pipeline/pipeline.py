@@ -261,11 +261,10 @@ def _local_model(binding: BindingSpec, artifact: ModelArtifact, split: HistorySp
     """The artifact refitted (model/local.py) midway between the live state and the first solve's plan
     at its P-th step (a steady target: the target) on the artifact's own train runs, or the artifact
     itself when the refit is refused as the evidence's blocks fall back; and what the run records of it."""
-    live = split.live
-    u_mean, u_std = artifact.normalisation.of(artifact.mv_tags)
-    y_mean, y_std = artifact.normalisation.of(artifact.cv_tags)
-    point = OperatingPoint.of_move((live.u[-1] - u_mean) / u_std, (live.y[-1] - y_mean) / y_std,
-                                   (end[0] - u_mean) / u_std, (end[1] - y_mean) / y_std)
+    live, norm = split.live, artifact.normalisation
+    mvs, cvs = artifact.mv_tags, artifact.cv_tags
+    point = OperatingPoint.of_move(norm.normalise(mvs, live.u[-1]), norm.normalise(cvs, live.y[-1]),
+                                   norm.normalise(mvs, end[0]), norm.normalise(cvs, end[1]))
     local, record = local_artifact(artifact, binding, artifact_runs(artifact, split, "train"), point,
                                    settle_limit(artifact.state_space))
     return (artifact if local is None else local), {**record, "first_target": end[0].tolist(),

@@ -409,14 +409,13 @@ def model_fit_series(artifact: ModelArtifact, run: RunSeries, max_blocks: int = 
     orders = Orders(artifact.na, artifact.nb, artifact.delay)
     rows, _ = window_rows(stacked, orders.first_state_row, h, h)
     rows = rows[:max_blocks]
-    mean, std = artifact.normalisation.of(artifact.cv_tags)
     end = int(rows[-1]) + h + 1 if rows.size else len(run)
     predicted = np.full((end, len(artifact.cv_tags)), np.nan)
     if rows.size:
         with np.errstate(over="ignore", invalid="ignore"):
             rolled, _ = rollout_windows(artifact.state_space, stacked, orders, rows, h)
         steps = (rows[:, None] + 1 + np.arange(h)).ravel()
-        predicted[steps] = rolled.reshape(-1, rolled.shape[-1]) * std + mean
+        predicted[steps] = artifact.normalisation.engineering(artifact.cv_tags, rolled.reshape(-1, rolled.shape[-1]))
     t = np.asarray(run.t[:end], float)
     return FitSeries(run.run_id, h, tuple(artifact.cv_tags), t - t[0], np.asarray(run.y[:end], float), predicted)
 

@@ -14,7 +14,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from optimizer_pipeline.contracts import BindingSpec, ContractError, ModelArtifact, ProblemIR, Template
+from optimizer_pipeline.contracts import BindingSpec, ContractError, CVTransform, ModelArtifact, ProblemIR, Template
+from optimizer_pipeline.contracts.transform import KINDS
 from optimizer_pipeline.contracts.problem import ECONOMIC_FIELDS
 from optimizer_pipeline.economics import normalised_costs
 from optimizer_pipeline.model.statespace import disturbance_gain, steady_state
@@ -22,6 +23,7 @@ from optimizer_pipeline.validation import (
     AT_LEAST_ONE,
     NON_NEGATIVE,
     POSITIVE,
+    check_choice,
     check_integer,
     check_matrix,
     check_number,
@@ -66,9 +68,9 @@ def _plainly_valid(problem: ProblemIR) -> bool:
     exact floats / ints, vectors that are not tuples / lists), which sends the problem through
     `_check_fields` to name the defect."""
     m = problem.model
-    if problem.u_target is not None or problem.u_target_weight != 0.0 or any(
+    if problem.u_target is not None or problem.u_target_weight != 0.0 or problem.y_transform is not None or any(
             getattr(problem, name) is not None for name in ECONOMIC_FIELDS):
-        return False  # economics and steering: checked field by field
+        return False  # economics, steering and CV transforms: checked field by field
     if not (isinstance(problem.template, Template) and type(problem.horizon) is int and problem.horizon >= 1
             and type(problem.move_weight) is float and math.isfinite(problem.move_weight) and problem.move_weight >= 0
             and type(problem.slack_weight) is float and math.isfinite(problem.slack_weight)
@@ -147,6 +149,25 @@ def _check_fields(problem: ProblemIR) -> None:
         check_matrix(problem.steady_dv_gain, f"{p}.steady_dv_gain", ny, nd, error=error)
         check_vector(problem.steady_offset, f"{p}.steady_offset", ny, error=error)
     _check_economics(problem, nu, ny)
+    _check_transforms(problem, ny)
+
+
+def _check_transforms(problem: ProblemIR, ny: int) -> None:
+    """y_transform: None, or per CV None or a CVTransform of a known kind with finite limits lo < hi."""
+    if problem.y_transform is None:
+        return
+    p, error = "problem.y_transform", ProblemError
+    if not isinstance(problem.y_transform, (tuple, list)) or len(problem.y_transform) != ny:
+        refuse(p, f"one entry per CV ({ny})", problem.y_transform, error=error)
+    for j, transform in enumerate(problem.y_transform):
+        if transform is None:
+            continue
+        if not isinstance(transform, CVTransform):
+            refuse(f"{p}[{j}]", "a CV transform or null", transform, error=error)
+        check_choice(transform.kind, KINDS, f"{p}[{j}].kind", what="transform kind", error=error)
+        lo = check_number(transform.lo, f"{p}[{j}].lo", error=error)
+        hi = check_number(transform.hi, f"{p}[{j}].hi", error=error)
+        check_ordered(lo, hi, f"{p}[{j}]", strict=True, error=error)
 
 
 def _check_economics(problem: ProblemIR, nu: int, ny: int) -> None:
@@ -187,7 +208,8 @@ def problem_from_dict(doc: Any) -> ProblemIR:
     return validate_problem(problem)
 
 
-_TEXT_FIELDS = {"binding_id", "profile_id", "model_artifact_hash", "mv_tags", "cv_tags", "dv_tags"}
+# not numbers: skipped when naming a malformed field (y_transform holds each transform's kind)
+_TEXT_FIELDS = {"binding_id", "profile_id", "model_artifact_hash", "mv_tags", "cv_tags", "dv_tags", "y_transform"}
 
 
 def _malformed_field(doc: Mapping[str, Any]) -> str:
@@ -223,15 +245,22 @@ def robust_limits(problem: ProblemIR) -> tuple[np.ndarray, np.ndarray]:
     Where the band is wider than half the limit interval the tightened interval would be empty;
     the limits then collapse onto the interval's midpoint (the point farthest from both nominal
     limits), so the robust problem stays well posed. Without a band the nominal limits are returned.
+    A transformed CV (y_transform) is tightened in engineering units, where its band is, and the
+    limits mapped back.
     """
     lo, hi = np.asarray(problem.y_lo, float), np.asarray(problem.y_hi, float)
     if problem.band is None:
         return lo, hi
     band = np.asarray(problem.band, float)
+    if problem.y_transform is not None:  # the band is in engineering units (x std): tightened there
+        lo, hi, band = problem.cv_engineering(lo), problem.cv_engineering(hi), band * np.asarray(problem.y_std)
     t_lo, t_hi = lo + band, hi - band
     empty = t_lo > t_hi
     mid = 0.5 * (lo + hi)
-    return np.where(empty, mid, t_lo), np.where(empty, mid, t_hi)
+    r_lo, r_hi = np.where(empty, mid, t_lo), np.where(empty, mid, t_hi)
+    if problem.y_transform is not None:
+        return problem.cv_normalised(r_lo), problem.cv_normalised(r_hi)
+    return r_lo, r_hi
 
 
 # --------------------------------------------------------------------------- compilation
@@ -332,12 +361,13 @@ def compile_problem(binding: BindingSpec, artifact: ModelArtifact, x0: Any, bias
         model=artifact.state_space,
         x0=_flat(x0), u_prev=_flat((u_now - u_mean) / u_std), d=_flat((d_now - d_mean) / d_std), bias=_flat(bias),
         u_lo=_flat((mv_lo - u_mean) / u_std), u_hi=_flat((mv_hi - u_mean) / u_std), du_max=_flat(mv_move / u_std),
-        y_lo=_flat((cv_lo - y_mean) / y_std), y_hi=_flat((cv_hi - y_mean) / y_std),
-        y_target=_flat((cv_target - y_mean) / y_std), y_weight=_flat(weight),
+        y_lo=_flat(norm.normalise(binding.cv_tags, cv_lo)), y_hi=_flat(norm.normalise(binding.cv_tags, cv_hi)),
+        y_target=_flat(norm.normalise(binding.cv_tags, cv_target)), y_weight=_flat(weight),
         move_weight=float(binding.profile.move_weight), slack_weight=float(slack_weight),
         band=None if band is None else _flat(band),
         u_mean=_flat(u_mean), u_std=_flat(u_std), y_mean=_flat(y_mean), y_std=_flat(y_std),
         **steady, **steered,
+        y_transform=norm.transforms_of(binding.cv_tags) if norm.transforms else None,
     )
     return validate_problem(problem)
 

@@ -27,8 +27,10 @@ from optimizer_pipeline.contracts import (
     SolveCandidate,
     SolveResult,
     Template,
+    forward_columns,
     iso_utc,
     parse_iso_utc,
+    slope_columns,
 )
 from optimizer_pipeline.ledger import candidate_id, new_id
 from optimizer_pipeline.settings import Settings
@@ -142,6 +144,9 @@ def gain_conditions(artifact: ModelArtifact, problem: ProblemIR, evidence: Evide
     move = (np.asarray(candidate.controls[-1], float) - u_mean) / u_std - np.asarray(problem.u_prev, float)
     cov = np.asarray(uncertainty.get("jackknife_cov", uncertainty["cov"]), float)
     spread = GAIN_SIGMAS * np.sqrt(np.einsum("a,iab,b->i", move, cov, move))
+    transforms = artifact.normalisation.transforms_of(artifact.cv_tags)
+    if any(transforms):  # the band is in engineering units (x std): the spread too, by dy/dz at the plan's end
+        spread = spread * slope_columns(transforms, forward_columns(transforms, candidate.predicted[-1]))
     qhat = np.asarray(evidence.uq["qhat"], float)
     worst = int(np.argmax(spread / np.maximum(qhat, 1e-300)))
     _, y_std = artifact.normalisation.of(artifact.cv_tags)
@@ -223,8 +228,7 @@ def decide(binding: BindingSpec, binding_revision: int, artifact: ModelArtifact,
     checked = (conditions(artifact, evidence, candidate, max_input_distance, now)
                + gain_conditions(artifact, problem, evidence, candidate, steady_gain)
                + improvement_conditions(binding, result, candidate, _wider(band_engineering, end_band),
-                                        max_band_fraction,
-                                        np.asarray(problem.y_mean) + np.asarray(problem.y_std) * problem.y_target)
+                                        max_band_fraction, problem.cv_engineering(problem.y_target))
                + list(extra_conditions))
     if not result.ok:
         checked.insert(0, Condition("solver", str(result.error_code), "a result", False,

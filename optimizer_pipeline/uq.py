@@ -29,7 +29,8 @@ from optimizer_pipeline.contracts import (
     parse_iso_utc,
 )
 from optimizer_pipeline.model.artifact import stack_for
-from optimizer_pipeline.model.arx import Orders, disturbance_window, held_errors, rollout_windows, window_rows
+from optimizer_pipeline.model.arx import (Orders, Stacked, disturbance_window, held_errors, rollout_windows,
+                                          window_rows)
 from optimizer_pipeline.model.local import LocalFitter, local_paths
 from optimizer_pipeline.validation import (
     AT_LEAST_ONE,
@@ -180,6 +181,8 @@ def block_scores(artifact: ModelArtifact, runs: Sequence[RunSeries], h: int | No
                 errors = measured - local_paths(fitter, ss, stacked, orders, rows, predicted, window)[1]
             else:  # the disturbance `current_state` would hold at row k: fitted over the W rows before it
                 errors = held_errors(ss, stacked, orders, rows, h, window)
+            if any(artifact.normalisation.transforms_of(artifact.cv_tags)):
+                errors = _engineering_errors(artifact, stacked, rows, errors)
             scores = np.abs(errors[:, -1]) if settled else _max_over_steps(np.abs(errors, out=errors))
     else:
         scores = np.empty((0, ny))
@@ -188,6 +191,18 @@ def block_scores(artifact: ModelArtifact, runs: Sequence[RunSeries], h: int | No
                        starts=rows - stacked.offsets[which], scores=scores,
                        n_unique_steps=int(rows.size * h), n_runs=len({stacked.plant_runs[i] for i in np.unique(which)}),
                        score=score)
+
+
+def _engineering_errors(artifact: ModelArtifact, stacked: Stacked, rows: np.ndarray,
+                        errors: np.ndarray) -> np.ndarray:
+    """Errors (m, h, ny) of a model of transformed CVs (contracts.transform), normalised z of the measured
+    y[k + 1 .. k + h] minus the prediction, as the difference of their engineering values over the train
+    std: the band (qhat x std) then bounds what a user reads, the CV in engineering units."""
+    norm, tags = artifact.normalisation, artifact.cv_tags
+    steps = rows[:, None] + 1 + np.arange(errors.shape[1])
+    measured = np.take(stacked.y, steps, axis=0)  # (m, h, ny), normalised transformed units
+    _, std = norm.of(tags)
+    return (norm.engineering(tags, measured) - norm.engineering(tags, measured - errors)) / std
 
 
 # --------------------------------------------------------------------------- evidence
@@ -359,10 +374,12 @@ def input_distance(artifact: ModelArtifact, u_now: Sequence[float], y_now: Seque
     x = np.concatenate([u, y])
     if not np.all(np.isfinite(x)):
         return None
-    mean, std = artifact.normalisation.of(artifact.mv_tags + artifact.cv_tags)
-    if np.any(std < MIN_STD):
+    tags = artifact.mv_tags + artifact.cv_tags
+    if np.any(artifact.normalisation.of(tags)[1] < MIN_STD):
         return math.inf
-    return float(np.max(np.abs((x - mean) / std)))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = artifact.normalisation.normalise(tags, x)  # a CV at or beyond its transform's limits: inf / NaN
+    return float(np.max(np.abs(z))) if np.all(np.isfinite(z)) else math.inf
 
 
 def _instant(value: datetime | str, what: str) -> datetime:

@@ -5,6 +5,7 @@ optimizer_pipeline.contracts import X` is the one way to use them:
 
   canonical       canonical JSON, fast_json, all_finite, sha256 / content hash, ContractError
   timeutil        utc_now, iso_utc, parse_iso_utc
+  transform       CVTransform (a saturating CV's logit) and its column-wise forward / inverse / slope
   binding         Template, MV / CV / DV specs, ModelSettings, Profile, BindingSpec and its loaders, StoredBinding
   history         RunSeries, HistorySplit
   model           Normalisation, StateSpace, Gate, ModelArtifact, MIN_STD
@@ -55,13 +56,14 @@ from optimizer_pipeline.contracts.recommendation import (
 )
 from optimizer_pipeline.contracts.solve import CandidateKind, SolveCandidate, SolveResult
 from optimizer_pipeline.contracts.timeutil import iso_utc, parse_iso_utc, utc_now
+from optimizer_pipeline.contracts.transform import CVTransform, forward_columns, inverse_columns, slope_columns
 
 __all__ = [
-    "BindingSpec", "BlockScores", "CVSpec", "Calibration", "CandidateKind", "Condition", "ContractError",
-    "DVSpec", "EvidenceSnapshot", "EvidenceSource", "Gate", "HistorySplit", "ID_PATTERN", "MIN_STD", "MVSpec",
+    "BindingSpec", "BlockScores", "CVSpec", "CVTransform", "Calibration", "CandidateKind", "Condition",
+    "ContractError", "DVSpec", "EvidenceSnapshot", "EvidenceSource", "Gate", "HistorySplit", "ID_PATTERN", "MIN_STD", "MVSpec",
     "ModelArtifact", "ModelSettings", "Normalisation", "Outcome", "OutcomeVerdict", "ProblemIR", "Profile",
     "Recommendation", "RecommendationStatus", "RunSeries", "Scores", "SolveCandidate", "SolveResult",
     "StateSpace", "StoredBinding", "Template", "UQEvidence", "all_finite", "binding_from_dict",
-    "binding_from_json", "canonical_json", "content_hash", "fast_json", "iso_utc", "load_binding_file",
-    "parse_iso_utc", "sha256_hex", "utc_now",
+    "binding_from_json", "canonical_json", "content_hash", "fast_json", "forward_columns", "inverse_columns",
+    "iso_utc", "load_binding_file", "parse_iso_utc", "sha256_hex", "slope_columns", "utc_now",
 ]

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from optimizer_pipeline.contracts.canonical import ContractError, canonical_json, sha256_hex
+from optimizer_pipeline.contracts.transform import KINDS, CVTransform
 from optimizer_pipeline.validation import (
     AT_LEAST_ONE,
     NON_NEGATIVE,
@@ -60,6 +61,7 @@ class CVSpec:
     weight: float = 1.0
     cost: float = 0.0
     cost_quadratic: float = 0.0
+    transform: CVTransform | None = None  # identified and planned in transformed units (contracts.transform)
 
 
 @dataclass(frozen=True)
@@ -123,14 +125,16 @@ class BindingSpec:
         return json.loads(self.canonical_json())
 
     def canonical_json(self) -> str:
-        """The spec as canonical JSON; zero costs are left out, so a binding written before costs
-        existed keeps its hash (and its revision)."""
+        """The spec as canonical JSON; zero costs and absent CV transforms are left out, so a binding
+        written before they existed keeps its hash (and its revision)."""
         doc = asdict(self)
         for kind in ("mvs", "cvs"):
             for item in doc[kind]:
                 for key in COST_FIELDS:
                     if not item[key]:
                         del item[key]
+                if item.get("transform", ...) is None:
+                    del item["transform"]
         return canonical_json(doc)
 
     @property
@@ -174,6 +178,29 @@ def _costs(doc: Mapping[str, Any], where: str) -> dict[str, float]:
                                            NON_NEGATIVE)}
 
 
+def _transform(item: Mapping[str, Any], lo: float, hi: float, costs: Mapping[str, float],
+               where: str) -> CVTransform | None:
+    """A CV's optional `transform` (contracts.transform): kind, and the limits lo < hi the CV saturates
+    toward, with the CV's own [lo, hi] strictly inside them (its limits and target must exist in
+    transformed units). Economic costs on a transformed CV are refused: its steady-state cost is not
+    quadratic in the units the problem is solved in."""
+    doc = get_field(item, "transform", where, None)
+    if doc is None:
+        return None
+    at = f"{where}.transform"
+    check_mapping(doc, at, what="a mapping like {kind: logit, lo: ..., hi: ...}")
+    kind = check_choice(get_field(doc, "kind", at), list(KINDS), f"{at}.kind", what="transform kind")
+    t_lo, t_hi = _limits(doc, at)
+    if not (t_lo < lo and hi < t_hi):
+        refuse(at, f"limits outside the CV's own [{lo:g}, {hi:g}] (the CV saturates toward them and never "
+                   "reaches them)", None, got=f"[{t_lo:g}, {t_hi:g}]")
+    for key, value in costs.items():
+        if value:
+            raise ContractError(f"{where}.{key}: an economic cost on a transformed CV is not supported (its "
+                                "steady-state cost is not quadratic in the transformed units the problem is solved in)")
+    return CVTransform(kind, t_lo, t_hi)
+
+
 def binding_from_dict(doc: Any, source: str = "binding") -> BindingSpec:
     """Validate a binding document (docs/ARCHITECTURE.md, "Binding file") into a BindingSpec.
 
@@ -202,7 +229,9 @@ def binding_from_dict(doc: Any, source: str = "binding") -> BindingSpec:
         target = get_field(item, "target", at, None)  # omitted: kept inside [lo, hi] only
         target = None if target is None else check_number(target, f"{at}.target", Interval(lo, hi))
         weight = check_number(get_field(item, "weight", at, 1.0), f"{at}.weight", NON_NEGATIVE)
-        cvs.append(CVSpec(_tag(get_field(item, "tag", at), f"{at}.tag"), lo, hi, target, weight, **_costs(item, at)))
+        costs = _costs(item, at)
+        cvs.append(CVSpec(_tag(get_field(item, "tag", at), f"{at}.tag"), lo, hi, target, weight, **costs,
+                          transform=_transform(item, lo, hi, costs, at)))
     if not cvs:
         raise ContractError(f"{w}.cvs: at least one CV is required")
 

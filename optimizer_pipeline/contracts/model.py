@@ -8,6 +8,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from optimizer_pipeline.contracts.canonical import canonical_json, content_hash, tuple1, tuple2
+from optimizer_pipeline.contracts.transform import CVTransform, forward_columns, inverse_columns
 
 
 # A train std below this means the tag never moved: normalised units are undefined and any distance
@@ -17,16 +18,36 @@ MIN_STD = 1e-9
 
 @dataclass(frozen=True)
 class Normalisation:
-    """Train statistics per tag: z = (x - mean) / std."""
+    """Train statistics per tag: z = (x - mean) / std, where a CV with a transform (contracts.transform)
+    has x its transformed value and mean / std those of its transformed train values."""
 
     tags: tuple[str, ...]
     mean: tuple[float, ...]
     std: tuple[float, ...]
+    transforms: Mapping[str, CVTransform] = field(default_factory=dict)  # the transformed CVs' tags
 
     def of(self, tags: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         index = {t: i for i, t in enumerate(self.tags)}
         idx = [index[t] for t in tags]
         return np.asarray(self.mean, float)[idx], np.asarray(self.std, float)[idx]
+
+    def transforms_of(self, tags: Sequence[str]) -> tuple[CVTransform | None, ...]:
+        return tuple(self.transforms.get(t) for t in tags)
+
+    def normalise(self, tags: Sequence[str], values: Any) -> np.ndarray:
+        """values (..., len(tags)) in engineering units -> normalised units (through each tag's transform)."""
+        mean, std = self.of(tags)
+        return (forward_columns(self.transforms_of(tags), values) - mean) / std
+
+    def engineering(self, tags: Sequence[str], z: Any) -> np.ndarray:
+        """z (..., len(tags)) in normalised units -> engineering units (through each tag's transform)."""
+        mean, std = self.of(tags)
+        return inverse_columns(self.transforms_of(tags), mean + std * np.asarray(z, float))
+
+    @staticmethod
+    def from_doc(doc: Mapping[str, Any]) -> "Normalisation":
+        return Normalisation(tuple(doc["tags"]), tuple1(doc["mean"]), tuple1(doc["std"]),
+                             {tag: CVTransform.from_dict(t) for tag, t in doc.get("transforms", {}).items()})
 
 
 @dataclass(frozen=True)
@@ -105,11 +126,14 @@ class ModelArtifact:
         doc = json.loads(canonical_json(self))
         if self.step_response is None:
             del doc["step_response"]
+        if not self.normalisation.transforms:
+            del doc["normalisation"]["transforms"]
         return doc
 
     @property
     def artifact_hash(self) -> str:
-        return content_hash(self if self.step_response is not None else self.to_dict())
+        # the JSON of an artifact without the fields added later is the JSON (and hash) it had before them
+        return content_hash(self.to_dict())
 
     @property
     def gates_passed(self) -> bool:
@@ -124,8 +148,7 @@ class ModelArtifact:
             na=int(doc["na"]), nb=int(doc["nb"]), delay=int(doc["delay"]), horizon=int(doc["horizon"]),
             sample_period_s=float(doc["sample_period_s"]), coefficients=doc["coefficients"],
             state_space=StateSpace(tuple2(ss["A"]), tuple2(ss["B"]), tuple2(ss["E"]), tuple1(ss["f"]), tuple2(ss["C"])),
-            normalisation=Normalisation(tuple(doc["normalisation"]["tags"]), tuple1(doc["normalisation"]["mean"]),
-                                        tuple1(doc["normalisation"]["std"])),
+            normalisation=Normalisation.from_doc(doc["normalisation"]),
             gates=tuple(Gate(**g) for g in doc["gates"]),
             splits={k: tuple(v) for k, v in doc["splits"].items()},
             training_data_hash=doc["training_data_hash"], selection=doc.get("selection", {}),

@@ -4,9 +4,12 @@ import json
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
+import numpy as np
+
 from optimizer_pipeline.contracts.binding import Template
 from optimizer_pipeline.contracts.canonical import canonical_json, sha256_hex, tuple1, tuple2
 from optimizer_pipeline.contracts.model import StateSpace
+from optimizer_pipeline.contracts.transform import CVTransform, forward_columns, inverse_columns
 
 
 @dataclass(frozen=True)
@@ -21,6 +24,8 @@ class ProblemIR:
     (`steady_gain` G (ny, nu), `steady_dv_gain` Gd (ny, nd), `steady_offset` y0 (ny,): the model's
     offset plus the held disturbance's steady effect, compiled in).
     Limits `y_lo` / `y_hi` are soft (slack penalty `slack_weight`); `u_lo` / `u_hi` / `du_max` hard.
+    A CV with a transform (`y_transform`, contracts.transform) is modelled, limited and tracked in
+    transformed units: its engineering value is transform.inverse(y_mean + y_std * y) (`cv_engineering`).
 
     Economics (None without costs; optimizer_pipeline/economics.py): the steady-state template adds
     econ_u @ u + econ_uu @ u**2 + econ_y @ y + econ_yy @ y**2 and holds each CV with `target_hold`
@@ -69,6 +74,17 @@ class ProblemIR:
     target_hold: tuple[float, ...] | None = None  # 1.0: the CV is held at y_target, 0.0: not
     u_target: tuple[float, ...] | None = None
     u_target_weight: float = 0.0
+    y_transform: tuple[CVTransform | None, ...] | None = None  # per CV; None: no CV is transformed
+
+    def cv_engineering(self, y: Any) -> np.ndarray:
+        """Normalised CVs (..., ny) -> engineering units (through each CV's transform)."""
+        values = np.asarray(self.y_mean, float) + np.asarray(self.y_std, float) * np.asarray(y, float)
+        return values if self.y_transform is None else inverse_columns(self.y_transform, values)
+
+    def cv_normalised(self, values: Any) -> np.ndarray:
+        """Engineering CVs (..., ny) -> normalised units (through each CV's transform)."""
+        values = np.asarray(values, float) if self.y_transform is None else forward_columns(self.y_transform, values)
+        return (values - np.asarray(self.y_mean, float)) / np.asarray(self.y_std, float)
 
     @property
     def economic(self) -> bool:
@@ -79,11 +95,14 @@ class ProblemIR:
         return json.loads(self.canonical_json())
 
     def canonical_json(self) -> str:
-        """Canonical JSON; the economic and steering fields are left out at their defaults, so a
-        problem without them keeps the JSON (and hash) it had before they existed."""
-        if self.u_target is None and self.u_target_weight == 0.0 and self.econ_u is None:
-            doc = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in OPTIONAL_FIELDS}
-            return canonical_json(doc)
+        """Canonical JSON; the economic and steering fields are left out at their defaults, and the CV
+        transforms without any, so a problem without them keeps the JSON (and hash) it had before they
+        existed."""
+        plain = self.u_target is None and self.u_target_weight == 0.0 and self.econ_u is None
+        if plain or self.y_transform is None:
+            left_out = (OPTIONAL_FIELDS if plain else frozenset()) | ({"y_transform"} if self.y_transform is None
+                                                                       else frozenset())
+            return canonical_json({f.name: getattr(self, f.name) for f in fields(self) if f.name not in left_out})
         return canonical_json(self)
 
     @property
@@ -117,6 +136,8 @@ class ProblemIR:
             steady_offset=opt1(doc.get("steady_offset")),
             **{name: opt1(doc.get(name)) for name in ECONOMIC_FIELDS + ("u_target",)},
             u_target_weight=float(doc.get("u_target_weight", 0.0)),
+            y_transform=(None if doc.get("y_transform") is None
+                         else tuple(None if t is None else CVTransform.from_dict(t) for t in doc["y_transform"])),
         )
 
 

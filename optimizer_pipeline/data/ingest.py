@@ -13,7 +13,7 @@ reading) and MAX_HISTORY_ROWS data rows (CSV: parsing stops one row past it; Par
 metadata, before reading). A longer history is ingested as several files: ingest appends.
 
 Refused values (docs/ARCHITECTURE.md, "History file"): an infinite tag value (`inf`, `-inf`; an
-empty cell or NaN stays a missing value), and, when the caller gives the clock (`now_s`, as the
+empty cell or NaN stays a missing value), a CV value at or beyond its transform's limits, and, when the caller gives the clock (`now_s`, as the
 `ingest` command does), a timestamp more than CLOCK_SKEW_ALLOWANCE_S after it: a sample from the
 future would make a stale live state look current.
 """
@@ -198,6 +198,7 @@ def _validate(frame: pd.DataFrame, binding: BindingSpec, source: str, *, lines: 
     timestamps = _timestamps(frame[TIMESTAMP], source, where, run_ids, now_s)
 
     values = {}
+    transforms = {cv.tag: cv.transform for cv in binding.cvs if cv.transform is not None}
     for tag in binding.tags:
         column = frame[tag]
         numbers = pd.to_numeric(column, errors="coerce") if not pd.api.types.is_bool_dtype(column) \
@@ -215,6 +216,12 @@ def _validate(frame: pd.DataFrame, binding: BindingSpec, source: str, *, lines: 
                                f"at {where(i)} (inf / -inf are refused; leave the cell empty for a missing value)")
         if np.isnan(numbers).all():
             raise HistoryError(f"{source}: column {tag!r} has no values (all empty / NaN)")
+        if tag in transforms:
+            outside = np.flatnonzero(~transforms[tag].inside(numbers) & ~np.isnan(numbers))
+            if outside.size:
+                i = outside[0]
+                raise HistoryError(f"{source}: column {tag!r}: {float(numbers[i])!r} in run {run_ids[i]!r} at {where(i)} "
+                                   f"is not inside the limits of the CV's transform ({transforms[tag].describe()})")
         values[tag] = numbers
 
     # Strictly increasing time inside each run, in the order the rows are given.

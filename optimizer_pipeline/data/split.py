@@ -11,9 +11,12 @@ Rules:
   are enforced — train >= 1, and val >= 1 and test >= 1 when n >= 3 — each missing run taken from
   the split with the most runs above its own minimum (ties in the order train, val, test).
   60/20/20 gives: n=1 -> 1/0/0, n=2 -> 1/1/0, n=3 -> 1/1/1, n=5 -> 3/1/1, n=10 -> 6/2/2.
-* Normalisation: mean and population std (ddof=0) of each binding tag over the train rows only. A
-  std below 1e-9 (constant tag) is kept as is — the UQ input-distance rule turns it into an
-  infinite distance — and reported as a warning.
+* Normalisation: mean and population std (ddof=0) of each binding tag over the train rows only, of
+  a CV with a transform (contracts.transform) over its transformed values. A std below 1e-9
+  (constant tag) is kept as is — the UQ input-distance rule turns it into an infinite distance —
+  and reported as a warning.
+* A CV value at or beyond its transform's limits (in any run, live included) is refused naming the
+  run and the sample: the model's units do not exist there.
 * data_hash: sha256 over the split name, run id, shapes and float64 bytes of t / u / y / d of every
   train / val / test run. The live run is left out on purpose: new live samples change the current
   state, not the data a model is identified and calibrated on.
@@ -26,7 +29,8 @@ from typing import Sequence
 
 import numpy as np
 
-from optimizer_pipeline.contracts import MIN_STD, BindingSpec, ContractError, HistorySplit, Normalisation, RunSeries
+from optimizer_pipeline.contracts import (MIN_STD, BindingSpec, ContractError, HistorySplit, Normalisation, RunSeries,
+                                         forward_columns)
 from optimizer_pipeline.data.ingest import HistoryError
 
 log = logging.getLogger(__name__)
@@ -44,6 +48,7 @@ def split_runs(runs: Sequence[RunSeries], binding: BindingSpec, seed: int = 0,
     names = [r.run_id for r in runs]
     if len(set(names)) != len(names):
         raise HistoryError(f"binding {binding.id!r}: duplicate run ids among the cleaned runs")
+    _check_transform_limits(runs, binding)
 
     live = max(runs, key=lambda r: (float(r.t[-1]), r.run_id))
     units: dict[str, list[RunSeries]] = {}  # the plant's runs, each with its pieces
@@ -102,10 +107,26 @@ def _check_fractions(fractions: Sequence[float]) -> tuple[float, float, float]:
     return values
 
 
+def _check_transform_limits(runs: Sequence[RunSeries], binding: BindingSpec) -> None:
+    for j, cv in enumerate(binding.cvs):
+        if cv.transform is None:
+            continue
+        for run in runs:
+            values = np.asarray(run.y, float)[:, j]
+            bad = np.flatnonzero(~cv.transform.inside(values) & ~np.isnan(values))
+            if bad.size:
+                i = bad[0]
+                raise HistoryError(f"binding {binding.id!r}: run {run.run_id!r}: CV {cv.tag!r} is {values[i]:g} at sample "
+                                   f"{i + 1} (t = {float(run.t[i]):g} s), not inside the limits of its transform "
+                                   f"({cv.transform.describe()})")
+
+
 def _train_normalisation(train: Sequence[RunSeries], binding: BindingSpec) -> Normalisation:
-    rows = np.concatenate([np.hstack([r.u, r.y, r.d]) for r in train], axis=0)  # (n_rows, n_tags), binding.tags order
-    return Normalisation(tags=binding.tags, mean=tuple(float(x) for x in rows.mean(axis=0)),
-                         std=tuple(float(x) for x in rows.std(axis=0)))
+    transforms = tuple(cv.transform for cv in binding.cvs)
+    rows = np.concatenate([np.hstack([r.u, forward_columns(transforms, r.y), r.d]) for r in train], axis=0)
+    return Normalisation(tags=binding.tags, mean=tuple(float(x) for x in rows.mean(axis=0)),  # binding.tags order
+                         std=tuple(float(x) for x in rows.std(axis=0)),
+                         transforms={cv.tag: cv.transform for cv in binding.cvs if cv.transform is not None})
 
 
 def _data_hash(groups: dict[str, tuple[RunSeries, ...]]) -> str:

@@ -168,7 +168,8 @@ class Stacked:
 
 def stack_runs(runs: Sequence[RunSeries], normalisation: Normalisation, mv_tags: Sequence[str],
                cv_tags: Sequence[str], dv_tags: Sequence[str]) -> Stacked:
-    """Validate run shapes against the tags and normalise with the train statistics."""
+    """Validate run shapes against the tags and normalise with the train statistics (a CV with a
+    transform through it first: the model's units, contracts.transform)."""
     missing = [t for t in (*mv_tags, *cv_tags, *dv_tags) if t not in normalisation.tags]
     if missing:
         raise ContractError(f"normalisation: no train statistics for tag(s) {', '.join(missing)}")
@@ -192,12 +193,15 @@ def stack_runs(runs: Sequence[RunSeries], normalisation: Normalisation, mv_tags:
     lengths = np.array([len(r) for r in runs], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64) if len(runs) else lengths
     arrays = []
-    for part, width, (mean, std) in zip(parts, widths, stats):
+    transforms = (normalisation.transforms_of(cv_tags), (None,) * widths[1], (None,) * widths[2])
+    for part, width, (mean, std), transform in zip(parts, widths, stats, transforms):
         stacked = np.concatenate(part) if part else np.empty((0, width))
         # in place, a column at a time: block scoring stacks ~1e6 rows and is timed, and numpy's broadcast of a
         # row of means over them is ~3x slower
-        for column, (m, s) in enumerate(zip(mean, std)):
+        for column, (m, s, t) in enumerate(zip(mean, std, transform)):
             values = stacked[:, column]
+            if t is not None:
+                values[:] = t.forward(values)
             values -= m
             values /= s
         arrays.append(stacked)

@@ -36,6 +36,10 @@ k + 1 sample periods after the step, the statespace.rollout convention):
                 is the same in normalised units); None when singular.
   RGA           G .* inv(G)^T of the MV gain matrix G (Bristol); for a non-square or singular G
                 the Moore-Penrose pseudo-inverse takes the place of inv, and `rga_method` says so.
+
+A CV with a transform (contracts.transform) is modelled in its transformed units: its rows are in
+those (equal to engineering units at the middle of the transform's limits, smaller steps of the CV
+toward them), and `transformed_cvs` names them with their transform.
 """
 
 from typing import Any, Mapping, Sequence
@@ -158,7 +162,9 @@ def step_response_record(ss: StateSpace, replicates: Sequence[StateSpace], bindi
             })
     nu = len(binding.mv_tags)
     rga, rga_method = relative_gain_array(gain[:, :nu])
-    return {
+    transformed = {cv: t.describe() for cv, t in zip(binding.cv_tags, normalisation.transforms_of(binding.cv_tags))
+                   if t is not None}
+    return {**({"transformed_cvs": transformed} if transformed else {}),
         "units": "engineering: CV units per unit of the input, a unit step held from time 0; response[k] is the "
                  "change at the end of step k",
         "cv_tags": list(binding.cv_tags), "input_tags": list(inputs), "input_kinds": list(kinds),

@@ -154,7 +154,7 @@ def _plan(problem: ProblemIR, scales: tuple[np.ndarray, ...], z: np.ndarray) -> 
     u, y, s = TEMPLATES[problem.template].plan(problem, z)
     u_mean, u_std, y_mean, y_std = scales
     controls = u_mean + u_std * u
-    predicted = y_mean + y_std * y
+    predicted = y_mean + y_std * y if problem.y_transform is None else problem.cv_engineering(y)
     return _Plan(tuple(map(tuple, controls.tolist())), tuple(map(tuple, predicted.tolist())), float(s.max()),
                  float(s.sum()))
 

@@ -91,7 +91,7 @@ class _Reference:
         self.rows, self.nu, self.ny = _rows(problem), len(problem.mv_tags), len(problem.cv_tags)
         steady = problem.template is Template.STEADY_RESPONSE
         self.u_mean, self.u_std = np.asarray(problem.u_mean), np.asarray(problem.u_std)
-        self.y_mean, self.y_std = np.asarray(problem.y_mean), np.asarray(problem.y_std)
+        self.y_std = np.asarray(problem.y_std)
         self.u_prev = np.asarray(problem.u_prev)
         self.hold_plan = np.tile(np.asarray(problem.u_prev, float), (self.rows, 1))  # current MVs held (rows, nu)
         self.mv_lo = self.u_mean + self.u_std * np.asarray(problem.u_lo)
@@ -100,7 +100,7 @@ class _Reference:
         self.max_move = self.u_std * (move_limit(problem) if steady else np.asarray(problem.du_max))
         self.u_now = self.u_mean + self.u_std * self.u_prev  # engineering, (nu,)
         self.y_lo, self.y_hi = np.asarray(problem.y_lo), np.asarray(problem.y_hi)
-        self.cv_lo, self.cv_hi = self.y_mean + self.y_std * self.y_lo, self.y_mean + self.y_std * self.y_hi
+        self.cv_lo, self.cv_hi = problem.cv_engineering(self.y_lo), problem.cv_engineering(self.y_hi)
         self.cv_allowed = tolerances.cv_rel * (self.cv_hi - self.cv_lo)
         self.robust = robust_limits(problem)
         self.w, self.target = np.asarray(problem.y_weight), np.asarray(problem.y_target)
@@ -110,7 +110,7 @@ class _Reference:
 
     def hold_violation(self, y_hold_norm: np.ndarray) -> np.ndarray:
         """(rows, ny) CV limit violation of holding the current MVs, engineering units."""
-        y_hold = self.y_mean + self.y_std * y_hold_norm
+        y_hold = self.problem.cv_engineering(y_hold_norm)
         return np.maximum(0.0, np.maximum(self.cv_lo - y_hold, y_hold - self.cv_hi))
 
     def cost(self, u: np.ndarray, y: np.ndarray, y_lo: np.ndarray, y_hi: np.ndarray) -> float:
@@ -237,7 +237,7 @@ def _verify(ref: _Reference, candidates: Sequence[SolveCandidate], simulated: li
     rate = np.maximum(0.0, np.abs(moves) - ref.max_move).max(axis=1)
 
     # CV limits (nominal), engineering units, on the re-simulated CVs.
-    y_eng = ref.y_mean + ref.y_std * y
+    y_eng = ref.problem.cv_engineering(y)
     per_step = np.maximum(0.0, np.maximum(ref.cv_lo - y_eng, y_eng - ref.cv_hi))
     # A plant already outside a CV limit cannot be brought back at once: the plan may violate a
     # limit by as much as holding the current MVs would at the same step, never by more.
