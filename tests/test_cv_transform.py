@@ -17,6 +17,7 @@ from optimizer_pipeline.model import current_state, identify
 from optimizer_pipeline.model.artifact import stack_for
 from optimizer_pipeline.model.arx import Orders, disturbance_window, held_errors, window_rows
 from optimizer_pipeline.model.statespace import rollout, steady_state
+from optimizer_pipeline.plots import model_fit_series
 from optimizer_pipeline.problem import ProblemError, compile_problem, problem_from_dict, robust_limits
 from optimizer_pipeline.solver.codec import decode
 from optimizer_pipeline.solver.solve import SolverCache, solve_problem
@@ -255,3 +256,13 @@ def test_input_distance_is_infinite_at_a_transform_limit(wiener):
     artifact = wiener["transformed"][2]
     assert math.isfinite(input_distance(artifact, [0.0], [0.5]))
     assert input_distance(artifact, [0.0], [R]) == math.inf
+
+
+def test_the_model_fit_plot_shows_the_rollouts_in_engineering_units(wiener):
+    _, split, artifact = wiener["transformed"]
+    series = model_fit_series(artifact, split.val[0])
+    shown = ~np.isnan(series.predicted[:, 0])
+    assert shown.sum() > 100
+    # the rollouts follow the measured CV in engineering units (in transformed units they would not)
+    error = np.abs(series.predicted[shown, 0] - series.measured[shown, 0])
+    assert np.median(error) < 0.02 and np.all(np.abs(series.predicted[shown, 0]) < R)

@@ -15,6 +15,7 @@ from model_helpers import binding
 
 from optimizer_pipeline.contracts import (
     CandidateKind,
+    CVTransform,
     Condition,
     EvidenceSnapshot,
     Gate,
@@ -292,6 +293,18 @@ def test_gain_uncertainty_of_a_move_along_one_mv_only():
     end = CONTROLS[:-1] + ((1.0, 10.0),)
     [c] = gain([0.25, 2.0], candidate=replace(ROBUST, controls=end))
     assert (c.value, c.holds) == ("y0: 0.5 against band 0.5", True)
+
+
+def test_the_gain_spread_of_a_transformed_cv_is_carried_to_engineering_units_at_the_plan_end():
+    # y1 saturates toward +-2 (a logit): at the plan's end y1 = 1, dy/dz = 1 - (1 / 2)^2 = 0.75, so its
+    # spread 1.0 (normalised) is 0.75 x 3 = 2.25 in engineering units, inside the band 0.8 x 3 = 2.4 (as
+    # transformed units it would be 3 > 2.4: the condition above)
+    norm = replace(NORMALISATION, transforms={"y1": CVTransform("logit", -2.0, 2.0)})
+    transformed = artifact_from_model(MODEL, SPEC, 3, norm, gates=GATES, steady_gain=ARTIFACT.steady_gain)
+    [c] = gain([1.0, 0.8], art=transformed)
+    assert (c.value, c.holds) == ("y1: 2.25 against band 2.4", True)
+    [c] = gain([1.0, 0.7], art=transformed)
+    assert (c.value, c.holds) == ("y1: 2.25 against band 2.1", False)
 
 
 def test_no_gain_condition_without_a_candidate_or_without_evidence():

@@ -14,7 +14,7 @@ from dataclasses import asdict, replace
 import numpy as np
 import pytest
 
-from optimizer_pipeline.contracts import CandidateKind, SolveCandidate, SolveResult, _canonical
+from optimizer_pipeline.contracts import CandidateKind, CVTransform, SolveCandidate, SolveResult, _canonical
 from optimizer_pipeline.contracts.problem import OPTIONAL_FIELDS
 from optimizer_pipeline.problem import _check_fields, compile_problem, robust_limits
 from optimizer_pipeline.solver import mpc, steady
@@ -37,6 +37,8 @@ def reference_hash(problem):
     doc = _canonical(problem, "")
     if problem.econ_u is None and problem.u_target is None and problem.u_target_weight == 0.0:
         doc = {k: v for k, v in doc.items() if k not in OPTIONAL_FIELDS}  # left out at their defaults
+    if problem.y_transform is None:
+        del doc["y_transform"]  # no CV transformed: left out too
     text = json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
@@ -48,6 +50,10 @@ def reference_candidate(problem, seq, kind, status, z, cost, y_lo, y_hi, report)
     u, y, s = TEMPLATES[problem.template].plan(problem, z)
     controls = np.asarray(problem.u_mean) + np.asarray(problem.u_std) * u
     predicted = np.asarray(problem.y_mean) + np.asarray(problem.y_std) * y
+    for j, transform in enumerate(problem.y_transform or ()):  # a transformed CV: its logit's inverse
+        if transform is not None:
+            centre, radius = (transform.lo + transform.hi) / 2, (transform.hi - transform.lo) / 2
+            predicted[:, j] = centre + radius * np.tanh(predicted[:, j] / radius)
     constraints.update(slack_max=float(s.max()), slack_sum=float(s.sum()))
     return SolveCandidate(seq, kind, status, tuple(map(tuple, controls.tolist())),
                           tuple(map(tuple, predicted.tolist())), cost, constraints)
@@ -137,6 +143,8 @@ def sequences():
         compile_problem(scalar_binding(lo=-0.2, hi=0.2, target=0.0), scalar_artifact(), [0.5], [0.0], [0.3], [],
                         band=[0.5]),
     ]
+    transformed = replace(tank_problem(band=(0.2, 0.1)), y_transform=(CVTransform("logit", -2.0, 14.0), None))
+    yield "mpc tank, a transformed CV", receding_horizon(transformed, 10, rng)
 
 
 @pytest.mark.parametrize("name,problems", list(sequences()), ids=lambda v: v if isinstance(v, str) else "")
