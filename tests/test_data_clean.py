@@ -63,6 +63,27 @@ def test_spike_is_removed_counted_and_replaced_by_interpolation():
     assert report["totals"]["outliers"] == 1
 
 
+@pytest.mark.parametrize("last", [1, 2, 3])
+def test_a_step_in_the_newest_samples_is_kept_and_the_run_keeps_its_end(last):
+    """A DV that steps in the run's last 1-3 samples: without samples after them a step looks like a
+    spike to the window, and cutting it made the live run end a sample before "now"."""
+    frame = _run(dv=True)
+    frame.loc[40 - last:, "f1"] = 5.0
+    (series,), report = clean_runs(frame, _binding(dvs=["f1"]), min_length=10)
+    assert len(series.t) == 40 and series.t[-1] == frame["timestamp"].iloc[-1]
+    np.testing.assert_array_equal(series.d[-last:, 0], 5.0)
+    np.testing.assert_array_equal(series.u[:, 0], frame["v1"])
+    assert _entry(report, "r1")["outliers"] == 0 and _entry(report, "r1")["action"] == "kept"
+
+
+def test_a_spike_four_samples_before_the_end_is_still_removed():
+    frame = _run()
+    frame.loc[35, "y1"] = 40.0
+    (series,), report = clean_runs(frame, _binding(), min_length=10)
+    assert series.y[35, 0] == pytest.approx((np.sin(34 / 6.0) + np.sin(36 / 6.0)) / 2, abs=1e-12)
+    assert _entry(report, "r1")["outliers_by_tag"] == {"y1": 1}
+
+
 def test_mv_pulses_are_not_treated_as_outliers():
     frame = _run()
     frame["v1"] = 1.0

@@ -9,7 +9,11 @@ Per run, in this order:
    samples (measured), which would shave the noise tails the UQ band must cover; with the floor
    it flags 0.26 % (the nominal 3-sigma rate is 0.27 %). MVs are exempt: they are commanded
    values, and a Hampel filter would erase short legitimate moves (a 1-3 sample pulse of a step
-   test) that the identification needs;
+   test) that the identification needs. The last 3 samples of a run (half the window) are not
+   judged: without the samples after them a step cannot be told from a spike, and the live run's
+   newest samples are the plant's current state (a DV step in them, flagged and cut at the run's
+   end, left the plan starting from the MVs of a sample before "now"); the samples that arrive next
+   judge them;
 3. grid alignment: t_k = t0 + k * sample_period_s with t0 = the run's first timestamp; each sample
    goes to the nearest grid point and a grid point takes the mean of its samples;
 4. gaps (missing grid values of a tag) of at most MAX_GAP_SAMPLES are linearly interpolated;
@@ -178,7 +182,9 @@ def _hampel_outliers(values: np.ndarray) -> np.ndarray:
         spread = np.nanmax(values, axis=0) - np.nanmin(values, axis=0)
     floor = np.maximum(np.nan_to_num(noise), HAMPEL_RANGE_FLOOR * np.nan_to_num(spread))
     sigma = np.maximum(MAD_TO_SIGMA * mad, floor)
-    return np.abs(values - median) > HAMPEL_N_SIGMA * sigma  # NaN compares False: missing is not an outlier
+    outliers = np.abs(values - median) > HAMPEL_N_SIGMA * sigma  # NaN compares False: missing is not an outlier
+    outliers[max(len(values) - half, 0):] = False  # the newest samples: not judged until samples after them arrive
+    return outliers
 
 
 def _window_nanmedian(windows: np.ndarray) -> np.ndarray:
