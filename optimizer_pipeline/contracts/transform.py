@@ -10,7 +10,7 @@ reads (predictions, bands, limits, targets) stays in engineering units.
 """
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -56,22 +56,23 @@ class CVTransform:
         return CVTransform(str(doc["kind"]), float(doc["lo"]), float(doc["hi"]))
 
 
-def forward_columns(transforms: Sequence[CVTransform | None], values: Any) -> np.ndarray:
-    """values (..., ny) in engineering units -> transformed units, column j by transforms[j] (None: as is)."""
+def _by_column(transforms: Sequence[CVTransform | None], values: Any,
+               apply: Callable[[CVTransform, np.ndarray], np.ndarray]) -> np.ndarray:
     out = np.array(values, float)
     for j, transform in enumerate(transforms):
         if transform is not None:
-            out[..., j] = transform.forward(out[..., j])
+            out[..., j] = apply(transform, out[..., j])
     return out
+
+
+def forward_columns(transforms: Sequence[CVTransform | None], values: Any) -> np.ndarray:
+    """values (..., ny) in engineering units -> transformed units, column j by transforms[j] (None: as is)."""
+    return _by_column(transforms, values, CVTransform.forward)
 
 
 def inverse_columns(transforms: Sequence[CVTransform | None], values: Any) -> np.ndarray:
     """values (..., ny) in transformed units -> engineering units, column j by transforms[j] (None: as is)."""
-    out = np.array(values, float)
-    for j, transform in enumerate(transforms):
-        if transform is not None:
-            out[..., j] = transform.inverse(out[..., j])
-    return out
+    return _by_column(transforms, values, CVTransform.inverse)
 
 
 def slope_columns(transforms: Sequence[CVTransform | None], values: Any) -> np.ndarray:
