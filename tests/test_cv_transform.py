@@ -9,14 +9,18 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from optimizer_pipeline.contracts import (CVTransform, ContractError, ModelArtifact, ProblemIR, RunSeries,
-                                          binding_from_dict, fast_json)
+from optimizer_pipeline import pipeline
+from optimizer_pipeline.contracts import (CVTransform, ContractError, ModelArtifact, RunSeries, StoredBinding,
+                                          binding_from_dict, fast_json, utc_now)
+from optimizer_pipeline.ledger import Ledger
+from optimizer_pipeline.settings import Settings
 from optimizer_pipeline.data import HistoryError, split_runs
 from optimizer_pipeline.data.ingest import validate_history_frame
 from optimizer_pipeline.model import current_state, identify
 from optimizer_pipeline.model.artifact import stack_for
 from optimizer_pipeline.model.arx import Orders, disturbance_window, held_errors, window_rows
 from optimizer_pipeline.model.statespace import rollout, steady_state
+from optimizer_pipeline.model.step_response import step_response_table
 from optimizer_pipeline.plots import model_fit_series
 from optimizer_pipeline.problem import ProblemError, compile_problem, problem_from_dict, robust_limits
 from optimizer_pipeline.solver.codec import decode
@@ -184,6 +188,8 @@ def test_the_transformed_model_settles_where_the_plant_does(wiener):
     assert ModelArtifact.from_dict(a_lin.to_dict()).artifact_hash == a_lin.artifact_hash
     assert a_t.step_response["transformed_cvs"] == {"x": "logit between -0.82 and 0.82"}
     assert "transformed_cvs" not in a_lin.step_response
+    assert step_response_table(a_t.step_response).endswith("toward them): x: logit between -0.82 and 0.82")
+    assert "Transformed CVs" not in step_response_table(a_lin.step_response)
 
 
 def test_block_scores_are_engineering_errors_over_the_train_std(wiener):
@@ -266,3 +272,24 @@ def test_the_model_fit_plot_shows_the_rollouts_in_engineering_units(wiener):
     # the rollouts follow the measured CV in engineering units (in transformed units they would not)
     error = np.abs(series.predicted[shown, 0] - series.measured[shown, 0])
     assert np.median(error) < 0.02 and np.all(np.abs(series.predicted[shown, 0]) < R)
+
+
+@pytest.mark.parametrize("template", ["linear_mpc_quadratic@1", "steady_response@1"])
+def test_a_transformed_binding_is_recommended_through_the_pipeline(tmp_path, template):
+    """Scores, calibration, the solve (with its local refit) and the decision: the recommendation's plan
+    reaches the target on the true Wiener plant and its band is in engineering units."""
+    spec = binding_from_dict(_doc(transform=WIENER, lo=-0.81, hi=0.81, template=template))
+    split = split_runs(_wiener_runs(1), spec)
+    artifact = identify(split, spec, 1)
+    ledger, settings, cache = Ledger(tmp_path / "ledger.duckdb"), Settings(), SolverCache()
+    calibration = pipeline.calibrate(ledger, artifact, pipeline.score_blocks(spec, artifact, split), settings,
+                                     utc_now())
+    rec = pipeline.recommend(StoredBinding(spec, 1, spec.spec_hash, None), artifact, split, calibration,
+                             lambda p: solve_problem(p, cache), ledger, settings, "simulation",
+                             utc_now()).recommendation
+    assert rec.controls and abs(rec.predicted[-1][0] - 0.5) < 0.02
+    # the plant's settled CV at the last MVs: measured 0.525 for both templates (0.665 without the transform,
+    # whose band was 0.35); the transform's limits sit 2.5 % beyond the saturation
+    settled = SATURATION * math.tanh(1.2 * rec.controls[-1][0] / SATURATION)
+    assert abs(settled - 0.5) < 0.04
+    assert 0.0 < rec.band[0] < 0.1  # engineering units (measured 0.049-0.058)

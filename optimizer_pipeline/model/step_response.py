@@ -213,4 +213,9 @@ def step_response_table(record: Mapping[str, Any]) -> str:
               "| CV | " + " | ".join(mv_tags) + " |", "| --- |" + " --- |" * len(mv_tags)]
     lines += [f"| {cv} | " + " | ".join(f"{v:.4g}" for v in row) + " |"
               for cv, row in zip(record["cv_tags"], mv["rga"])]
+    transformed = record.get("transformed_cvs")
+    if transformed:
+        lines += ["", "Transformed CVs, whose rows are in transformed units (engineering units at the middle of "
+                      "the limits, smaller steps of the CV toward them): "
+                  + "; ".join(f"{cv}: {what}" for cv, what in transformed.items())]
     return "\n".join(lines)
