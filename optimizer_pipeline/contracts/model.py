@@ -2,7 +2,7 @@
 the ModelArtifact that records them (normalised units z = (x - mean) / std)."""
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -122,18 +122,23 @@ class ModelArtifact:
     # for an artifact identified before it was recorded, whose JSON and hash then stay as they were
     step_response: Mapping[str, Any] | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        doc = json.loads(canonical_json(self))
+    def _doc(self) -> dict[str, Any]:
+        """The fields as written and hashed: those added later are left out where unset (no step response,
+        no CV transforms), so such an artifact keeps the JSON and hash it had before they existed."""
+        doc = {f.name: getattr(self, f.name) for f in fields(self)}
         if self.step_response is None:
             del doc["step_response"]
         if not self.normalisation.transforms:
-            del doc["normalisation"]["transforms"]
+            norm = self.normalisation
+            doc["normalisation"] = {"tags": norm.tags, "mean": norm.mean, "std": norm.std}
         return doc
+
+    def to_dict(self) -> dict[str, Any]:
+        return json.loads(canonical_json(self._doc()))
 
     @property
     def artifact_hash(self) -> str:
-        # the JSON of an artifact without the fields added later is the JSON (and hash) it had before them
-        return content_hash(self.to_dict())
+        return content_hash(self._doc())
 
     @property
     def gates_passed(self) -> bool:
