@@ -39,7 +39,7 @@ clean:
 # a scratch copy of the work tree (.mutation/<module>/: the tree itself is never mutated) against
 # the tests that matter for it. Slow, so not part of `make test`. `make mutation MUTATION_MODULES=uq`
 # runs one module; MUTATION_TIMEOUT caps each module's run (s); MUTATION_JOBS = parallel mutants.
-MUTATION_MODULES ?= uq outcomes recommend verify ledger local arx
+MUTATION_MODULES ?= uq outcomes recommend verify ledger local arx transform
 MUTATION_TIMEOUT ?= 5400
 MUTATION_JOBS ?= 1
 MUT_uq := optimizer_pipeline/uq.py
@@ -62,6 +62,8 @@ MUT_arx := optimizer_pipeline/model/arx.py
 MUT_arx_TESTS := tests/test_model_arx.py tests/test_uq_scores.py
 MUT_arx_ONLY := *stack_runs__mutmut_* *one_step_residuals__mutmut_* *disturbance_filter__mutmut_* \
   *fit_disturbance__mutmut_* *held_errors__mutmut_* *_filtered__mutmut_*
+MUT_transform := optimizer_pipeline/contracts/transform.py
+MUT_transform_TESTS := tests/test_cv_transform.py
 
 define mutate_module
 	rm -rf .mutation/$(1) && mkdir -p .mutation/$(1)

@@ -67,6 +67,10 @@ BINDING_CASES = {
     "cv weight negative": (("cvs", 0, "weight"), -1, "cvs[0].weight", "must be >= 0, got -1"),
     "cv lo missing": (("cvs", 0, "lo"), _DELETE, "cvs[0].lo", "required field is missing"),
     "cv hi is bool": (("cvs", 0, "hi"), True, "cvs[0].hi", "expected a number, got True"),
+    "cv transform inside the limits": (("cvs", 0, "transform"), {"kind": "logit", "lo": 30, "hi": 80},
+                                       "cvs[0].transform", "expected limits outside the CV's own [20, 75]"),
+    "cv transform kind": (("cvs", 0, "transform"), {"kind": "log", "lo": 0, "hi": 100}, "cvs[0].transform.kind",
+                          "unknown transform kind 'log'"),
     "cvs missing": (("cvs",), _DELETE, "cvs", "required field is missing"),
     "dv duplicate of cv": (("dvs", 0, "tag"), "t_out", "dvs[0].tag", "'t_out' is already used by cvs[0]"),
     "dv not a mapping": (("dvs", 0), "t_in", "dvs[0]", "expected a mapping like {tag: ...}, got 't_in'"),
@@ -193,6 +197,18 @@ def test_bad_history_file_is_one_clear_line_and_changes_nothing(seeded, capsys, 
     path.write_bytes(text.encode("latin-1") if case == "wrong encoding" else text.encode())
     line = _run_bad(capsys, home, "ingest", str(folder / "good.yaml"), str(path))
     assert line == f"error: {path}: {HISTORY_MESSAGES[case]}"
+
+
+def test_a_cv_value_beyond_its_transforms_limits_is_one_clear_line_and_changes_nothing(seeded, capsys, tmp_path):
+    home, folder = seeded
+    doc = _set(GOOD, ("cvs", 0, "transform"), {"kind": "logit", "lo": 0.0, "hi": 90.0})
+    (tmp_path / "transformed.yaml").write_text(yaml.safe_dump(doc))
+    frame = _history()
+    frame.loc[11, "t_out"] = 90.0
+    frame.to_csv(tmp_path / "bad.csv", index=False)
+    line = _run_bad(capsys, home, "ingest", str(tmp_path / "transformed.yaml"), str(tmp_path / "bad.csv"))
+    assert line == (f"error: {tmp_path / 'bad.csv'}: column 't_out': 90.0 in run 'heater-run-00' at row 12 (line 13) "
+                    "is not inside the limits of the CV's transform (logit between 0 and 90)")
 
 
 def test_every_history_case_has_its_expected_message():

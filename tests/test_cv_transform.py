@@ -76,6 +76,7 @@ def test_a_binding_without_transforms_keeps_its_canonical_json():
     assert with_transform.cvs[0].transform == LOGIT
     assert with_transform.spec_hash != spec.spec_hash
     assert with_transform.to_dict()["cvs"][0]["transform"] == {"kind": "logit", "lo": -0.85, "hi": 0.85}
+    assert binding_from_dict(with_transform.to_dict()) == with_transform  # as the ledger stores and reads it
 
 
 @pytest.mark.parametrize("transform, message", [
