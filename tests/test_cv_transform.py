@@ -4,6 +4,7 @@ units with its plan in engineering units, block scores in engineering units, and
 settled values the transformed model gets right where the linear one does not."""
 
 import math
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -11,7 +12,8 @@ import pytest
 
 from optimizer_pipeline import pipeline
 from optimizer_pipeline.contracts import (CVTransform, ContractError, ModelArtifact, RunSeries, StoredBinding,
-                                          binding_from_dict, fast_json, utc_now)
+                                          binding_from_dict, fast_json, forward_columns, inverse_columns,
+                                          slope_columns, utc_now)
 from optimizer_pipeline.ledger import Ledger
 from optimizer_pipeline.settings import Settings
 from optimizer_pipeline.data import HistoryError, split_runs
@@ -57,6 +59,25 @@ def test_logit_is_the_scaled_log_odds_and_inverts():
     assert LOGIT.slope(0.0) == 1.0
     assert np.isinf(LOGIT.forward(0.85)) and np.isnan(LOGIT.forward(0.9))
     assert list(LOGIT.inside([-0.85, -0.8499, 0.8499, 0.85, np.nan])) == [False, True, True, False, False]
+
+
+def test_column_helpers_transform_only_the_transformed_columns_and_return_floats():
+    transforms = (None, LOGIT)
+    values = [[3, 0], [-2, 1]]  # integers: the results are floats, not truncated
+    z = forward_columns(transforms, [[3, 0.5], [-2, -0.25]])
+    assert np.array_equal(z[:, 0], [3.0, -2.0]) and np.allclose(z[:, 1], LOGIT.forward([0.5, -0.25]))
+    back = inverse_columns(transforms, values)
+    assert back.dtype == float and np.array_equal(back[:, 0], [3.0, -2.0])
+    assert np.allclose(back[:, 1], LOGIT.inverse([0.0, 1.0])) and back[1, 1] != 0.0
+    slopes = slope_columns(transforms, values)
+    assert slopes.dtype == float and np.array_equal(slopes[:, 0], [1.0, 1.0])
+    assert np.allclose(slopes[:, 1], LOGIT.slope([0.0, 1.0])) and 0.0 < slopes[1, 1] < 1.0
+
+
+def test_the_logit_at_and_beyond_its_limits_warns_nothing():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert np.isinf(LOGIT.forward([0.85, -0.85])).all() and np.isnan(LOGIT.forward([0.9, -1.0])).all()
 
 
 def test_an_asymmetric_logit_is_centred_between_its_limits():
