@@ -349,7 +349,7 @@ def record_outcome(ledger: Ledger, rec_id: str, observed_file: str | Path, appli
     rec_row = ledger.get_recommendation(rec_id)
     refuse_rejected(rec_row)  # before reading the file: its verdict could not matter
     stored = ledger.get_binding(rec_row.binding_id, rec_row.binding_revision)
-    frame = read_history(observed_file, stored.spec)
+    frame = read_history(observed_file, stored.spec, transform_limits=False)  # the plant may show anything
     observation = Observation.from_frame(frame, stored.spec, Path(observed_file).name)
     if applied_at is None:
         moment = datetime.fromtimestamp(float(observation.t[0]), tz=timezone.utc)

@@ -28,9 +28,9 @@ from optimizer_pipeline.contracts import (
     SolveResult,
     Template,
     forward_columns,
+    inverse_columns,
     iso_utc,
     parse_iso_utc,
-    slope_columns,
 )
 from optimizer_pipeline.ledger import candidate_id, new_id
 from optimizer_pipeline.settings import Settings
@@ -132,7 +132,9 @@ def gain_conditions(artifact: ModelArtifact, problem: ProblemIR, evidence: Evide
     settled errors of the held-out runs across that range), and counting it again unverified plans
     that met every goal (BENCHMARKS.md, "Steady-gain uncertainty"). No condition without a candidate
     or without evidence (no band to compare with; that fails anyway). steady_gain: the gain record of
-    the model the plan was solved with, when not the artifact's."""
+    the model the plan was solved with, when not the artifact's. A transformed CV's spread (in the
+    model's units) is carried to engineering units through its transform from the plan's end, both
+    ways, the larger kept: its band is in engineering units."""
     if candidate is None or not evidence.has_evidence:
         return []
     name, limit = "steady-gain uncertainty along the planned move", f"<= band ({GAIN_SIGMAS:g} standard errors)"
@@ -145,8 +147,12 @@ def gain_conditions(artifact: ModelArtifact, problem: ProblemIR, evidence: Evide
     cov = np.asarray(uncertainty.get("jackknife_cov", uncertainty["cov"]), float)
     spread = GAIN_SIGMAS * np.sqrt(np.einsum("a,iab,b->i", move, cov, move))
     transforms = artifact.normalisation.transforms_of(artifact.cv_tags)
-    if any(transforms):  # the band is in engineering units (x std): the spread too, by dy/dz at the plan's end
-        spread = spread * slope_columns(transforms, forward_columns(transforms, candidate.predicted[-1]))
+    if any(transforms):  # the band is in engineering units (x std): the spread too, mapped from the plan's end
+        _, std = artifact.normalisation.of(artifact.cv_tags)
+        end = np.asarray(candidate.predicted[-1], float)
+        z_end = forward_columns(transforms, end)
+        spread = np.maximum(*(np.abs(inverse_columns(transforms, z_end + sign * spread * std) - end)
+                              for sign in (1, -1))) / std
     qhat = np.asarray(evidence.uq["qhat"], float)
     worst = int(np.argmax(spread / np.maximum(qhat, 1e-300)))
     _, y_std = artifact.normalisation.of(artifact.cv_tags)

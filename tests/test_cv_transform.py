@@ -13,7 +13,7 @@ import pytest
 from optimizer_pipeline import pipeline
 from optimizer_pipeline.contracts import (CVTransform, ContractError, ModelArtifact, RunSeries, StoredBinding,
                                           binding_from_dict, fast_json, forward_columns, inverse_columns,
-                                          slope_columns, utc_now)
+                                          utc_now)
 from optimizer_pipeline.ledger import Ledger
 from optimizer_pipeline.settings import Settings
 from optimizer_pipeline.data import HistoryError, split_runs
@@ -24,7 +24,7 @@ from optimizer_pipeline.model.arx import Orders, disturbance_window, held_errors
 from optimizer_pipeline.model.statespace import rollout, steady_state
 from optimizer_pipeline.model.step_response import step_response_table
 from optimizer_pipeline.plots import model_fit_series
-from optimizer_pipeline.problem import ProblemError, compile_problem, problem_from_dict, robust_limits
+from optimizer_pipeline.problem import compile_problem, problem_from_dict, robust_limits
 from optimizer_pipeline.solver.codec import decode
 from optimizer_pipeline.solver.solve import SolverCache, solve_problem
 from optimizer_pipeline.uq import MAX_RESIDUAL, block_scores, input_distance
@@ -54,9 +54,8 @@ def test_logit_is_the_scaled_log_odds_and_inverts():
     assert np.allclose(z, 0.85 / 2 * np.log((y + 0.85) / (0.85 - y)), rtol=1e-12, atol=1e-14)
     assert np.allclose(LOGIT.inverse(z), y, rtol=0, atol=1e-14)
     assert LOGIT.forward(0.0) == 0.0
-    step = 1e-6
-    assert np.allclose(LOGIT.slope(z), (LOGIT.inverse(z + step) - LOGIT.inverse(z - step)) / (2 * step), atol=1e-8)
-    assert LOGIT.slope(0.0) == 1.0
+    step = 1e-6  # slope 1 at the midpoint
+    assert math.isclose(float(LOGIT.inverse(step) - LOGIT.inverse(-step)) / (2 * step), 1.0, rel_tol=1e-9)
     assert np.isinf(LOGIT.forward(0.85)) and np.isnan(LOGIT.forward(0.9))
     assert list(LOGIT.inside([-0.85, -0.8499, 0.8499, 0.85, np.nan])) == [False, True, True, False, False]
 
@@ -69,9 +68,7 @@ def test_column_helpers_transform_only_the_transformed_columns_and_return_floats
     back = inverse_columns(transforms, values)
     assert back.dtype == float and np.array_equal(back[:, 0], [3.0, -2.0])
     assert np.allclose(back[:, 1], LOGIT.inverse([0.0, 1.0])) and back[1, 1] != 0.0
-    slopes = slope_columns(transforms, values)
-    assert slopes.dtype == float and np.array_equal(slopes[:, 0], [1.0, 1.0])
-    assert np.allclose(slopes[:, 1], LOGIT.slope([0.0, 1.0])) and 0.0 < slopes[1, 1] < 1.0
+    assert forward_columns(transforms, values).dtype == float
 
 
 def test_the_logit_at_and_beyond_its_limits_warns_nothing():
@@ -274,8 +271,12 @@ def test_a_problem_without_transforms_keeps_its_json_and_bad_transforms_are_refu
     doc = problem.to_dict()
     for bad, message in (([None, None], "problem.y_transform: expected one entry per CV (1)"),
                          ([{"kind": "logit", "lo": 1.0, "hi": 0.0}], "problem.y_transform[0]"),
-                         ([{"kind": "probit", "lo": 0.0, "hi": 1.0}], "problem.y_transform[0].kind")):
-        with pytest.raises(ProblemError) as info:
+                         ([{"kind": "probit", "lo": 0.0, "hi": 1.0}], "problem.y_transform[0].kind"),
+                         ([{"kind": "logit", "lo": -1.0}], "problem.y_transform[0].hi: required field is missing"),
+                         (["logit"], "problem.y_transform[0]: expected a mapping like {kind: logit"),
+                         ([{"kind": "logit", "lo": "a", "hi": 1.0}], "problem.y_transform[0].lo: expected a number"),
+                         ("logit", "problem.y_transform: expected a list (one entry per CV)")):
+        with pytest.raises(ContractError) as info:
             problem_from_dict({**doc, "y_transform": bad})
         assert str(info.value).startswith(message)
 

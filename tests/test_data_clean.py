@@ -76,12 +76,23 @@ def test_a_step_in_the_newest_samples_is_kept_and_the_run_keeps_its_end(last):
     assert _entry(report, "r1")["outliers"] == 0 and _entry(report, "r1")["action"] == "kept"
 
 
-def test_a_spike_four_samples_before_the_end_is_still_removed():
+@pytest.mark.parametrize("row", [35, 36, 37, 38])
+def test_a_spike_near_the_end_with_normal_samples_after_it_is_still_removed(row):
     frame = _run()
-    frame.loc[35, "y1"] = 40.0
+    frame.loc[row, "y1"] = 40.0
     (series,), report = clean_runs(frame, _binding(), min_length=10)
-    assert series.y[35, 0] == pytest.approx((np.sin(34 / 6.0) + np.sin(36 / 6.0)) / 2, abs=1e-12)
-    assert _entry(report, "r1")["outliers_by_tag"] == {"y1": 1}
+    assert series.y[row, 0] == pytest.approx((np.sin((row - 1) / 6.0) + np.sin((row + 1) / 6.0)) / 2, abs=1e-12)
+    assert len(series.t) == 40 and _entry(report, "r1")["outliers_by_tag"] == {"y1": 1}
+
+
+def test_only_the_newest_run_keeps_a_step_at_its_end():
+    """A finished run's flagged end is cut as before: no sample will come after it to judge it."""
+    finished, newest = _run("r0", dv=True), _run("r1", t0=2000.0, dv=True)
+    finished.loc[39, "f1"] = 5.0
+    newest.loc[39, "f1"] = 5.0
+    series, report = clean_runs(pd.concat([finished, newest]), _binding(dvs=["f1"]), min_length=10)
+    assert [len(s.t) for s in series] == [39, 40]
+    assert _entry(report, "r0")["action"] == "trimmed" and _entry(report, "r1")["action"] == "kept"
 
 
 def test_mv_pulses_are_not_treated_as_outliers():

@@ -81,6 +81,18 @@ def observed_file(path, offset=0.0, rows=21):
     return path
 
 
+def test_an_observed_cv_beyond_its_transforms_limits_is_judged_not_refused(tmp_path):
+    """A CV the binding says saturates before 60 that the plant shows at 75: ingest would refuse the file
+    (history), an outcome judges it, in engineering units, as what the plant did."""
+    transformed = binding_from_dict({**SPEC.to_dict(), "cvs": [{"tag": "y", "lo": 0, "hi": 59, "target": 55,
+                                                               "transform": {"kind": "logit", "lo": -1, "hi": 60}}]})
+    ledger = Ledger(tmp_path / "ledger.duckdb")
+    ledger.upsert_binding(transformed)
+    stored_recommendation(ledger)
+    outcome = record_outcome(ledger, "rec-a", observed_file(tmp_path / "obs.csv", offset=20.0))
+    assert outcome.verdict == OutcomeVerdict.DEVIATED and outcome.binding_id == "heat"
+
+
 def test_an_outcome_applied_at_the_files_first_sample_is_judged_stored_and_summarised(ledger, tmp_path):
     outcome = record_outcome(ledger, "rec-a", observed_file(tmp_path / "obs.csv"))
     assert outcome.id.startswith("out-") and (outcome.recommendation_id, outcome.binding_id) == ("rec-a", "heat")

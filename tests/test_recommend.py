@@ -6,6 +6,7 @@ pipeline.recommend and the ledger; this file is what `make mutation MUTATION_MOD
 hand in the comments.
 """
 
+import math
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
@@ -295,16 +296,19 @@ def test_gain_uncertainty_of_a_move_along_one_mv_only():
     assert (c.value, c.holds) == ("y0: 0.5 against band 0.5", True)
 
 
-def test_the_gain_spread_of_a_transformed_cv_is_carried_to_engineering_units_at_the_plan_end():
-    # y1 saturates toward +-2 (a logit): at the plan's end y1 = 1, dy/dz = 1 - (1 / 2)^2 = 0.75, so its
-    # spread 1.0 (normalised) is 0.75 x 3 = 2.25 in engineering units, inside the band 0.8 x 3 = 2.4 (as
-    # transformed units it would be 3 > 2.4: the condition above)
+def test_the_gain_spread_of_a_transformed_cv_is_carried_to_engineering_units_from_the_plan_end():
+    # y1 saturates toward +-2 (a logit, z = 2 atanh(y / 2)): the plan ends at y1 = 1, z = 2 atanh(0.5); its
+    # spread 1.0 (normalised, std 3) is +-3 in z, which reaches y1 = 2 tanh((z + 3) / 2) = 1.934 and
+    # 2 tanh((z - 3) / 2) = -1.480: the larger, 2.480 from the end, counts (computed here by hand)
+    z = 2 * math.atanh(0.5)
+    reach = max(abs(2 * math.tanh((z + 3) / 2) - 1), abs(2 * math.tanh((z - 3) / 2) - 1))
+    assert f"{reach:.4g}" == "2.48"
     norm = replace(NORMALISATION, transforms={"y1": CVTransform("logit", -2.0, 2.0)})
     transformed = artifact_from_model(MODEL, SPEC, 3, norm, gates=GATES, steady_gain=ARTIFACT.steady_gain)
-    [c] = gain([1.0, 0.8], art=transformed)
-    assert (c.value, c.holds) == ("y1: 2.25 against band 2.4", True)
-    [c] = gain([1.0, 0.7], art=transformed)
-    assert (c.value, c.holds) == ("y1: 2.25 against band 2.1", False)
+    [c] = gain([1.0, 0.85], art=transformed)  # band 2.55: holds (untransformed, 3 > 2.55 would not)
+    assert (c.value, c.holds) == ("y1: 2.48 against band 2.55", True)
+    [c] = gain([1.0, 0.8], art=transformed)  # band 2.4 (dy/dz at the end, 0.75 x 3 = 2.25, would pass it)
+    assert (c.value, c.holds) == ("y1: 2.48 against band 2.4", False)
 
 
 def test_no_gain_condition_without_a_candidate_or_without_evidence():

@@ -47,7 +47,8 @@ class Normalisation:
     @staticmethod
     def from_doc(doc: Mapping[str, Any]) -> "Normalisation":
         return Normalisation(tuple(doc["tags"]), tuple1(doc["mean"]), tuple1(doc["std"]),
-                             {tag: CVTransform.from_dict(t) for tag, t in doc.get("transforms", {}).items()})
+                             {tag: CVTransform.from_dict(t, f"normalisation.transforms.{tag}")
+                              for tag, t in doc.get("transforms", {}).items()})
 
 
 @dataclass(frozen=True)

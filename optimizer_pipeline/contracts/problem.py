@@ -7,7 +7,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from optimizer_pipeline.contracts.binding import Template
-from optimizer_pipeline.contracts.canonical import canonical_json, sha256_hex, tuple1, tuple2
+from optimizer_pipeline.contracts.canonical import ContractError, canonical_json, sha256_hex, tuple1, tuple2
 from optimizer_pipeline.contracts.model import StateSpace
 from optimizer_pipeline.contracts.transform import CVTransform, forward_columns, inverse_columns
 
@@ -136,9 +136,18 @@ class ProblemIR:
             steady_offset=opt1(doc.get("steady_offset")),
             **{name: opt1(doc.get(name)) for name in ECONOMIC_FIELDS + ("u_target",)},
             u_target_weight=float(doc.get("u_target_weight", 0.0)),
-            y_transform=(None if doc.get("y_transform") is None
-                         else tuple(None if t is None else CVTransform.from_dict(t) for t in doc["y_transform"])),
+            y_transform=_transforms(doc.get("y_transform")),
         )
+
+
+def _transforms(value: Any) -> tuple[CVTransform | None, ...] | None:
+    """y_transform from JSON: None, or a list with per CV null or a transform mapping."""
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)):
+        raise ContractError(f"problem.y_transform: expected a list (one entry per CV), got {value!r}")
+    return tuple(None if t is None else CVTransform.from_dict(t, f"problem.y_transform[{j}]")
+                 for j, t in enumerate(value))
 
 
 # the economic objective's vectors: all present or all None

@@ -10,9 +10,11 @@ reads (predictions, bands, limits, targets) stays in engineering units.
 """
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
+
+from optimizer_pipeline.validation import ContractError, check_number, check_text
 
 KINDS = ("logit",)
 
@@ -38,11 +40,6 @@ class CVTransform:
         c, r = self._centre_radius
         return c + r * np.tanh(np.asarray(z, float) / r)
 
-    def slope(self, z: Any) -> np.ndarray:
-        """dy/dz at z: how far a unit of transformed error moves the CV in engineering units (<= 1)."""
-        _, r = self._centre_radius
-        return 1.0 - np.tanh(np.asarray(z, float) / r) ** 2
-
     def inside(self, y: Any) -> np.ndarray:
         """Whether each value is strictly inside (lo, hi) (NaN: False)."""
         y = np.asarray(y, float)
@@ -52,8 +49,16 @@ class CVTransform:
         return f"{self.kind} between {self.lo:g} and {self.hi:g}"
 
     @staticmethod
-    def from_dict(doc: Any) -> "CVTransform":
-        return CVTransform(str(doc["kind"]), float(doc["lo"]), float(doc["hi"]))
+    def from_dict(doc: Any, where: str = "transform") -> "CVTransform":
+        """From its JSON mapping; ContractError naming `where` and the field for a malformed one (the
+        kind and the limits' order are checked where it is used: the binding, validate_problem)."""
+        if not isinstance(doc, Mapping):
+            raise ContractError(f"{where}: expected a mapping like {{kind: logit, lo: ..., hi: ...}}, got {doc!r}")
+        for key in ("kind", "lo", "hi"):
+            if key not in doc:
+                raise ContractError(f"{where}.{key}: required field is missing")
+        return CVTransform(check_text(doc["kind"], f"{where}.kind"), check_number(doc["lo"], f"{where}.lo"),
+                           check_number(doc["hi"], f"{where}.hi"))
 
 
 def _by_column(transforms: Sequence[CVTransform | None], values: Any,
@@ -73,13 +78,3 @@ def forward_columns(transforms: Sequence[CVTransform | None], values: Any) -> np
 def inverse_columns(transforms: Sequence[CVTransform | None], values: Any) -> np.ndarray:
     """values (..., ny) in transformed units -> engineering units, column j by transforms[j] (None: as is)."""
     return _by_column(transforms, values, CVTransform.inverse)
-
-
-def slope_columns(transforms: Sequence[CVTransform | None], values: Any) -> np.ndarray:
-    """dy/dz per column at values (..., ny) in transformed units (1 where a column has no transform)."""
-    values = np.asarray(values, float)
-    out = np.ones_like(values)
-    for j, transform in enumerate(transforms):
-        if transform is not None:
-            out[..., j] = transform.slope(values[..., j])
-    return out

@@ -9,11 +9,14 @@ Per run, in this order:
    samples (measured), which would shave the noise tails the UQ band must cover; with the floor
    it flags 0.26 % (the nominal 3-sigma rate is 0.27 %). MVs are exempt: they are commanded
    values, and a Hampel filter would erase short legitimate moves (a 1-3 sample pulse of a step
-   test) that the identification needs. The last 3 samples of a run (half the window) are not
-   judged: without the samples after them a step cannot be told from a spike, and the live run's
-   newest samples are the plant's current state (a DV step in them, flagged and cut at the run's
-   end, left the plan starting from the MVs of a sample before "now"); the samples that arrive next
-   judge them;
+   test) that the identification needs. In the newest run (the latest last timestamp, the live
+   run's rule in data/split.py) a sample flagged within its last 3 (half the window) is kept when
+   every sample after it stays within half its jump from the window's median of it: a level that
+   holds to the end is a step the window cannot see yet (no samples after it), and the newest
+   samples are the plant's current state (a DV step in them, flagged and cut at the run's end, left
+   the plan starting from the MVs of a sample before "now"); the samples that arrive next judge
+   them again. A spike with normal samples after it is still removed, and so is the end of a
+   finished run;
 3. grid alignment: t_k = t0 + k * sample_period_s with t0 = the run's first timestamp; each sample
    goes to the nearest grid point and a grid point takes the mean of its samples;
 4. gaps (missing grid values of a tag) of at most MAX_GAP_SAMPLES are linearly interpolated;
@@ -67,10 +70,12 @@ def clean_runs(frame: pd.DataFrame, binding: BindingSpec, min_length: int) -> tu
     series: list[RunSeries] = []
     runs_report: list[dict[str, Any]] = []
     dropped: list[dict[str, Any]] = []
+    ends = ordered.groupby(RUN_ID, sort=False)[TIMESTAMP].max()
+    newest = max(zip(ends.to_numpy(float), map(str, ends.index)))[1] if len(ends) else None
     for run_id, run in ordered.groupby(RUN_ID, sort=False):
         pieces, entry, run_dropped = _clean_run(str(run_id), run[TIMESTAMP].to_numpy(float),
                                                 run[list(tags)].to_numpy(float), tags, hampel_columns,
-                                                period, min_length)
+                                                period, min_length, keep_end=str(run_id) == newest)
         runs_report.append(entry)
         dropped.extend(run_dropped)
         for name, t, values in pieces:
@@ -101,12 +106,14 @@ def clean_runs(frame: pd.DataFrame, binding: BindingSpec, min_length: int) -> tu
 
 
 def _clean_run(run_id: str, t: np.ndarray, values: np.ndarray, tags: tuple[str, ...], hampel_columns: np.ndarray,
-               period: float, min_length: int) -> tuple[list[tuple[str, np.ndarray, np.ndarray]], dict, list[dict]]:
-    """One run: t (n,) seconds, values (n, n_tags). Returns the kept pieces (name, t, values),
-    the run's report entry and its dropped runs / pieces with reasons."""
+               period: float, min_length: int,
+               keep_end: bool = False) -> tuple[list[tuple[str, np.ndarray, np.ndarray]], dict, list[dict]]:
+    """One run: t (n,) seconds, values (n, n_tags); keep_end: the newest run, whose outliers ending it are
+    kept (module docstring). Returns the kept pieces (name, t, values), the run's report entry and its
+    dropped runs / pieces with reasons."""
     values = np.where(np.isfinite(values), values, np.nan)
     non_finite = int(np.isnan(values).sum())
-    outliers = _hampel_outliers(values) & hampel_columns
+    outliers = _hampel_outliers(values, keep_end) & hampel_columns
     values[outliers] = np.nan
 
     # Grid index of every sample (nearest point of t0 + k * period). Stretches separated by more
@@ -169,8 +176,9 @@ def _clean_run(run_id: str, t: np.ndarray, values: np.ndarray, tags: tuple[str, 
     return kept, entry, dropped
 
 
-def _hampel_outliers(values: np.ndarray) -> np.ndarray:
-    """(n, n_tags) bool: |x - rolling median| > 3 * sigma (module docstring; centred window, NaN ignored)."""
+def _hampel_outliers(values: np.ndarray, keep_end: bool = False) -> np.ndarray:
+    """(n, n_tags) bool: |x - rolling median| > 3 * sigma (module docstring; centred window, NaN ignored);
+    keep_end: in the last half window, a flagged level that holds to the end is cleared (module docstring)."""
     half = HAMPEL_WINDOW // 2
     padded = np.pad(values, ((half, half), (0, 0)), constant_values=np.nan)
     windows = np.lib.stride_tricks.sliding_window_view(padded, HAMPEL_WINDOW, axis=0)  # (n, n_tags, window)
@@ -183,7 +191,13 @@ def _hampel_outliers(values: np.ndarray) -> np.ndarray:
     floor = np.maximum(np.nan_to_num(noise), HAMPEL_RANGE_FLOOR * np.nan_to_num(spread))
     sigma = np.maximum(MAD_TO_SIGMA * mad, floor)
     outliers = np.abs(values - median) > HAMPEL_N_SIGMA * sigma  # NaN compares False: missing is not an outlier
-    outliers[max(len(values) - half, 0):] = False  # the newest samples: not judged until samples after them arrive
+    if keep_end:  # the newest run's last half window: a level that holds to its end is a step, kept
+        tail = max(len(values) - half, 0)
+        for k, j in zip(*np.nonzero(outliers[tail:])):
+            k += tail
+            after = values[k + 1:, j]
+            jump = abs(values[k, j] - median[k, j])
+            outliers[k, j] = not np.all(np.abs(after[~np.isnan(after)] - values[k, j]) <= jump / 2)
     return outliers
 
 

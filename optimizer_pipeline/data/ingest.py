@@ -50,11 +50,14 @@ class HistoryError(ContractError):
     """A history file or frame breaks the history contract; the message names file / column / run / row."""
 
 
-def read_history(path: str | Path, binding: BindingSpec, now_s: float | None = None) -> pd.DataFrame:
+def read_history(path: str | Path, binding: BindingSpec, now_s: float | None = None,
+                 transform_limits: bool = True) -> pd.DataFrame:
     """Read and validate a history file for `binding` (format by suffix: .csv, .parquet, .pq).
 
     now_s: the clock (seconds since the epoch); timestamps more than CLOCK_SKEW_ALLOWANCE_S after it
-    are refused. None skips that check.
+    are refused. None skips that check. transform_limits: refuse a CV value at or beyond its
+    transform's limits (False for an observed outcome: judged in engineering units, where such a value
+    is what it shows).
     """
     path = Path(path)
     source = str(path)
@@ -76,7 +79,7 @@ def read_history(path: str | Path, binding: BindingSpec, now_s: float | None = N
         lines = False
     else:
         raise HistoryError(f"{source}: unknown history file type {path.suffix!r} (use .csv, .parquet or .pq)")
-    result = _validate(frame, binding, source, lines=lines, now_s=now_s)
+    result = _validate(frame, binding, source, lines=lines, now_s=now_s, transform_limits=transform_limits)
     log.info("read %s: %d rows, %d runs", source, len(result), result[RUN_ID].nunique())
     return result
 
@@ -180,7 +183,7 @@ def _read_parquet(path: Path, binding: BindingSpec) -> pd.DataFrame:
 
 
 def _validate(frame: pd.DataFrame, binding: BindingSpec, source: str, *, lines: bool,
-              now_s: float | None = None) -> pd.DataFrame:
+              now_s: float | None = None, transform_limits: bool = True) -> pd.DataFrame:
     """frame.index holds 0-based data row numbers (used in messages only)."""
 
     def where(position: int) -> str:
@@ -198,7 +201,7 @@ def _validate(frame: pd.DataFrame, binding: BindingSpec, source: str, *, lines: 
     timestamps = _timestamps(frame[TIMESTAMP], source, where, run_ids, now_s)
 
     values = {}
-    transforms = {cv.tag: cv.transform for cv in binding.cvs if cv.transform is not None}
+    transforms = {cv.tag: cv.transform for cv in binding.cvs if cv.transform is not None and transform_limits}
     for tag in binding.tags:
         column = frame[tag]
         numbers = pd.to_numeric(column, errors="coerce") if not pd.api.types.is_bool_dtype(column) \
