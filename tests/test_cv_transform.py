@@ -27,6 +27,7 @@ from optimizer_pipeline.plots import model_fit_series
 from optimizer_pipeline.problem import compile_problem, problem_from_dict, robust_limits
 from optimizer_pipeline.solver.codec import decode
 from optimizer_pipeline.solver.solve import SolverCache, solve_problem
+from optimizer_pipeline.solver.verify import Tolerances
 from optimizer_pipeline.uq import MAX_RESIDUAL, block_scores, input_distance
 
 LOGIT = CVTransform("logit", -0.85, 0.85)
@@ -307,10 +308,25 @@ def test_a_transformed_binding_is_recommended_through_the_pipeline(tmp_path, tem
     ledger, settings, cache = Ledger(tmp_path / "ledger.duckdb"), Settings(), SolverCache()
     calibration = pipeline.calibrate(ledger, artifact, pipeline.score_blocks(spec, artifact, split), settings,
                                      utc_now())
-    rec = pipeline.recommend(StoredBinding(spec, 1, spec.spec_hash, None), artifact, split, calibration,
-                             lambda p: solve_problem(p, cache), ledger, settings, "simulation",
-                             utc_now()).recommendation
+    record = pipeline.recommend(StoredBinding(spec, 1, spec.spec_hash, None), artifact, split, calibration,
+                                lambda p: solve_problem(p, cache), ledger, settings, "simulation", utc_now())
+    rec = record.recommendation
     assert rec.controls and abs(rec.predicted[-1][0] - 0.5) < 0.02
+    # the local refit is centred midway between the live state and the first plan's end, both transformed
+    norm = artifact.normalisation
+    local = ledger.get_run(record.run_id).context["steady_model"]
+    assert local["procedure"] == "local"
+    expected = (norm.normalise(("x",), split.live.y[-1]) + norm.normalise(("x",), local["first_settled"])) / 2
+    assert np.allclose(local["operating_point"]["y"], expected, rtol=1e-12)
+    # the verifier's CV limits are the binding's, in engineering units
+    chosen = record.chosen
+    assert np.allclose(chosen.verify_report["cv_allowed"], [Tolerances().cv_rel * (0.81 + 0.81)], rtol=1e-12)
+    if template == "linear_mpc_quadratic@1":  # the band against the improvement, against the engineering target
+        [c] = [c for c in record.conditions if c.name == "band against the improvement over holding"]
+        hold = next(c for c in record.result.candidates if c.kind.value == "hold")
+        held = max(abs(hold.predicted[-1][0] - 0.5) / 1.62, 0.1)
+        widened = (abs(rec.predicted[-1][0] - 0.5) + rec.band[0]) / 1.62
+        assert c.value.startswith(f"{widened / held:.3g} of ")
     # the plant's settled CV at the last MVs: measured 0.525 for both templates (0.665 without the transform,
     # whose band was 0.35); the transform's limits sit 2.5 % beyond the saturation
     settled = SATURATION * math.tanh(1.2 * rec.controls[-1][0] / SATURATION)
