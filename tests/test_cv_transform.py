@@ -332,3 +332,16 @@ def test_a_transformed_binding_is_recommended_through_the_pipeline(tmp_path, tem
     settled = SATURATION * math.tanh(1.2 * rec.controls[-1][0] / SATURATION)
     assert abs(settled - 0.5) < 0.04
     assert 0.0 < rec.band[0] < 0.1  # engineering units (measured 0.049-0.058)
+
+
+def test_without_transforms_a_binding_problem_and_artifact_hash_as_before_transforms_existed():
+    """The hashes at 0d61073, the tree before CV transforms (a stored binding keeps its revision, a stored
+    artifact or problem its identity)."""
+    from test_contracts import _problem
+    from test_recommend import ARTIFACT
+
+    from optimizer_pipeline.plants import demo_plants
+
+    assert _problem().hash == "ca58bb3937e46a74ef8485b27ab399d077a4e48ef02dbfb1acd1328c7f504e09"
+    assert demo_plants()[0].spec.spec_hash == "47364ae6e40ba869f668dec91a21136ebf114486ce438a82b3b042895223538b"
+    assert ARTIFACT.artifact_hash == "93612441314f268e4e3f565d740df4b2bf6cab1c3707f2d301d9adad3db6293e"
