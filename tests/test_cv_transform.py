@@ -276,6 +276,8 @@ def test_a_problem_without_transforms_keeps_its_json_and_bad_transforms_are_refu
                          ([{"kind": "logit", "lo": -1.0}], "problem.y_transform[0].hi: required field is missing"),
                          (["logit"], "problem.y_transform[0]: expected a mapping like {kind: logit"),
                          ([{"kind": "logit", "lo": "a", "hi": 1.0}], "problem.y_transform[0].lo: expected a number"),
+                         ([{"kind": "logit", "lo": 0.0, "hi": "b"}], "problem.y_transform[0].hi: expected a number"),
+                         ([{"kind": 5, "lo": 0.0, "hi": 1.0}], "problem.y_transform[0].kind: expected text"),
                          ("logit", "problem.y_transform: expected a list (one entry per CV)")):
         with pytest.raises(ContractError) as info:
             problem_from_dict({**doc, "y_transform": bad})

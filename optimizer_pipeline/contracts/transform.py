@@ -49,7 +49,7 @@ class CVTransform:
         return f"{self.kind} between {self.lo:g} and {self.hi:g}"
 
     @staticmethod
-    def from_dict(doc: Any, where: str = "transform") -> "CVTransform":
+    def from_dict(doc: Any, where: str) -> "CVTransform":
         """From its JSON mapping; ContractError naming `where` and the field for a malformed one (the
         kind and the limits' order are checked where it is used: the binding, validate_problem)."""
         if not isinstance(doc, Mapping):
