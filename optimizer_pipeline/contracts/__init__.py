@@ -60,7 +60,8 @@ from optimizer_pipeline.contracts.transform import CVTransform, forward_columns,
 
 __all__ = [
     "BindingSpec", "BlockScores", "CVSpec", "CVTransform", "Calibration", "CandidateKind", "Condition",
-    "ContractError", "DVSpec", "EvidenceSnapshot", "EvidenceSource", "Gate", "HistorySplit", "ID_PATTERN", "MIN_STD", "MVSpec",
+    "ContractError", "DVSpec", "EvidenceSnapshot", "EvidenceSource", "Gate", "HistorySplit", "ID_PATTERN", "MIN_STD",
+    "MVSpec",
     "ModelArtifact", "ModelSettings", "Normalisation", "Outcome", "OutcomeVerdict", "ProblemIR", "Profile",
     "Recommendation", "RecommendationStatus", "RunSeries", "Scores", "SolveCandidate", "SolveResult",
     "StateSpace", "StoredBinding", "Template", "UQEvidence", "all_finite", "binding_from_dict",

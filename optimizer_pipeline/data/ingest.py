@@ -13,7 +13,8 @@ reading) and MAX_HISTORY_ROWS data rows (CSV: parsing stops one row past it; Par
 metadata, before reading). A longer history is ingested as several files: ingest appends.
 
 Refused values (docs/ARCHITECTURE.md, "History file"): an infinite tag value (`inf`, `-inf`; an
-empty cell or NaN stays a missing value), a CV value at or beyond its transform's limits, and, when the caller gives the clock (`now_s`, as the
+empty cell or NaN stays a missing value), a CV value at or beyond its transform's limits (unless the
+caller says otherwise: an observed outcome), and, when the caller gives the clock (`now_s`, as the
 `ingest` command does), a timestamp more than CLOCK_SKEW_ALLOWANCE_S after it: a sample from the
 future would make a stale live state look current.
 """
@@ -223,8 +224,9 @@ def _validate(frame: pd.DataFrame, binding: BindingSpec, source: str, *, lines: 
             outside = np.flatnonzero(~transforms[tag].inside(numbers) & ~np.isnan(numbers))
             if outside.size:
                 i = outside[0]
-                raise HistoryError(f"{source}: column {tag!r}: {float(numbers[i])!r} in run {run_ids[i]!r} at {where(i)} "
-                                   f"is not inside the limits of the CV's transform ({transforms[tag].describe()})")
+                raise HistoryError(f"{source}: column {tag!r}: {float(numbers[i])!r} in run {run_ids[i]!r} at "
+                                   f"{where(i)} is not inside the limits of the CV's transform "
+                                   f"({transforms[tag].describe()})")
         values[tag] = numbers
 
     # Strictly increasing time inside each run, in the order the rows are given.

@@ -116,9 +116,9 @@ def _check_transform_limits(runs: Sequence[RunSeries], binding: BindingSpec) -> 
             bad = np.flatnonzero(~cv.transform.inside(values) & ~np.isnan(values))
             if bad.size:
                 i = bad[0]
-                raise HistoryError(f"binding {binding.id!r}: run {run.run_id!r}: CV {cv.tag!r} is {values[i]:g} at sample "
-                                   f"{i + 1} (t = {float(run.t[i]):g} s), not inside the limits of its transform "
-                                   f"({cv.transform.describe()})")
+                raise HistoryError(f"binding {binding.id!r}: run {run.run_id!r}: CV {cv.tag!r} is {values[i]:g} at "
+                                   f"sample {i + 1} (t = {float(run.t[i]):g} s), not inside the limits of its "
+                                   f"transform ({cv.transform.describe()})")
 
 
 def _train_normalisation(train: Sequence[RunSeries], binding: BindingSpec) -> Normalisation:
