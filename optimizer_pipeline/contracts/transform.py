@@ -36,7 +36,7 @@ class CVTransform:
             return r * np.arctanh((np.asarray(y, float) - c) / r)
 
     def inverse(self, z: Any) -> np.ndarray:
-        """Transformed -> engineering units (always strictly inside the limits for finite z)."""
+        """Transformed -> engineering units: inside the limits (at them once tanh rounds to +-1, |z| >= ~19 r)."""
         c, r = self._centre_radius
         return c + r * np.tanh(np.asarray(z, float) / r)
 
