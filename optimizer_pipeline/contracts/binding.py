@@ -133,7 +133,7 @@ class BindingSpec:
                 for key in COST_FIELDS:
                     if not item[key]:
                         del item[key]
-                if item.get("transform", ...) is None:
+                if kind == "cvs" and item["transform"] is None:
                     del item["transform"]
         return canonical_json(doc)
 

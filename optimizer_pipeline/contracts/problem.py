@@ -98,12 +98,14 @@ class ProblemIR:
         """Canonical JSON; the economic and steering fields are left out at their defaults, and the CV
         transforms without any, so a problem without them keeps the JSON (and hash) it had before they
         existed."""
-        plain = self.u_target is None and self.u_target_weight == 0.0 and self.econ_u is None
-        if plain or self.y_transform is None:
-            left_out = (OPTIONAL_FIELDS if plain else frozenset()) | ({"y_transform"} if self.y_transform is None
-                                                                       else frozenset())
-            return canonical_json({f.name: getattr(self, f.name) for f in fields(self) if f.name not in left_out})
-        return canonical_json(self)
+        left_out = set()
+        if self.u_target is None and self.u_target_weight == 0.0 and self.econ_u is None:
+            left_out |= OPTIONAL_FIELDS
+        if self.y_transform is None:
+            left_out.add("y_transform")
+        if not left_out:
+            return canonical_json(self)
+        return canonical_json({f.name: getattr(self, f.name) for f in fields(self) if f.name not in left_out})
 
     @property
     def hash(self) -> str:

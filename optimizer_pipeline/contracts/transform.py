@@ -45,6 +45,12 @@ class CVTransform:
         y = np.asarray(y, float)
         return (y > self.lo) & (y < self.hi)
 
+    def first_outside(self, y: Any) -> int | None:
+        """The index of the first value at or beyond the limits (NaN, a missing value, is not); None if none."""
+        y = np.asarray(y, float)
+        outside = np.flatnonzero(~self.inside(y) & ~np.isnan(y))
+        return int(outside[0]) if outside.size else None
+
     def describe(self) -> str:
         return f"{self.kind} between {self.lo:g} and {self.hi:g}"
 

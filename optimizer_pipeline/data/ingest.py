@@ -220,13 +220,10 @@ def _validate(frame: pd.DataFrame, binding: BindingSpec, source: str, *, lines: 
                                f"at {where(i)} (inf / -inf are refused; leave the cell empty for a missing value)")
         if np.isnan(numbers).all():
             raise HistoryError(f"{source}: column {tag!r} has no values (all empty / NaN)")
-        if tag in transforms:
-            outside = np.flatnonzero(~transforms[tag].inside(numbers) & ~np.isnan(numbers))
-            if outside.size:
-                i = outside[0]
-                raise HistoryError(f"{source}: column {tag!r}: {float(numbers[i])!r} in run {run_ids[i]!r} at "
-                                   f"{where(i)} is not inside the limits of the CV's transform "
-                                   f"({transforms[tag].describe()})")
+        i = transforms[tag].first_outside(numbers) if tag in transforms else None
+        if i is not None:
+            raise HistoryError(f"{source}: column {tag!r}: {float(numbers[i])!r} in run {run_ids[i]!r} at {where(i)} "
+                               f"is not inside the limits of the CV's transform ({transforms[tag].describe()})")
         values[tag] = numbers
 
     # Strictly increasing time inside each run, in the order the rows are given.

@@ -113,9 +113,8 @@ def _check_transform_limits(runs: Sequence[RunSeries], binding: BindingSpec) -> 
             continue
         for run in runs:
             values = np.asarray(run.y, float)[:, j]
-            bad = np.flatnonzero(~cv.transform.inside(values) & ~np.isnan(values))
-            if bad.size:
-                i = bad[0]
+            i = cv.transform.first_outside(values)
+            if i is not None:
                 raise HistoryError(f"binding {binding.id!r}: run {run.run_id!r}: CV {cv.tag!r} is {values[i]:g} at "
                                    f"sample {i + 1} (t = {float(run.t[i]):g} s), not inside the limits of its "
                                    f"transform ({cv.transform.describe()})")

@@ -150,11 +150,11 @@ class _Plan:
 
 
 def _plan(problem: ProblemIR, scales: tuple[np.ndarray, ...], z: np.ndarray) -> _Plan:
-    """z's plan; scales: the problem's (u_mean, u_std, y_mean, y_std) as arrays."""
+    """z's plan; scales: the problem's (u_mean, u_std) as arrays; its CVs through `cv_engineering`."""
     u, y, s = TEMPLATES[problem.template].plan(problem, z)
-    u_mean, u_std, y_mean, y_std = scales
+    u_mean, u_std = scales
     controls = u_mean + u_std * u
-    predicted = y_mean + y_std * y if problem.y_transform is None else problem.cv_engineering(y)
+    predicted = problem.cv_engineering(y)
     return _Plan(tuple(map(tuple, controls.tolist())), tuple(map(tuple, predicted.tolist())), float(s.max()),
                  float(s.sum()))
 
@@ -196,7 +196,7 @@ def solve_problem(problem: ProblemIR, cache: SolverCache, time_limit_s: float | 
     entry, hit = cache.entry(problem, q, l, u)
     diagnostics.update(cache_hit=hit, cache_size=len(cache), osqp_setups=cache.setups)
 
-    scales = tuple(np.asarray(v) for v in (problem.u_mean, problem.u_std, problem.y_mean, problem.y_std))
+    scales = (np.asarray(problem.u_mean), np.asarray(problem.u_std))
     hold = builder.hold_point(problem, entry.A, l, y_lo, y_hi, entry.memo)
     candidates = [_candidate(0, CandidateKind.HOLD, "hold", _plan(problem, scales, hold),
                              _objective(entry, q, constant, hold), y_lo, y_hi, {})]
