@@ -257,18 +257,19 @@ def _planned_end(result: SolveResult, steps: int) -> tuple[np.ndarray, np.ndarra
 
 
 def _local_model(binding: BindingSpec, artifact: ModelArtifact, split: HistorySplit,
-                 end: tuple[np.ndarray, np.ndarray]) -> tuple[ModelArtifact, dict]:
+                 end: tuple[np.ndarray, np.ndarray]) -> tuple[ModelArtifact, OperatingPoint, dict]:
     """The artifact refitted (model/local.py) midway between the live state and the first solve's plan
     at its P-th step (a steady target: the target) on the artifact's own train runs, or the artifact
-    itself when the refit is refused as the evidence's blocks fall back; and what the run records of it."""
+    itself when the refit is refused as the evidence's blocks fall back; the point; and what the run
+    records of it."""
     live, norm = split.live, artifact.normalisation
     mvs, cvs = artifact.mv_tags, artifact.cv_tags
     point = OperatingPoint.of_move(norm.normalise(mvs, live.u[-1]), norm.normalise(cvs, live.y[-1]),
                                    norm.normalise(mvs, end[0]), norm.normalise(cvs, end[1]))
     local, record = local_artifact(artifact, binding, artifact_runs(artifact, split, "train"), point,
                                    settle_limit(artifact.state_space))
-    return (artifact if local is None else local), {**record, "first_target": end[0].tolist(),
-                                                    "first_settled": end[1].tolist()}
+    return (artifact if local is None else local), point, {**record, "first_target": end[0].tolist(),
+                                                           "first_settled": end[1].tolist()}
 
 
 def artifact_runs(artifact: ModelArtifact, split: HistorySplit, segment: str) -> tuple[RunSeries, ...]:
@@ -373,9 +374,10 @@ def solve_and_decide(binding: BindingSpec, stored: StoredBinding, artifact: Mode
         if end is not None and not agrees.holds:  # a refit weighs the train rows of a plant that has changed
             local = {"procedure": GLOBAL, "refused": agrees.reason}
         elif end is not None:  # solved again, with the model refitted midway to it (model/local.py)
-            decided_with, local = _local_model(binding, artifact, split, end)
+            decided_with, point, local = _local_model(binding, artifact, split, end)
             if decided_with is not artifact:  # else the refit was refused: the first solve stands
-                problem, result = compile_and_solve(decided_with, *current_state(decided_with, live, artifact))
+                problem, result = compile_and_solve(decided_with,
+                                                    *current_state(decided_with, live, (artifact, point)))
     snapshot = evidence_snapshot(calibration, artifact, live.u[-1], live.y[-1], source, settings, now, float(live.t[-1]))
     consistency = [
         Condition("model from the binding's revision", f"r{artifact.binding_revision}", f"r{stored.revision}",

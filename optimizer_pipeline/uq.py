@@ -88,20 +88,22 @@ SCORE_RULES = {
                       "max(P, 2 x the settling horizon) (model.arx.fit_disturbance: the disturbance a steady "
                       "target is predicted with)",
     SETTLED_LOCAL: "as settled_residual, but each block predicted by the model refitted around the block's "
-                   f"operating point ({_REFIT}, centred midway between the block's MVs and measured CVs at its "
-                   "start and its last MVs and the identified model's settled prediction), its held disturbance "
-                   "fitted by that model over the same W rows; a refit with fewer than 10 effective rows per "
-                   "parameter, or whose slowest mode has not decayed to 5 % within 2 h (unstable included), is "
-                   "refused and the block predicted by the identified model: the procedure a steady target of "
-                   "such an artifact is solved with",
+                   f"operating point ({_REFIT}, centred midway between the block's MVs and measured CVs at its start "
+                   "and its last MVs and the identified model's settled prediction), its held disturbance the mean "
+                   "of that model's one-step residuals over the same W rows, each weighted by the refit's kernel at "
+                   "the row it predicts from (model.local.local_disturbances); a refit with fewer than 10 effective "
+                   "rows per parameter, or whose slowest mode has not decayed to 5 % within 2 h (unstable "
+                   "included), is refused and the block predicted by the identified model: the procedure a steady "
+                   "target of such an artifact is solved with",
     MAX_RESIDUAL_LOCAL: "as max_residual, but each block predicted by the model refitted around the block's "
-                        f"operating point ({_REFIT}, centred midway between the block's MVs and measured CVs at "
-                        "its start and its last MVs and the identified model's prediction at its end), its held "
-                        "disturbance fitted by that model over the same W rows; a refit with fewer than 10 "
-                        "effective rows per parameter, or whose slowest mode has not decayed to 5 % within 2 "
-                        "settling horizons of the identified model (unstable included), is refused and the block "
-                        "predicted by the identified model: the procedure a move plan of such an artifact is "
-                        "solved with",
+                        f"operating point ({_REFIT}, centred midway between the block's MVs and measured CVs at its "
+                        "start and its last MVs and the identified model's prediction at its end), its held "
+                        "disturbance the mean of that model's one-step residuals over the same W rows, each "
+                        "weighted by the refit's kernel at the row it predicts from "
+                        "(model.local.local_disturbances); a refit with fewer than 10 effective rows per parameter, "
+                        "or whose slowest mode has not decayed to 5 % within 2 settling horizons of the identified "
+                        "model (unstable included), is refused and the block predicted by the identified model: the "
+                        "procedure a move plan of such an artifact is solved with",
 }
 LOCAL_SCORES = (SETTLED_LOCAL, MAX_RESIDUAL_LOCAL)  # refit on the artifact's train runs (model.local)
 _BASE_RULES = {SETTLED_LOCAL: SETTLED_RESIDUAL, MAX_RESIDUAL_LOCAL: MAX_RESIDUAL}  # "as <base>, but ..."

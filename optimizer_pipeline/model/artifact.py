@@ -22,8 +22,9 @@ from optimizer_pipeline.contracts import (BindingSpec, ContractError, Gate, Hist
 from optimizer_pipeline.model.arx import (ArxModel, Orders, Stacked, nrmse, rollout_nrmse, rollout_windows, stack_runs,
                                           disturbance_window, state_and_bias, stride_for, window_rows)
 from optimizer_pipeline.model.fit import RidgeProblem, Structure, free_mask, refine_multistep
-from optimizer_pipeline.model.local import (BANDWIDTHS, GLOBAL, LOCAL, LocalFitter, OperatingPoint, best_bandwidth,
-                                           local_gains, local_paths, steady_model_record)
+from optimizer_pipeline.model.local import (BANDWIDTHS, GLOBAL, LOCAL, LocalFitter, OperatingPoint, bandwidth_of,
+                                           best_bandwidth, local_disturbances, local_gains, local_paths,
+                                           steady_model_record)
 from optimizer_pipeline.model.select import (FIR_NA, LONG_MARGIN, MAX_CHANNEL_DELAY, ORDER_STAGE_RIDGE,
                                              RIDGE_GRID, RIDGE_STAGE_ORDERS, SELECTION_WINDOWS, Selector, best,
                                              candidates, family, finite_or_none, long_numerators, per_channel,
@@ -368,15 +369,23 @@ def stack_for(artifact: ModelArtifact, runs: Sequence[RunSeries]) -> Stacked:
 
 
 def current_state(artifact: ModelArtifact, run: RunSeries,
-                  identified: ModelArtifact | None = None) -> tuple[np.ndarray, np.ndarray]:
+                  refit_of: tuple[ModelArtifact, OperatingPoint] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """x0 (nx,) at the run's last row from measured data, and the disturbance bias (ny,), normalised.
 
     bias = the held disturbance fitted to the multi-step prediction error of the last rows
     (model.arx.state_and_bias; the problem holds it in every state update: offset-free tracking,
-    model/statespace.py), over the rows the `identified` artifact's own fit uses when `artifact` is a
-    local refit of it (its evidence fits the same rows, uq.SETTLED_LOCAL).
-    ContractError when the run is too short for the state.
+    model/statespace.py). When `artifact` is a local refit (`refit_of`: the identified artifact and
+    the operating point it was refitted at), over the rows the identified artifact's own fit uses, each
+    weighted by the refit's kernel (model.local.local_disturbances; its evidence fits the same,
+    uq.SETTLED_LOCAL). ContractError when the run is too short for the state.
     """
     orders = Orders(artifact.na, artifact.nb, artifact.delay)
-    window = None if identified is None else disturbance_window(identified.state_space, identified.horizon)
-    return state_and_bias(artifact.state_space, orders, stack_for(artifact, [run]), artifact.horizon, window)
+    stacked, ss = stack_for(artifact, [run]), artifact.state_space
+    if refit_of is None:
+        return state_and_bias(ss, orders, stacked, artifact.horizon)
+    identified, point = refit_of
+
+    def weighted(rows: np.ndarray, window: int) -> np.ndarray:
+        return local_disturbances([ss], point.centre()[None], bandwidth_of(identified), stacked, orders, rows, window)
+    return state_and_bias(ss, orders, stacked, artifact.horizon,
+                          disturbance_window(identified.state_space, identified.horizon), weighted)

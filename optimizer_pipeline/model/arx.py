@@ -23,7 +23,7 @@ import logging
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -411,13 +411,15 @@ def disturbance_filter(ss: StateSpace, window: int) -> np.ndarray:
 
 
 def state_and_bias(ss: StateSpace, orders: Orders, stacked_run: Stacked, horizon: int,
-                   window: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+                   window: int | None = None,
+                   estimate: Callable[[np.ndarray, int], np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """x0 (nx,) at the run's last row and the held disturbance `bias` (ny,), normalised units.
 
-    bias = `fit_disturbance` at the last row over W = min(window, available) rows, window defaulting to
-    disturbance_window(ss, horizon) (a local model passes its artifact's, model/local.py), available =
-    the rows before it with a measured state; zeros when there is none (logged). uq's block scores
-    hold the same estimate, fitted over the full W rows before each block.
+    bias = `estimate(rows, W)` at the last row (`fit_disturbance` of `ss` unless given: a local refit
+    weighs the window's rows, model.local.local_disturbances) over W = min(window, available) rows,
+    window defaulting to disturbance_window(ss, horizon) (a local model passes its artifact's,
+    model/local.py), available = the rows before it with a measured state; zeros when there is none
+    (logged). uq's block scores hold the same estimate, fitted over the full W rows before each block.
     """
     n = int(stacked_run.lengths[0])
     first = orders.first_state_row
@@ -430,4 +432,5 @@ def state_and_bias(ss: StateSpace, orders: Orders, stacked_run: Stacked, horizon
     if window <= 0:
         log.warning("run %s: no row with a one-step prediction; disturbance bias set to 0", stacked_run.run_ids[0])
         return x0, np.zeros(stacked_run.y.shape[1])
-    return x0, fit_disturbance(ss, stacked_run, orders, np.array([n - 1]), window)[0]
+    fit = estimate or (lambda rows, rows_before: fit_disturbance(ss, stacked_run, orders, rows, rows_before))
+    return x0, fit(np.array([n - 1]), window)[0]

@@ -20,6 +20,11 @@ plant's local gain at the midpoint of the move, so the solve refits the model th
   MIN_ROWS_PER_PARAMETER effective rows per parameter (a point far from the data), or when it is
   unstable or its slowest mode has not decayed to 5 % within SETTLE_FACTOR settling horizons of the
   identified model (`settle_limit`);
+* a refit holds its own disturbance (offset-free prediction): the mean of its one-step residuals
+  over the identified model's window of rows, each weighted by the refit's kernel
+  (`local_disturbances`). The refit describes the plant near its point; the identified model's
+  multi-step fit would carry the refit's error far from it (a live run that arrived there in its last
+  samples) into the rows near it, and hold it as a disturbance;
 * identification keeps the local procedure (for both templates), at the kernel width that predicts
   settled values closest on held-out windows, only when it predicts them closer there than the
   identified model (model/artifact.py, `selection.steady_model`; the models' own open-loop
@@ -65,8 +70,19 @@ class OperatingPoint:
         """The midpoint of a move from (u_start, y_start) to its predicted end (u_end, y_end)."""
         return OperatingPoint((np.asarray(u_start, float) + u_end) / 2, (np.asarray(y_start, float) + y_end) / 2)
 
+    def centre(self) -> np.ndarray:
+        """(nu + ny,): its MVs and CVs, the coordinates the kernel measures distance in."""
+        return np.concatenate([self.u, self.y]).astype(float)
+
     def to_json_dict(self) -> dict[str, Any]:
         return {"u": np.asarray(self.u, float).tolist(), "y": np.asarray(self.y, float).tolist()}
+
+
+def kernel(distance: np.ndarray, bandwidth: float) -> np.ndarray:
+    """The Gaussian kernel weights of squared distances (..., n) in train standard deviations, scaled so
+    the nearest of each last-axis row weighs 1 (no underflow far from the data: a weighted fit divides
+    by the total weight)."""
+    return np.exp(-0.5 * (distance - distance.min(axis=-1, keepdims=True)) / bandwidth ** 2)
 
 
 def structure_of(artifact: ModelArtifact) -> tuple[Structure, float]:
@@ -144,9 +160,8 @@ class LocalFitter:
 
     def _weights(self, points: Sequence[OperatingPoint]) -> np.ndarray:
         """`weights` of every point (m, n_rows)."""
-        centres = np.array([np.concatenate([p.u, p.y]) for p in points], float)  # (m, nu + ny)
-        distance = cdist(centres, self._before, "sqeuclidean")
-        return np.exp(-0.5 * (distance - distance.min(axis=1, keepdims=True)) / self.bandwidth ** 2)
+        centres = np.array([p.centre() for p in points])  # (m, nu + ny)
+        return kernel(cdist(centres, self._before, "sqeuclidean"), self.bandwidth)
 
     def refit(self, point: OperatingPoint, settle_within: int) -> tuple[LocalFit | None, str]:
         """The refit at `point`, or None with the reason it is refused: an effective (Kish) sample under
@@ -203,8 +218,9 @@ def local_paths(fitter: LocalFitter, ss: StateSpace, stacked: Stacked, orders: O
     and the refits it used, in window order (their gains: `local_gains`).
     `identified`: the identified model's own rollout of the windows (model.arx.rollout_windows, which
     the callers have already run for the measured values), h its length.
-    With `window`, each holds its own disturbance fitted over the `window` rows before k
-    (model.arx.fit_disturbance, as `current_state` holds it; k must have them); None: none held.
+    With `window`, each holds its own disturbance fitted over the `window` rows before k (k must have
+    them), as `current_state` holds it: the identified model model.arx.fit_disturbance's, each refit
+    `local_disturbances`' (its rows weighted by its kernel); None: none held.
     The refit's operating point: the window's first MVs and its CVs at k, to the MVs of its last step
     and the identified model's end; the live solve's definition (pipeline), whose window is the plan
     up to its P-th step or a steady target (its end predicted with the held disturbance, which a
@@ -225,24 +241,43 @@ def local_paths(fitter: LocalFitter, ss: StateSpace, stacked: Stacked, orders: O
             steps = at[:, None] + np.arange(h)
             local_path[used] = rollout_each(models, states_at(stacked, orders, at), stacked.u[steps], stacked.d[steps])
             if window is not None:
-                local_path[used] += held_each(models, stacked, orders, at, window, h)
+                local_path[used] += held_each(list(fits.values()), stacked, orders, at, window, h)
     return global_path, local_path, used, [fit.model for fit in fits.values()]
 
 
-def held_each(models: Sequence[StateSpace], stacked: Stacked, orders: Orders, rows: np.ndarray, window: int,
+def held_each(fits: Sequence[LocalFit], stacked: Stacked, orders: Orders, rows: np.ndarray, window: int,
               h: int) -> np.ndarray:
-    """(m, h, ny): the response over h steps to the disturbance each of `models` holds at its row of `rows`,
-    fitted by that model over the `window` rows before it (model.arx.fit_disturbance's least squares, its
-    windows rolled out by their own models at once, statespace.rollout_each)."""
+    """(m, h, ny): the response over h steps to the disturbance each refit of `fits` holds at its row of
+    `rows` (`local_disturbances` over the `window` rows before it)."""
+    models = [fit.state_space for fit in fits]
+    centres = np.array([fit.point.centre() for fit in fits])
+    estimate = local_disturbances(models, centres, fits[0].fitter.bandwidth, stacked, orders, rows, window)
+    return np.einsum("mjab,mb->mja", disturbance_step_gains_each(models, h), estimate)
+
+
+def local_disturbances(models: Sequence[StateSpace], centres: np.ndarray, bandwidth: float, stacked: Stacked,
+                       orders: Orders, rows: np.ndarray, window: int) -> np.ndarray:
+    """(m, ny): the disturbance each refit of `models`, centred at its row of `centres` (m, nu + ny), holds
+    at its row k of `rows`: the mean of its one-step residuals y[t + 1] - C (A x[t] + B u[t] + E d[t] + f)
+    over the `window` rows t before k, each weighted by the refit's `kernel` (width `bandwidth`) at the
+    MVs / CVs of row t, as the refit weighs its train rows: the held disturbance that best explains
+    the rows near its point (in the realisation the disturbance enters the CVs' equations as the
+    one-step residual does, statespace.rollout).
+
+    Not the identified model's multi-step fit (model.arx.fit_disturbance): a refit describes the plant
+    near its operating point, and a rollout from far from it (a live run that moved there in its last
+    samples) carries the refit's error there into every later row; a one-step residual depends on
+    its own row's measured state alone."""
     starts = rows - window
-    steps = starts[:, None] + np.arange(window)
-    predicted = rollout_each(models, states_at(stacked, orders, starts), stacked.u[steps], stacked.d[steps])
-    residual = np.take(stacked.y, steps + 1, axis=0) - predicted  # (m, window, ny)
-    gains = disturbance_step_gains_each(models, max(window, h))
-    fitted = gains[:, :window]
-    normal = np.einsum("mjab,mjac->mbc", fitted, fitted)
-    estimate = np.linalg.solve(normal, np.einsum("mjab,mja->mb", fitted, residual)[..., None])[..., 0]
-    return np.einsum("mjab,mb->mja", gains[:, :h], estimate)
+    steps = starts[:, None] + np.arange(window)  # (m, window)
+    A, B, E, f, C = (np.stack(arrays) for arrays in zip(*(ss.arrays() for ss in models)))
+    x = states_at(stacked, orders, steps.ravel()).reshape(*steps.shape, -1)  # (m, window, nx)
+    advanced = (np.einsum("mab,mjb->mja", A, x) + np.einsum("mab,mjb->mja", B, stacked.u[steps])
+                + np.einsum("mab,mjb->mja", E, stacked.d[steps]) + f[:, None])
+    residual = np.take(stacked.y, steps + 1, axis=0) - np.einsum("mab,mjb->mja", C, advanced)
+    before = np.concatenate([stacked.u[steps], stacked.y[steps]], axis=2)  # (m, window, nu + ny)
+    weights = kernel(np.sum((before - centres[:, None]) ** 2, axis=2), bandwidth)
+    return np.einsum("mj,mja->ma", weights, residual) / weights.sum(axis=1)[:, None]
 
 
 def local_gains(refits: Sequence[ArxModel], ny: int, nv: int) -> np.ndarray:
