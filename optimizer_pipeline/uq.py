@@ -161,7 +161,8 @@ def block_scores(artifact: ModelArtifact, runs: Sequence[RunSeries], h: int | No
     open-loop from its measured state with the measured MVs / DVs and that disturbance held, as the
     recommendation predicts, all blocks of all runs at once: by the identified model from the one-step
     residuals (model.arx.held_errors: a pass over the h steps of all blocks), each local refit
-    by rolling out its block and its W-row window (model.local.local_paths).
+    by rolling out its block, its disturbance from its one-step residuals over the W rows
+    (model.local.local_paths).
     """
     h = check_integer(artifact.horizon if h is None else int(h), "block scores", AT_LEAST_ONE, name="block length h",
                       error=UQInputError)

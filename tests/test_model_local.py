@@ -572,7 +572,8 @@ def test_local_paths_hold_each_windows_disturbance_over_every_step_of_two_couple
         if fit is not None:
             refit = fit.model.realise()
             own = rollout_windows(refit, stacked, orders, rows[i:i + 1], h)[0][0]
-            mine = held_path(refit, stacked, orders, k, window, h, np.concatenate([centre.u, centre.y]), fitter.bandwidth)
+            mine = held_path(refit, stacked, orders, k, window, h, np.concatenate([centre.u, centre.y]),
+                             fitter.bandwidth)
             np.testing.assert_allclose(local_path[i], own + mine, rtol=1e-9, atol=1e-12)
     assert used.sum() > rows.size // 2
 
