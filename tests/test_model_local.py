@@ -689,7 +689,13 @@ def test_a_refits_disturbance_is_its_kernel_weighted_one_step_residual_so_a_run_
     assert abs(settles(weighted) - truth) < 0.1 * step, (settles(weighted), truth)
     assert abs(settles(weighted) - truth) < 0.1 * abs(settles(unweighted) - truth), (settles(weighted),
                                                                                        settles(unweighted))
-    # the product's estimate is the by-hand weighted least squares of this module
-    np.testing.assert_allclose(weighted, weighted_disturbance(local.state_space, stacked, orders, 119, window,
-                                                              np.concatenate([point.u, point.y]),
-                                                              local_module.bandwidth_of(artifact)), rtol=1e-9)
+    # the product's estimate is the by-hand weighted mean of this module, also over the rows a short run has
+    centre, width = np.concatenate([point.u, point.y]), local_module.bandwidth_of(artifact)
+    np.testing.assert_allclose(weighted, weighted_disturbance(local.state_space, stacked, orders, 119, window, centre,
+                                                              width), rtol=1e-9)
+    short = run_series("short", u[:, -20:], plant(u)[:, -20:], np.zeros((1, 20, 0)))[0]
+    cut = 19 - orders.first_state_row
+    assert cut < window
+    np.testing.assert_allclose(current_state(local, short, (artifact, point))[1],
+                               weighted_disturbance(local.state_space, stack_for(artifact, [short]), orders, 19, cut,
+                                                    centre, width), rtol=1e-9)

@@ -375,9 +375,10 @@ def current_state(artifact: ModelArtifact, run: RunSeries,
     bias = the held disturbance fitted to the multi-step prediction error of the last rows
     (model.arx.state_and_bias; the problem holds it in every state update: offset-free tracking,
     model/statespace.py). When `artifact` is a local refit (`refit_of`: the identified artifact and
-    the operating point it was refitted at), over the rows the identified artifact's own fit uses, each
-    weighted by the refit's kernel (model.local.local_disturbances; its evidence fits the same,
-    uq.SETTLED_LOCAL). ContractError when the run is too short for the state.
+    the operating point it was refitted at): the mean of the refit's one-step residuals over the rows
+    the identified artifact's own fit uses, each weighted by the refit's kernel
+    (model.local.local_disturbances; its evidence holds the same, uq.LOCAL_SCORES). ContractError when
+    the run is too short for the state.
     """
     orders = Orders(artifact.na, artifact.nb, artifact.delay)
     stacked, ss = stack_for(artifact, [run]), artifact.state_space
