@@ -241,17 +241,17 @@ def local_paths(fitter: LocalFitter, ss: StateSpace, stacked: Stacked, orders: O
             steps = at[:, None] + np.arange(h)
             local_path[used] = rollout_each(models, states_at(stacked, orders, at), stacked.u[steps], stacked.d[steps])
             if window is not None:
-                local_path[used] += held_each(list(fits.values()), stacked, orders, at, window, h)
+                local_path[used] += held_each(list(fits.values()), fitter.bandwidth, stacked, orders, at, window, h)
     return global_path, local_path, used, [fit.model for fit in fits.values()]
 
 
-def held_each(fits: Sequence[LocalFit], stacked: Stacked, orders: Orders, rows: np.ndarray, window: int,
-              h: int) -> np.ndarray:
-    """(m, h, ny): the response over h steps to the disturbance each refit of `fits` holds at its row of
-    `rows` (`local_disturbances` over the `window` rows before it)."""
+def held_each(fits: Sequence[LocalFit], bandwidth: float, stacked: Stacked, orders: Orders, rows: np.ndarray,
+              window: int, h: int) -> np.ndarray:
+    """(m, h, ny): the response over h steps to the disturbance each refit of `fits` (kernel width
+    `bandwidth`) holds at its row of `rows` (`local_disturbances` over the `window` rows before it)."""
     models = [fit.state_space for fit in fits]
     centres = np.array([fit.point.centre() for fit in fits])
-    estimate = local_disturbances(models, centres, fits[0].fitter.bandwidth, stacked, orders, rows, window)
+    estimate = local_disturbances(models, centres, bandwidth, stacked, orders, rows, window)
     return np.einsum("mjab,mb->mja", disturbance_step_gains_each(models, h), estimate)
 
 
