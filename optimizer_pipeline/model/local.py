@@ -41,7 +41,8 @@ import numpy as np
 from scipy.spatial.distance import cdist
 
 from optimizer_pipeline.contracts import ModelArtifact, StateSpace
-from optimizer_pipeline.model.arx import ArxModel, Orders, Stacked, fit_disturbance, spectral_radius, states_at
+from optimizer_pipeline.model.arx import (ArxModel, Orders, Stacked, fit_disturbance, one_step_residuals,
+                                          spectral_radius, states_at)
 from optimizer_pipeline.model.fit import RidgeProblem, Structure
 from optimizer_pipeline.model.statespace import (SETTLE_FRACTION, disturbance_step_gains, disturbance_step_gains_each,
                                                  rollout_each, settling_steps)
@@ -219,8 +220,8 @@ def local_paths(fitter: LocalFitter, ss: StateSpace, stacked: Stacked, orders: O
     `identified`: the identified model's own rollout of the windows (model.arx.rollout_windows, which
     the callers have already run for the measured values), h its length.
     With `window`, each holds its own disturbance fitted over the `window` rows before k (k must have
-    them), as `current_state` holds it: the identified model model.arx.fit_disturbance's, each refit
-    `local_disturbances`' (its rows weighted by its kernel); None: none held.
+    them), as `current_state` holds it: the identified model's by model.arx.fit_disturbance, each
+    refit's by `local_disturbances` (its rows weighted by its kernel); None: none held.
     The refit's operating point: the window's first MVs and its CVs at k, to the MVs of its last step
     and the identified model's end; the live solve's definition (pipeline), whose window is the plan
     up to its P-th step or a steady target (its end predicted with the held disturbance, which a
@@ -258,11 +259,13 @@ def held_each(fits: Sequence[LocalFit], bandwidth: float, stacked: Stacked, orde
 def local_disturbances(models: Sequence[StateSpace], centres: np.ndarray, bandwidth: float, stacked: Stacked,
                        orders: Orders, rows: np.ndarray, window: int) -> np.ndarray:
     """(m, ny): the disturbance each refit of `models`, centred at its row of `centres` (m, nu + ny), holds
-    at its row k of `rows`: the mean of its one-step residuals y[t + 1] - C (A x[t] + B u[t] + E d[t] + f)
-    over the `window` rows t before k, each weighted by the refit's `kernel` (width `bandwidth`) at the
-    MVs / CVs of row t, as the refit weighs its train rows: the held disturbance that best explains
-    the rows near its point (in the realisation the disturbance enters the CVs' equations as the
-    one-step residual does, statespace.rollout).
+    at its row k of `rows`: the mean of its one-step residuals (model.arx.one_step_residuals: y[t + 1]
+    minus its prediction from the measured state x[t]) over the `window` rows t before k, each
+    weighted by the refit's `kernel` (width `bandwidth`) at the MVs / CVs of row t, as the refit
+    weighs its train rows: the held disturbance that best explains the rows near its point (in the
+    realisation the disturbance enters the CVs' equations as the one-step residual does,
+    statespace.rollout). One pass over the window's rows per refit: memory of the residuals, not of
+    the states.
 
     Not the identified model's multi-step fit (model.arx.fit_disturbance): a refit describes the plant
     near its operating point, and a rollout from far from it (a live run that moved there in its last
@@ -270,11 +273,8 @@ def local_disturbances(models: Sequence[StateSpace], centres: np.ndarray, bandwi
     its own row's measured state alone."""
     starts = rows - window
     steps = starts[:, None] + np.arange(window)  # (m, window)
-    A, B, E, f, C = (np.stack(arrays) for arrays in zip(*(ss.arrays() for ss in models)))
-    x = states_at(stacked, orders, steps.ravel()).reshape(*steps.shape, -1)  # (m, window, nx)
-    advanced = (np.einsum("mab,mjb->mja", A, x) + np.einsum("mab,mjb->mja", B, stacked.u[steps])
-                + np.einsum("mab,mjb->mja", E, stacked.d[steps]) + f[:, None])
-    residual = np.take(stacked.y, steps + 1, axis=0) - np.einsum("mab,mjb->mja", C, advanced)
+    residual = np.stack([one_step_residuals(ss, stacked, orders, int(start), int(start) + window)
+                         for ss, start in zip(models, starts)])  # (m, window, ny)
     before = np.concatenate([stacked.u[steps], stacked.y[steps]], axis=2)  # (m, window, nu + ny)
     weights = kernel(np.sum((before - centres[:, None]) ** 2, axis=2), bandwidth)
     return np.einsum("mj,mja->ma", weights, residual) / weights.sum(axis=1)[:, None]
