@@ -699,3 +699,28 @@ def test_a_refits_disturbance_is_its_kernel_weighted_one_step_residual_so_a_run_
     np.testing.assert_allclose(current_state(local, short, (artifact, point))[1],
                                weighted_disturbance(local.state_space, stack_for(artifact, [short]), orders, 19, cut,
                                                     centre, width), rtol=1e-9)
+
+
+def test_each_refits_disturbance_is_its_own_weighted_one_step_mean_with_two_mvs_two_cvs_and_a_dv():
+    """`local_disturbances` of three models at once (each with its own centre and row), on a stacked
+    history of two MVs, two CVs (coupled through A) and a DV, na = 2, nb = 2, delay 2: each row equals
+    the by-hand weighted mean of that model's one-step rollouts."""
+    rng = np.random.default_rng(8)
+    spec = binding(n_mv=2, n_cv=2, n_dv=1, na=2, nb=2, delay=2)
+    orders, (ny, nu, nd) = Orders(2, 2, 2), (2, 2, 1)
+    models = []
+    for scale in (0.2, 0.3, 0.25):
+        A = np.stack([np.array([[0.5, scale], [-0.1, 0.4]]), np.array([[0.1, 0.0], [0.05, -0.2]])])
+        models.append(ArxModel(orders, A, rng.normal(0.0, 0.5, (2, ny, nu)), rng.normal(0.0, 0.5, (2, ny, nd)),
+                               rng.normal(0.0, 0.1, ny)))
+    runs = run_series("r", rng.normal(size=(2, 150, nu)), rng.normal(size=(2, 150, ny)), rng.normal(size=(2, 150, nd)))
+    artifact = artifact_from_model(models[0], spec, 1, unit_normalisation(spec))
+    stacked = stack_for(artifact, runs)
+    window = 25
+    rows = np.array([60, 149, 150 + 90])  # two rows of the first run, one of the second
+    centres = rng.normal(size=(3, nu + ny))
+    ss = [m.realise() for m in models]
+    got = local_module.local_disturbances(ss, centres, 0.7, stacked, orders, rows, window)
+    for i, k in enumerate(rows):
+        mine = weighted_disturbance(ss[i], stacked, orders, int(k), window, centres[i], 0.7)
+        np.testing.assert_allclose(got[i], mine, rtol=1e-10, atol=1e-12)
