@@ -146,16 +146,15 @@ def gain_conditions(artifact: ModelArtifact, problem: ProblemIR, evidence: Evide
     move = (np.asarray(candidate.controls[-1], float) - u_mean) / u_std - np.asarray(problem.u_prev, float)
     cov = np.asarray(uncertainty.get("jackknife_cov", uncertainty["cov"]), float)
     spread = GAIN_SIGMAS * np.sqrt(np.einsum("a,iab,b->i", move, cov, move))
+    _, y_std = artifact.normalisation.of(artifact.cv_tags)
     transforms = artifact.normalisation.transforms_of(artifact.cv_tags)
     if any(transforms):  # the band is in engineering units (x std): the spread too, mapped from the plan's end
-        _, std = artifact.normalisation.of(artifact.cv_tags)
         end = np.asarray(candidate.predicted[-1], float)
         z_end = forward_columns(transforms, end)
-        spread = np.maximum(*(np.abs(inverse_columns(transforms, z_end + sign * spread * std) - end)
-                              for sign in (1, -1))) / std
+        spread = np.maximum(*(np.abs(inverse_columns(transforms, z_end + sign * spread * y_std) - end)
+                              for sign in (1, -1))) / y_std
     qhat = np.asarray(evidence.uq["qhat"], float)
     worst = int(np.argmax(spread / np.maximum(qhat, 1e-300)))
-    _, y_std = artifact.normalisation.of(artifact.cv_tags)
     tag, error, band = artifact.cv_tags[worst], spread[worst] * y_std[worst], qhat[worst] * y_std[worst]
     return [Condition(name, f"{tag}: {error:.4g} against band {band:.4g}", limit, bool(np.all(spread <= qhat)),
                       f"steady-gain uncertainty: along the planned move a settled {tag} error of up to {error:.3g} "
