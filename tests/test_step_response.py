@@ -13,7 +13,7 @@ from optimizer_pipeline.cli import main
 from optimizer_pipeline.contracts import (ModelArtifact, Normalisation, StateSpace, binding_from_dict, canonical_json,
                                           content_hash)
 from optimizer_pipeline.model.step_response import (INVERSE, MAX_STEPS, PSEUDO_INVERSE, dead_time_steps, gain_condition,
-                                                    relative_gain_array, step_response_record,
+                                                    relative_gain_array, singular_values, step_response_record,
                                                     step_response_table)
 from optimizer_pipeline.plants import QuadrupleTank, demo_plants
 
@@ -265,6 +265,17 @@ def test_rga_of_a_non_square_or_singular_gain_uses_the_pseudo_inverse():
     rga, method = relative_gain_array(np.array([[1.0, 2.0], [2.0, 4.0]]))
     assert method == PSEUDO_INVERSE and np.all(np.isfinite(rga))
     assert gain_condition(np.array([[1.0, 2.0], [2.0, 4.0]])) is None
+
+
+def test_singular_values_below_the_rank_tolerance_are_recorded_as_zero():
+    """A rank-1 gain's second singular value is rounding noise (1.7e-17 for [[.5, .5], [.5, .5]] from
+    numpy 2.4's LAPACK, 0 from an earlier build's): recorded as 0, so the artifact's hash does not depend on the build; real ones are kept."""
+    for gain in (np.full((2, 2), 0.5), np.array([[0.1, 0.3], [0.2, 0.6]]), np.array([[1.0, 2.0, 3.0], [2.0, 4.0, 6.0]])):
+        sv = singular_values(gain)
+        assert sv[-1] == 0.0 and sv[0] == pytest.approx(np.linalg.norm(gain, 2))
+    G = np.array([[87.8, -86.4], [108.2, -109.6]])
+    np.testing.assert_array_equal(singular_values(G), np.linalg.svd(G, compute_uv=False))
+    assert singular_values(np.array([[1.0, 0.0], [0.0, 1e-14]]))[-1] == 1e-14  # above 2 x eps x 1: kept
 
 
 # --------------------------------------------------------------------------- the artifact field

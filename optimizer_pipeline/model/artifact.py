@@ -30,7 +30,8 @@ from optimizer_pipeline.model.select import (FIR_NA, LONG_MARGIN, MAX_CHANNEL_DE
                                              candidates, family, finite_or_none, long_numerators, per_channel,
                                              window_lag)
 from optimizer_pipeline.model.statespace import settling_steps, steady_state
-from optimizer_pipeline.model.step_response import gain_condition, jackknife_deviations, step_response_record
+from optimizer_pipeline.model.step_response import (gain_condition, jackknife_deviations, singular_values,
+                                                    step_response_record)
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ def steady_gain_record(model: ArxModel, replicates: Sequence[StateSpace] = (),
                        "jackknife_std": np.sqrt(np.einsum("iaa->ia", jackknife)).tolist(),
                        "operating_range": None if ranged is None else {
                            "points": len(deviation), "std": np.sqrt(np.einsum("iaa->ia", ranged)).tolist()}}
-    return {"gain": gain.tolist(), "singular_values": np.linalg.svd(gain, compute_uv=False).tolist(),
+    return {"gain": gain.tolist(), "singular_values": singular_values(gain).tolist(),
             "condition": condition, "ill_conditioned": condition is None or condition > GAIN_CONDITION_WARN,
             "uncertainty": uncertainty}
 

@@ -78,13 +78,22 @@ def unit_step_responses(ss: StateSpace, steps: int) -> np.ndarray:
     return (y[:n_in] - y[n_in]).transpose(2, 0, 1)
 
 
-def gain_condition(gain: np.ndarray) -> float | None:
-    """Largest over smallest singular value of `gain`; None when singular (or empty): the smallest is
-    at most the largest times max(shape) x machine epsilon, numpy's matrix_rank tolerance."""
+def singular_values(gain: np.ndarray) -> np.ndarray:
+    """The singular values of `gain`, largest first, those at most the largest times max(shape) x
+    machine epsilon (numpy's matrix_rank tolerance) as 0: below it they are rounding noise, which
+    differs between LAPACK builds and would change a recorded artifact's hash."""
     gain = np.asarray(gain, float)
     sv = np.linalg.svd(gain, compute_uv=False)
-    singular = not sv.size or sv[-1] <= sv[0] * max(gain.shape) * np.finfo(float).eps
-    return None if singular else float(sv[0] / sv[-1])
+    if sv.size:
+        sv[sv <= sv[0] * max(gain.shape) * np.finfo(float).eps] = 0.0
+    return sv
+
+
+def gain_condition(gain: np.ndarray) -> float | None:
+    """Largest over smallest singular value of `gain`; None when singular (the smallest is 0 in
+    `singular_values`) or empty."""
+    sv = singular_values(gain)
+    return None if not sv.size or sv[-1] == 0.0 else float(sv[0] / sv[-1])
 
 
 def relative_gain_array(gain: np.ndarray) -> tuple[np.ndarray, str]:
