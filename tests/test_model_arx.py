@@ -9,7 +9,8 @@ from optimizer_pipeline.model import ArxModel, Orders, artifact_from_model, curr
 from optimizer_pipeline.model.arx import (disturbance_window, fit_disturbance, held_errors, rollout_windows, stack_runs,
                                           window_rows)
 from optimizer_pipeline.model.select import LONG_NB
-from optimizer_pipeline.model.artifact import GAIN_JACKKNIFE, GAIN_OPERATING_RANGE, steady_gain_record
+from optimizer_pipeline.model.artifact import (GAIN_JACKKNIFE, GAIN_OPERATING_RANGE, REFINE_SETTLING_CAP, refine_horizon,
+                                               steady_gain_record)
 from optimizer_pipeline.model.statespace import disturbance_step_gains
 
 # A stable 2x2 plant with one DV, na = nb = 2, delay = 2 (engineering units).
@@ -256,6 +257,46 @@ def test_refinement_that_improves_validation_is_the_model_the_artifact_holds(mon
     assert report["spectral_radius_after"] == pytest.approx(_radius(refined), rel=1e-9)
     assert report["val_score_before"] == plain.selection["final"]["val_rollout_nrmse"]
     assert report["val_score_after"] == refined.selection["final"]["val_rollout_nrmse"] < report["val_score_before"]
+
+
+@pytest.mark.parametrize("a, expected", [(0.5, 10), (0.9, 29), (0.97, 40), (1.0, 10)])
+def test_refinement_simulates_the_settling_horizon_between_p_and_its_cap(a, expected):
+    """y[t] = a y[t-1] + 0.1 u[t-1] settles within 5 % after ceil(log 0.05 / log a) steps (5 for 0.5,
+    29 for 0.9, 99 for 0.97); P = 10 below that, 4 P above it, P when it never settles (a = 1)."""
+    model = ArxModel(Orders(1, 1, 1), np.full((1, 1, 1), a), np.full((1, 1, 1), 0.1), np.zeros((1, 1, 0)), np.zeros(1))
+    assert REFINE_SETTLING_CAP * 10 == 40
+    assert refine_horizon(model, 10) == expected
+
+
+def _slow_plant_split(seed: int, spec):
+    """x[t] = 0.95 x[t-1] + 0.05 u[t-1] (gain 1, settling ~60 steps), measured with noise 0.1: the
+    lagged noisy CV biases the equation-error fit's pole and with it the gain (~0.7 by least squares)."""
+    rng = np.random.default_rng(seed)
+    u = excitation(rng, 10, 400, 1, hold=20)
+    x = np.zeros((10, 400, 1))
+    for t in range(1, 400):
+        x[:, t] = 0.95 * x[:, t - 1] + 0.05 * u[:, t - 1]
+    return split_of(spec, run_series("r", u, x + 0.1 * rng.normal(size=x.shape), np.zeros((10, 400, 0))), 6, 2, 2)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_refinement_over_the_settling_horizon_gets_a_slow_noisy_plants_gain(monkeypatch, seed):
+    import optimizer_pipeline.model.artifact as artifact_module
+
+    spec = binding(n_mv=1, n_cv=1, na=1, nb=1, delay=1, horizon=5)
+    split = _slow_plant_split(seed, spec)
+    su, sy = split.normalisation.std[0], split.normalisation.std[1]
+
+    def gain(artifact):  # engineering units; the plant's is 1
+        return artifact.steady_gain["gain"][0][0] * sy / su
+
+    settled = identify(split, spec, 1)
+    assert settled.selection["refinement"]["horizon"] == 20 and settled.selection["refinement"]["kept"]
+    with monkeypatch.context() as patch:  # the refinement over P steps only, as before
+        patch.setattr(artifact_module, "refine_horizon", lambda model, horizon: horizon)
+        p_step = identify(split, spec, 1)
+    assert p_step.selection["refinement"]["horizon"] == 5
+    assert abs(gain(settled) - 1) < min(0.05, abs(gain(p_step) - 1) / 2)  # 0.021-0.038 against 0.079-0.199
 
 
 def test_refinement_that_worsens_validation_is_dropped_and_the_chosen_model_kept(monkeypatch):

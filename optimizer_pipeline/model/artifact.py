@@ -43,6 +43,12 @@ G4_MIN_RUNS = 2
 
 GAIN_CONDITION_WARN = 100.0
 LOCAL_WINDOWS = 120  # held-out windows the steady-model choice refits at (one weighted fit each)
+# The multi-step refinement's horizon: the chosen model's settling steps, at least P and at most
+# REFINE_SETTLING_CAP x P (P when it does not settle within statespace.MAX_SETTLING_STEPS). A P-step
+# fit of a plant slower than P leaves the equation-error fit's gain bias (measurement noise in the
+# lagged CVs, amplified by 1 / (1 - sum of the AR coefficients)); the Wood-Berry column's gains were
+# 2-5 % off after it, 2-4 % after a fit over the settling horizon (BENCHMARKS.md, session 16).
+REFINE_SETTLING_CAP = 4
 
 GAIN_JACKKNIFE = ("jackknife over the train runs: the chosen structure refitted by ridge least squares "
                   "without one train run at a time; cov = (K - 1) / K * sum_r (g_r - mean g)(g_r - mean g)' "
@@ -145,6 +151,13 @@ def quality_gates(model: ArxModel, train: Stacked, val: Stacked, test: Stacked, 
 LONG_NOT_REFINED = "a long numerator is kept as least squares fitted it (its multi-step refinement takes seconds)"
 
 
+def refine_horizon(model: ArxModel, horizon: int) -> int:
+    """The steps the multi-step refinement simulates (REFINE_SETTLING_CAP): where a move settles, what
+    a steady target and the end of a move plan rely on."""
+    settle = settling_steps(model.realise())
+    return horizon if settle is None else min(max(horizon, settle), REFINE_SETTLING_CAP * horizon)
+
+
 def _settled_error(model: ArxModel, selector: Selector) -> float:
     """Mean over CVs of the NRMSE of held-out rollouts at their last step, after the model's settling
     horizon (what a steady target and the end of a move plan rely on); inf when it does not settle."""
@@ -203,8 +216,8 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
     delay unset, a delay per channel, when it leaves every order unset a long numerator too) and the
     ridge are chosen by the val P-step rollout NRMSE within a family (train rollouts when there are no
     val runs, recorded), the family by the held-out settled NRMSE. The chosen model's free
-    coefficients are then refined for the P-step simulation error (not a long numerator's) and kept
-    only when the val score improves and stability is not lost. The steady-state gain and the
+    coefficients are then refined for the simulation error over its settling horizon (`refine_horizon`;
+    not a long numerator's) and kept only when the val score improves and stability is not lost. The steady-state gain and the
     step-response matrix are recorded with their jackknife uncertainty over the train runs (one set of
     replicate models for both).
     """
@@ -264,7 +277,7 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
         problem = settled_on.problem
         refined, refinement = chosen.model, {"tried": False, "reason": LONG_NOT_REFINED}
     else:
-        refined, refinement = refine_multistep(chosen.model, train, horizon, chosen.ridge,
+        refined, refinement = refine_multistep(chosen.model, train, refine_horizon(chosen.model, horizon), chosen.ridge,
                                                free_mask(chosen.structure, problem.dims))
     final = chosen
     if refinement["tried"] and refined is not chosen.model:
