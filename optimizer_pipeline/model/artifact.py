@@ -46,8 +46,8 @@ LOCAL_WINDOWS = 120  # held-out windows the steady-model choice refits at (one w
 # The multi-step refinement's horizon: the chosen model's settling steps, at least P and at most
 # REFINE_SETTLING_CAP x P (P when it does not settle within statespace.MAX_SETTLING_STEPS). A P-step
 # fit of a plant slower than P leaves the equation-error fit's gain bias (measurement noise in the
-# lagged CVs, amplified by 1 / (1 - sum of the AR coefficients)); the Wood-Berry column's gains were
-# 2-5 % off after it, 2-4 % after a fit over the settling horizon (BENCHMARKS.md, session 16).
+# lagged CVs, amplified by 1 / (1 - sum of the AR coefficients)): the judge's Wood-Berry column (seed 2)
+# had gains 2.0-5.1 % off after it, 1.8-4.5 % after a fit over its 61 settling steps (BENCHMARKS.md).
 REFINE_SETTLING_CAP = 4
 
 GAIN_JACKKNIFE = ("jackknife over the train runs: the chosen structure refitted by ridge least squares "
