@@ -9,8 +9,8 @@ from optimizer_pipeline.model import ArxModel, Orders, artifact_from_model, curr
 from optimizer_pipeline.model.arx import (disturbance_window, fit_disturbance, held_errors, rollout_windows, stack_runs,
                                           window_rows)
 from optimizer_pipeline.model.select import LONG_NB
-from optimizer_pipeline.model.artifact import (GAIN_JACKKNIFE, GAIN_OPERATING_RANGE, REFINE_SETTLING_CAP, refine_horizon,
-                                               steady_gain_record)
+from optimizer_pipeline.model.artifact import (GAIN_JACKKNIFE, GAIN_OPERATING_RANGE, REFINE_SETTLING_CAP,
+                                               refine_horizon, steady_gain_record)
 from optimizer_pipeline.model.statespace import disturbance_step_gains
 
 # A stable 2x2 plant with one DV, na = nb = 2, delay = 2 (engineering units).

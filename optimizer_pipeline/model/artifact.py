@@ -217,9 +217,9 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
     ridge are chosen by the val P-step rollout NRMSE within a family (train rollouts when there are no
     val runs, recorded), the family by the held-out settled NRMSE. The chosen model's free
     coefficients are then refined for the simulation error over its settling horizon (`refine_horizon`;
-    not a long numerator's) and kept only when the val score improves and stability is not lost. The steady-state gain and the
-    step-response matrix are recorded with their jackknife uncertainty over the train runs (one set of
-    replicate models for both).
+    not a long numerator's) and kept only when the val score improves and stability is not lost. The
+    steady-state gain and the step-response matrix are recorded with their jackknife uncertainty over the
+    train runs (one set of replicate models for both).
     """
     started = time.perf_counter()
     tags = (binding.mv_tags, binding.cv_tags, binding.dv_tags)
