@@ -17,6 +17,7 @@ Refusals are raised `from None`: the message is the whole story (the parse error
 the way is not the user's business).
 """
 
+import difflib
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Collection, Mapping, NoReturn, Sequence
@@ -103,8 +104,30 @@ def refuse_missing(where: str, key: str, *, error: type[ContractError] = Contrac
 
 def unknown(value: Any, known: Collection[Any], where: str, *, what: str,
             error: type[ContractError] = ContractError) -> NoReturn:
-    """Raise `error`: "<where>: unknown <what> <value> (known: a, b)"."""
-    raise error(f"{where}: unknown {what} {_shown(value)} (known: {', '.join(map(str, known))})") from None
+    """Raise `error`: "<where>: unknown <what> <value>; did you mean 'b'? (known: a, b)" (the hint
+    when a known name is close, `did_you_mean`)."""
+    raise error(f"{where}: unknown {what} {_shown(value)}{did_you_mean(value, known)} "
+                f"(known: {', '.join(map(str, known))})") from None
+
+
+def closest(name: Any, known: Collection[Any]) -> str | None:
+    """The known name `name` was most likely meant to be: one that differs only in case, else the
+    closest by difflib's similarity ratio (>= 0.6, its default: `targte` -> `target`, `dv` -> `dvs`);
+    None for a name that is not text or is close to nothing."""
+    if not isinstance(name, str):
+        return None
+    names = [k for k in known if isinstance(k, str)]
+    same_but_case = [k for k in names if k.lower() == name.lower()]
+    if same_but_case:
+        return same_but_case[0]
+    close = difflib.get_close_matches(name, names, n=1)
+    return close[0] if close else None
+
+
+def did_you_mean(name: Any, known: Collection[Any]) -> str:
+    """"; did you mean 'target'?" for the `closest` known name, "" when none is close."""
+    match = closest(name, known)
+    return "" if match is None else f"; did you mean {match!r}?"
 
 
 # --------------------------------------------------------------------------- fields of a document
@@ -122,6 +145,22 @@ def get_field(doc: Mapping[str, Any], key: str, where: str, default: Any = _REQU
             refuse_missing(where, key, error=error)
         return default
     return value
+
+
+def check_keys(doc: Mapping[Any, Any], known: Collection[str], where: str, *, required: Collection[str] = (),
+               error: type[ContractError] = ContractError) -> None:
+    """Refuse the first key of `doc` that is not in `known`, naming its path and the closest known
+    key: "<where>.targte: unknown key; did you mean 'target'?", with " (required, missing)" when
+    that key is a required one the document lacks, or the known keys when none is close. A key
+    dropped silently would leave its default in force (a CV's target misspelt: a plan that ignores it)."""
+    for key in doc:
+        if key in known:
+            continue
+        match = closest(key, known)
+        if match is None:
+            raise error(f"{where}.{key}: unknown key (known: {', '.join(known)})") from None
+        missing = " (required, missing)" if match in required and doc.get(match) is None else ""
+        raise error(f"{where}.{key}: unknown key; did you mean {match!r}{missing}?") from None
 
 
 def check_mapping(value: Any, where: str, *, what: str = "a mapping",

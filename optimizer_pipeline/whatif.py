@@ -44,7 +44,7 @@ from optimizer_pipeline.contracts import (
 from optimizer_pipeline.economics import economic_value
 from optimizer_pipeline.ledger import Ledger, RecommendationRecord, WhatIfRecord
 from optimizer_pipeline.settings import Settings
-from optimizer_pipeline.validation import read_number
+from optimizer_pipeline.validation import did_you_mean, read_number
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ def parse_override(text: Any) -> Override:
     path, _, raw = (part.strip() for part in text.partition("="))
     section, _, rest = path.partition(".")
     if section not in SECTIONS:
-        raise _refuse(text, f"unknown section {section!r} (known: {', '.join(SECTIONS)})")
+        raise _refuse(text, f"unknown section {section!r}{did_you_mean(section, SECTIONS)} (known: {', '.join(SECTIONS)})")
     what, fields = SECTIONS[section]
     if section == "profile":
         tag, field = None, rest
@@ -102,7 +102,7 @@ def parse_override(text: Any) -> Override:
         if not tag or not field:
             raise _refuse(text, f"expected {section}.<tag>.<field>, got {path!r}")
     if field not in fields:
-        raise _refuse(text, f"unknown {what} field {field!r} (known: {', '.join(fields)})")
+        raise _refuse(text, f"unknown {what} field {field!r}{did_you_mean(field, fields)} (known: {', '.join(fields)})")
     if not raw:
         raise _refuse(text, "no value after '='")
     if section == "cvs" and field == "target" and raw.lower() in NO_TARGET:
@@ -149,8 +149,9 @@ def apply_overrides(spec: BindingSpec, overrides: Sequence[Override]) -> Binding
             other = "cvs" if o.section == "mvs" else "mvs"
             hint = f"; {o.tag!r} is a{'n' if other == 'mvs' else ''} {SECTIONS[other][0]}: {other}.{o.tag}" \
                 if any(item["tag"] == o.tag for item in doc[other]) else ""
-            raise _refuse(o.text, f"binding {spec.id} has no {what} {o.tag!r} (its {what}s: "
-                                  f"{', '.join(item['tag'] for item in items)}){hint}")
+            tags = [item["tag"] for item in items]
+            raise _refuse(o.text, f"binding {spec.id} has no {what} {o.tag!r}{'' if hint else did_you_mean(o.tag, tags)}"
+                                  f" (its {what}s: {', '.join(tags)}){hint}")
         items[index][o.field] = o.value
     source = f"what-if of {spec.id}"
     try:

@@ -88,10 +88,43 @@ BINDING_CASES = {
 }
 
 
+def _renamed(doc, path, old, new):
+    """The document with the key `old` of the mapping at `path` renamed to `new` (a misspelt key)."""
+    doc = json.loads(json.dumps(doc))
+    target = doc
+    for key in path:
+        target = target[key]
+    target[new] = target.pop(old)
+    return doc
+
+
+# case: (where the mapping is, the key as meant, the key as misspelt, the line after "error: <file>.")
+# Every level of the binding file refuses a key it does not know (a dropped optional key leaves its
+# default in force: a misspelt CV target gave a verified plan that ignored the target).
+MISSPELT_KEYS = {
+    "top level optional": ((), "dvs", "dv", "dv: unknown key; did you mean 'dvs'?"),
+    "top level required": ((), "sample_period_s", "sample_period", "sample_period: unknown key; did you mean "
+                                                                   "'sample_period_s' (required, missing)?"),
+    "top level in another case": ((), "id", "ID", "ID: unknown key; did you mean 'id' (required, missing)?"),
+    "mv optional": (("mvs", 0), "max_move", "maxmove", "mvs[0].maxmove: unknown key; did you mean 'max_move' "
+                                                       "(required, missing)?"),
+    "cv target": (("cvs", 0), "target", "targte", "cvs[0].targte: unknown key; did you mean 'target'?"),
+    "cv limit": (("cvs", 0), "hi", "hii", "cvs[0].hii: unknown key; did you mean 'hi' (required, missing)?"),
+    "dv tag": (("dvs", 0), "tag", "tga", "dvs[0].tga: unknown key; did you mean 'tag' (required, missing)?"),
+    "model horizon": (("model",), "horizon", "horizn", "model.horizn: unknown key; did you mean 'horizon'?"),
+    "profile move weight": (("profile",), "move_weight", "move_wieght", "profile.move_wieght: unknown key; did you "
+                                                                        "mean 'move_weight'?"),
+    "key close to nothing": (("profile",), "valid_for_s", "expiry", "profile.expiry: unknown key (known: id, version, "
+                                                                     "template, horizon, move_weight, valid_for_s)"),
+}
+
+
 def _history_cases():
     base = _history()
     cases = {}
     cases["missing tag column"] = _csv(base.drop(columns=["t_out"]))
+    cases["tag column in capitals"] = _csv(base.rename(columns={"t_out": "T_OUT"}))
+    cases["tag column misspelt"] = _csv(base.rename(columns={"t_out": "t_outt"}))
     cases["missing run_id"] = _csv(base.drop(columns=["run_id"]))
     cases["missing timestamp"] = _csv(base.drop(columns=["timestamp"]))
     bad = base.astype({"t_out": object})
@@ -121,6 +154,9 @@ HISTORY_CASES = _history_cases()
 # case: the message after "error: <file>: ", naming the column, the run and the row where they apply
 HISTORY_MESSAGES = {
     "missing tag column": "missing required column(s) 't_out'",
+    "tag column in capitals": "missing required column(s) 't_out' (the file has 'T_OUT': column names are "
+                              "case-sensitive)",
+    "tag column misspelt": "missing required column(s) 't_out' (did you mean 't_outt'?)",
     "missing run_id": "missing required column(s) 'run_id'",
     "missing timestamp": "missing required column(s) 'timestamp'",
     "text in numbers": "column 't_out': non-numeric value 'hot' in run 'heater-run-00' at row 6 (line 7)",
@@ -187,6 +223,23 @@ def test_bad_binding_file_is_one_clear_line_and_changes_nothing(seeded, capsys, 
     line = _run_bad(capsys, home, "ingest", str(tmp_path / "bad.yaml"), str(folder / "good.csv"))
     assert line.startswith(f"error: {tmp_path / 'bad.yaml'}.{field}: "), line  # the file, then the field
     assert reason in line
+
+
+@pytest.mark.parametrize("case", sorted(MISSPELT_KEYS))
+def test_a_misspelt_key_at_any_level_is_refused_naming_its_path_and_the_closest_key(seeded, capsys, case, tmp_path):
+    home, folder = seeded
+    path, meant, misspelt, message = MISSPELT_KEYS[case]
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(_renamed(GOOD, path, meant, misspelt)))
+    line = _run_bad(capsys, home, "ingest", str(tmp_path / "bad.yaml"), str(folder / "good.csv"))
+    assert line == f"error: {tmp_path / 'bad.yaml'}.{message}"
+
+
+def test_an_unknown_key_of_a_cv_transform_is_refused(seeded, capsys, tmp_path):
+    home, folder = seeded
+    doc = _set(GOOD, ("cvs", 0, "transform"), {"kind": "logit", "lo": 0, "hi": 100, "kindd": 3})
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(doc))
+    line = _run_bad(capsys, home, "ingest", str(tmp_path / "bad.yaml"), str(folder / "good.csv"))
+    assert line == f"error: {tmp_path / 'bad.yaml'}.cvs[0].transform.kindd: unknown key; did you mean 'kind'?"
 
 
 @pytest.mark.parametrize("case", sorted(HISTORY_CASES))

@@ -213,6 +213,20 @@ def test_every_missing_column_is_named(tmp_path):
         read_history(_write(tmp_path, text), _binding(dvs=["f1"]))
 
 
+def test_a_missing_column_names_the_extra_column_it_was_likely_meant_to_be_in_files_and_frames(tmp_path):
+    text = "run_id,Timestamp,v1,y_1,y2\nr1,0,1,2,3\n"
+    message = (r"missing required column\(s\) 'timestamp' \(the file has 'Timestamp': column names are case-sensitive\), "
+               r"'y1' \(did you mean 'y_1'\?\)$")
+    with pytest.raises(HistoryError, match=r"history\.csv: " + message):
+        read_history(_write(tmp_path, text), _binding())
+    frame = pd.read_csv(_write(tmp_path, text))
+    frame.to_parquet(tmp_path / "history.parquet")
+    with pytest.raises(HistoryError, match=r"history\.parquet: " + message):
+        read_history(tmp_path / "history.parquet", _binding())
+    with pytest.raises(HistoryError, match=r"stored: " + message):
+        validate_history_frame(frame, _binding(), "stored")
+
+
 def test_non_numeric_value_names_column_run_row_line_and_value(tmp_path):
     text = "run_id,timestamp,v1,y1,y2\nr1,0,1,2,3\nr1,5,1,2,3\nr2,0,1,2,3\nr2,5,1,2.0.1,3\n"
     with pytest.raises(HistoryError, match=r"history\.csv: column 'y1': non-numeric value '2\.0\.1' "

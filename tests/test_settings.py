@@ -47,9 +47,16 @@ def test_bad_environment_setting_is_named(tmp_path, env, message):
     assert message in str(err.value)
 
 
-def test_unknown_key_in_file_is_refused_with_the_known_ones(tmp_path):
+def test_unknown_key_in_file_is_refused_with_the_closest_and_the_known_ones(tmp_path):
     (tmp_path / "settings.yaml").write_text("uq: {fresh_dayz: 3}\n")
-    with pytest.raises(SettingsError, match=r"settings\.yaml: unknown setting 'uq\.fresh_dayz' \(known: "):
+    with pytest.raises(SettingsError, match=r"settings\.yaml: unknown setting 'uq\.fresh_dayz'; did you mean "
+                                            r"'uq\.fresh_days'\? \(known: "):
+        load_settings(tmp_path, {})
+
+
+def test_an_unknown_key_close_to_nothing_lists_the_known_ones_without_a_guess(tmp_path):
+    (tmp_path / "settings.yaml").write_text("uq: {zzz: 3}\n")
+    with pytest.raises(SettingsError, match=r"unknown setting 'uq\.zzz' \(known: "):
         load_settings(tmp_path, {})
 
 

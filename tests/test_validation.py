@@ -18,6 +18,7 @@ from optimizer_pipeline.validation import (
     Rule,
     check_choice,
     check_integer,
+    check_keys,
     check_list,
     check_mapping,
     check_match,
@@ -28,6 +29,7 @@ from optimizer_pipeline.validation import (
     check_text,
     check_vector,
     choice_rule,
+    closest,
     get_field,
     number_rule,
     read_number,
@@ -166,6 +168,33 @@ def test_check_choice_lists_the_known_values():
     assert check_choice("seed", ("seed", "strict"), "uq gate", what="setting") == "seed"
     assert refused(check_choice, "lenient", ("seed", "strict"), "uq gate", what="setting") == \
         "uq gate: unknown setting 'lenient' (known: seed, strict)"
+
+
+def test_closest_prefers_a_case_difference_then_the_most_similar_and_else_nothing():
+    assert closest("TARGET", ("targets", "target")) == "target"  # case first, though "targets" is similar too
+    assert closest("targte", ("lo", "hi", "target", "weight")) == "target"
+    assert closest("dv", ("mvs", "cvs", "dvs")) == "dvs"
+    assert closest("upper", ("lo", "hi")) is None
+    assert closest(3, ("lo", "hi")) is None  # a YAML key that is not text
+
+
+def test_check_keys_refuses_the_first_unknown_key_by_its_path_with_the_closest_known_one():
+    known, required = ("tag", "lo", "hi", "target"), ("tag", "lo", "hi")
+    check_keys({"tag": "y", "lo": 0, "hi": 1}, known, "b.cvs[0]", required=required)
+    assert refused(check_keys, {"tag": "y", "lo": 0, "hi": 1, "targte": 5}, known, "b.cvs[0]", required=required) == \
+        "b.cvs[0].targte: unknown key; did you mean 'target'?"
+    # the closest key is required and absent: said so (the misspelling is why it is missing)
+    assert refused(check_keys, {"tag": "y", "lo": 0, "hii": 1}, known, "b.cvs[0]", required=required) == \
+        "b.cvs[0].hii: unknown key; did you mean 'hi' (required, missing)?"
+    assert refused(check_keys, {"tag": "y", "lo": 0, "hi": 1, "hii": 1}, known, "b.cvs[0]", required=required) == \
+        "b.cvs[0].hii: unknown key; did you mean 'hi'?"
+    assert refused(check_keys, {"zz": 1}, known, "b.cvs[0]", required=required) == \
+        "b.cvs[0].zz: unknown key (known: tag, lo, hi, target)"
+
+
+def test_check_choice_suggests_the_closest_known_value():
+    assert refused(check_choice, "strickt", ("seed", "strict"), "uq gate", what="setting") == \
+        "uq gate: unknown setting 'strickt'; did you mean 'strict'? (known: seed, strict)"
 
 
 def test_check_ordered_strict_and_not():

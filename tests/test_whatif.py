@@ -192,7 +192,13 @@ def test_the_cli_table_shows_both_sides_row_by_row(demo, capsys):
     ("cvs.y1.hi", "override 'cvs.y1.hi': expected PATH=VALUE with PATH mvs.<tag>.<field>, cvs.<tag>.<field> or "
                   "profile.<field> (e.g. cvs.y1.hi=9.8)"),
     ("cvs.hi=9", "override 'cvs.hi=9': expected cvs.<tag>.<field>, got 'cvs.hi'"),
-    ("dvs.d1.lo=1", "override 'dvs.d1.lo=1': unknown section 'dvs' (known: mvs, cvs, profile)"),
+    ("dvs.d1.lo=1", "override 'dvs.d1.lo=1': unknown section 'dvs'; did you mean 'mvs'? (known: mvs, cvs, profile)"),
+    ("profle.horizon=3", "override 'profle.horizon=3': unknown section 'profle'; did you mean 'profile'? (known: mvs, "
+                         "cvs, profile)"),
+    ("zz.y1.hi=3", "override 'zz.y1.hi=3': unknown section 'zz' (known: mvs, cvs, profile)"),
+    ("cvs.y1.targte=7", "override 'cvs.y1.targte=7': unknown CV field 'targte'; did you mean 'target'? (known: lo, hi, "
+                        "target, weight, cost, cost_quadratic)"),
+    ("cvs.Y1.hi=9", "override 'cvs.Y1.hi=9': binding tanks-1 has no CV 'Y1'; did you mean 'y1'? (its CVs: y1, y2)"),
     ("cvs.y1.hi=", "override 'cvs.y1.hi=': no value after '='"),
 ])
 def test_a_bad_override_is_refused_with_one_line_and_nothing_written(demo, capsys, override, message):

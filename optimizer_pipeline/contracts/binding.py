@@ -9,7 +9,7 @@ cost); a CV without `target` is only kept inside [lo, hi] (optimizer_pipeline/ec
 
 import json
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from datetime import datetime
 from enum import Enum
 from pathlib import Path
@@ -24,6 +24,7 @@ from optimizer_pipeline.validation import (
     Interval,
     check_choice,
     check_integer,
+    check_keys,
     check_list,
     check_mapping,
     check_match,
@@ -144,6 +145,21 @@ class BindingSpec:
 
 COST_FIELDS = ("cost", "cost_quadratic")
 
+
+def _keys(spec: type) -> tuple[str, ...]:
+    """The keys a binding document may give for `spec`: its dataclass fields."""
+    return tuple(f.name for f in fields(spec))
+
+
+# The required keys of each level (the rest of _keys(...) is optional); any other key is refused.
+REQUIRED_KEYS = {BindingSpec: ("id", "sample_period_s", "mvs", "cvs", "profile"), MVSpec: ("tag", "lo", "hi", "max_move"),
+                 CVSpec: ("tag", "lo", "hi"), DVSpec: ("tag",), ModelSettings: (), Profile: ("id", "template"),
+                 CVTransform: ("kind", "lo", "hi")}
+
+
+def _check_keys(doc: Mapping[str, Any], spec: type, where: str) -> None:
+    check_keys(doc, _keys(spec), where, required=REQUIRED_KEYS[spec])
+
 # the history file's key columns (data/ingest.py RUN_ID, TIMESTAMP): not available as tag names
 RESERVED_TAGS = ("run_id", "timestamp")
 
@@ -156,11 +172,13 @@ def _tag(value: Any, where: str) -> str:
     return tag
 
 
-def _items(doc: Mapping[str, Any], key: str, where: str, *, required: bool) -> list[Mapping[str, Any]]:
-    """doc[key]: a list of mappings ([] when absent and not required)."""
+def _items(doc: Mapping[str, Any], key: str, spec: type, where: str, *,
+           required: bool) -> list[Mapping[str, Any]]:
+    """doc[key]: a list of mappings with the keys of `spec` ([] when absent and not required)."""
     items = check_list(get_field(doc, key, where) if required else get_field(doc, key, where, []), f"{where}.{key}")
     for i, item in enumerate(items):
         check_mapping(item, f"{where}.{key}[{i}]", what="a mapping like {tag: ...}")
+        _check_keys(item, spec, f"{where}.{key}[{i}]")
     return items
 
 
@@ -189,6 +207,7 @@ def _transform(item: Mapping[str, Any], lo: float, hi: float, costs: Mapping[str
         return None
     at = f"{where}.transform"
     check_mapping(doc, at, what="a mapping like {kind: logit, lo: ..., hi: ...}")
+    _check_keys(doc, CVTransform, at)
     kind = check_choice(get_field(doc, "kind", at), list(KINDS), f"{at}.kind", what="transform kind")
     t_lo, t_hi = _limits(doc, at)
     if not (t_lo < lo and hi < t_hi):
@@ -204,16 +223,18 @@ def _transform(item: Mapping[str, Any], lo: float, hi: float, costs: Mapping[str
 def binding_from_dict(doc: Any, source: str = "binding") -> BindingSpec:
     """Validate a binding document (docs/ARCHITECTURE.md, "Binding file") into a BindingSpec.
 
-    Raises ContractError whose message starts with `source` and names the offending field.
+    Raises ContractError whose message starts with `source` and names the offending field; a key
+    the document has at any level that the contract does not know is refused too.
     """
     w = source
     check_mapping(doc, w, what="a mapping at the top level")
+    _check_keys(doc, BindingSpec, w)
     binding_id = check_match(get_field(doc, "id", w), ID_PATTERN, f"{w}.id")
     period = check_number(get_field(doc, "sample_period_s", w), f"{w}.sample_period_s", POSITIVE)
     unit = check_text(get_field(doc, "unit", w, ""), f"{w}.unit")
 
     mvs = []
-    for i, item in enumerate(_items(doc, "mvs", w, required=True)):
+    for i, item in enumerate(_items(doc, "mvs", MVSpec, w, required=True)):
         at = f"{w}.mvs[{i}]"
         lo, hi = _limits(item, at)
         mvs.append(MVSpec(_tag(get_field(item, "tag", at), f"{at}.tag"), lo, hi,
@@ -223,7 +244,7 @@ def binding_from_dict(doc: Any, source: str = "binding") -> BindingSpec:
         raise ContractError(f"{w}.mvs: at least one MV is required")
 
     cvs = []
-    for i, item in enumerate(_items(doc, "cvs", w, required=True)):
+    for i, item in enumerate(_items(doc, "cvs", CVSpec, w, required=True)):
         at = f"{w}.cvs[{i}]"
         lo, hi = _limits(item, at)
         target = get_field(item, "target", at, None)  # omitted: kept inside [lo, hi] only
@@ -236,7 +257,7 @@ def binding_from_dict(doc: Any, source: str = "binding") -> BindingSpec:
         raise ContractError(f"{w}.cvs: at least one CV is required")
 
     dvs = [DVSpec(_tag(get_field(item, "tag", f"{w}.dvs[{i}]"), f"{w}.dvs[{i}].tag"))
-           for i, item in enumerate(_items(doc, "dvs", w, required=False))]
+           for i, item in enumerate(_items(doc, "dvs", DVSpec, w, required=False))]
 
     seen: dict[str, str] = {}
     for kind, specs in (("mvs", mvs), ("cvs", cvs), ("dvs", dvs)):
@@ -247,6 +268,7 @@ def binding_from_dict(doc: Any, source: str = "binding") -> BindingSpec:
 
     at = f"{w}.model"
     model_doc = check_mapping(get_field(doc, "model", w, {}), at)
+    _check_keys(model_doc, ModelSettings, at)
 
     def order(key: str) -> int | None:  # None: chosen from the data
         value = get_field(model_doc, key, at, None)
@@ -257,6 +279,7 @@ def binding_from_dict(doc: Any, source: str = "binding") -> BindingSpec:
 
     at = f"{w}.profile"
     profile_doc = check_mapping(get_field(doc, "profile", w), at)
+    _check_keys(profile_doc, Profile, at)
     template = Template(check_choice(get_field(profile_doc, "template", at), [t.value for t in Template],
                                      f"{at}.template", what="template"))
     profile = Profile(

@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from optimizer_pipeline.contracts import BindingSpec, ContractError, iso_utc
+from optimizer_pipeline.validation import closest
 
 log = logging.getLogger(__name__)
 
@@ -102,17 +103,35 @@ def _required(binding: BindingSpec) -> tuple[str, ...]:
 
 
 def _required_columns(frame: pd.DataFrame, binding: BindingSpec, source: str) -> pd.DataFrame:
-    """The frame's run id, timestamp and tag columns (`_refuse_repeated`)."""
-    _refuse_repeated(list(frame.columns), binding, source)
+    """The frame's run id, timestamp and tag columns (`_check_columns`)."""
+    _check_columns(list(frame.columns), binding, source)
     return frame.loc[:, frame.columns.isin(_required(binding))]
 
 
-def _refuse_repeated(names: list, binding: BindingSpec, source: str, where: str = "") -> None:
+def _check_columns(names: list, binding: BindingSpec, source: str, where: str = "") -> None:
     """HistoryError when the run id, the timestamp or a tag column appears twice among the column
-    `names`; extra columns are ignored, also when their names repeat or are blank."""
-    twice = [name for name, n in Counter(names).items() if n > 1 and name in _required(binding)]
+    `names`, or is missing: then each missing name with the extra column it was most likely meant
+    to be ("the file has 'T_OUT': column names are case-sensitive", "did you mean 't_out1'?").
+    Extra columns are ignored, also when their names repeat or are blank."""
+    required = _required(binding)
+    twice = [name for name, n in Counter(names).items() if n > 1 and name in required]
     if twice:
         raise HistoryError(f"{source}: duplicate column(s) {_names(twice)}{where}")
+    missing = [name for name in required if name not in names]
+    if missing:
+        extra = [name for name in names if name not in required]
+        raise HistoryError(f"{source}: missing required column(s) "
+                           f"{', '.join(repr(name) + _near(name, extra) for name in missing)}")
+
+
+def _near(name: str, extra: list) -> str:
+    """The hint after a missing column `name`: the extra column closest to it, if any."""
+    match = closest(name, extra)
+    if match is None:
+        return ""
+    if match.lower() == name.lower():
+        return f" (the file has {match!r}: column names are case-sensitive)"
+    return f" (did you mean {match!r}?)"
 
 
 # --------------------------------------------------------------------------- file readers
@@ -139,7 +158,7 @@ def _read_csv(path: Path, binding: BindingSpec) -> pd.DataFrame:
         if count > 0 and count >= len(header) - 1:
             raise HistoryError(f"{source}: the header looks like {label}-delimited "
                                f"({len(header)} column(s) when split on ','); use ','")
-    _refuse_repeated(header, binding, source, " in the header")
+    _check_columns(header, binding, source, " in the header")
 
     try:
         frame = pd.read_csv(path, encoding="utf-8-sig", skipinitialspace=True, skip_blank_lines=False, low_memory=False,
@@ -169,9 +188,9 @@ def _read_parquet(path: Path, binding: BindingSpec) -> pd.DataFrame:
         if pq.read_metadata(path).num_rows > MAX_HISTORY_ROWS:
             raise _too_many_rows(str(path))
         names = pq.read_schema(path).names
-        _refuse_repeated(names, binding, str(path))
+        _check_columns(names, binding, str(path))
         # only the columns the binding needs: extra ones are ignored, also when their names repeat
-        frame = pd.read_parquet(path, columns=[name for name in _required(binding) if name in names])
+        frame = pd.read_parquet(path, columns=list(_required(binding)))
     except HistoryError:
         raise
     except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
@@ -191,10 +210,6 @@ def _validate(frame: pd.DataFrame, binding: BindingSpec, source: str, *, lines: 
         row = int(frame.index[position]) + 1
         return f"row {row} (line {row + 1})" if lines else f"row {row}"
 
-    required = _required(binding)
-    missing = [c for c in required if c not in frame.columns]
-    if missing:
-        raise HistoryError(f"{source}: missing required column(s) {_names(missing)}")
     if len(frame) == 0:
         raise HistoryError(f"{source}: empty file (no data rows; at least one run is needed)")
 
