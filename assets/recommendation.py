@@ -70,32 +70,44 @@ def recommendation(env: StageEnv, inputs: BindingInputs) -> StageResult:
     source = ledger.sample_source(stored.spec.id) or EvidenceSource.REAL.value
     record = pipeline.recommend(stored, artifact, split, calibration, env.solve, ledger, env.settings, source,
                                 utc_now())
-    rec, chosen = record.recommendation, record.chosen
+    metadata, check = recommendation_report(stored.spec, split, artifact, calibration, record.recommendation,
+                                            record.conditions, record.result, record.chosen, env.figures,
+                                            expired_before=record.expired_before)
+    return StageResult(record.recommendation, metadata, (check,))
+
+
+def recommendation_report(spec: BindingSpec, split: HistorySplit, artifact, calibration, rec: Recommendation,
+                          conditions: tuple[Condition, ...], result, chosen: SolveCandidate | None,
+                          figures: plots.FigureQueue, *, expired_before: int | None = None,
+                          extra: dict | None = None) -> tuple[dict, Check]:
+    """The recommendation asset's materialization metadata and its check, for a publication by a run
+    (the asset above) or by the live service (assets/live_report.py): one description of both."""
     metadata = {
         "status": rec.status.value, "status_label": rec.status_label,
-        "plot": plan_plot(env.figures, stored.spec, split, rec, artifact.horizon),
+        "plot": plan_plot(figures, spec, split, rec, artifact.horizon),
         "reasons": MetadataValue.json(list(rec.reasons)),
-        "conditions": _conditions_table(record.conditions),
+        "conditions": _conditions_table(conditions),
         "recommendation_id": rec.id, "run_id": rec.run_id, "valid_until": rec.valid_until,
         "problem_ir_hash": rec.problem_ir_hash, "model_artifact_hash": rec.model_artifact_hash,
         "calibration_id": calibration.calibration_id, "training_data_hash": artifact.training_data_hash,
         "evidence": MetadataValue.json(dict(rec.evidence)),
         "band_steps": rec.band_steps if rec.band_steps is not None else "no band",
         "plan": _plan_table(rec),
-        "candidates": _candidates_table(record.result.candidates),
-        "expired_past_valid_until": record.expired_before,
+        "candidates": _candidates_table(result.candidates),
+        **({} if expired_before is None else {"expired_past_valid_until": expired_before}),
+        **(extra or {}),
         # plain numbers: Dagster's Plots tab draws their history per partition
         **{name: float(value) for name, value in (
             ("cost", rec.cost), ("independent_cost", rec.independent_cost),
             ("input_distance", rec.evidence.get("input_distance")),
-            ("economic_value", economic_value(stored.spec, rec.controls[-1], rec.predicted[-1]) if rec.controls
+            ("economic_value", economic_value(spec, rec.controls[-1], rec.predicted[-1]) if rec.controls
              else None)) if _finite(value)},
     }
-    check = Check("recommendation", stored.spec.id, "candidate_verified",
+    check = Check("recommendation", spec.id, "candidate_verified",
                   bool(chosen and chosen.feasible and chosen.verified),
                   {"candidate_id": rec.candidate_id or "none",
                    "verify_report": MetadataValue.json(dict(chosen.verify_report) if chosen else {})})
-    return StageResult(rec, metadata, (check,))
+    return metadata, check
 
 
 def _side_by_side_table(doc: dict) -> MetadataValue:

@@ -7,7 +7,7 @@ import time
 import uuid
 from datetime import timedelta
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from dagster import (
     AssetSelection,
@@ -151,12 +151,15 @@ def re_solve_requests(context: SensorEvaluationContext, store, only: set[str] | 
     (a recalibration ends with a re-solve, whichever way it ran: the `recalibrate` job, a partial
     materialization in the UI; run key `<binding>@<calibration id>`): none while a solve or refresh of
     the binding is queued or running, none without a recommendation of the binding's current
-    revision (binding_changes refreshes a new revision)."""
+    revision (binding_changes refreshes a new revision), and none while a live service serves it
+    (it re-solves new samples and recalibrations itself: one re-solve per sample batch)."""
+
     known = set(context.instance.get_dynamic_partitions(BINDINGS.name))
     busy = in_flight(context.instance, solve_job.name) | in_flight(context.instance, refresh_job.name)
+    live = served_live(store)
     requests, stored = [], {b.spec.id: b for b in store.list_bindings()}
     for binding_id, newest in sorted(store.newest_samples().items()):
-        if only is not None and binding_id not in only:
+        if (only is not None and binding_id not in only) or live(binding_id):
             continue
         rec = store.latest_recommendation(binding_id)
         if (binding_id not in known or binding_id in busy or binding_id not in stored or rec is None
@@ -178,6 +181,14 @@ def re_solve_requests(context: SensorEvaluationContext, store, only: set[str] | 
     return requests
 
 
+def served_live(store) -> Callable[[str], bool]:
+    """Whether a live service that is alive (its heartbeat within HEARTBEAT_STALE_S) serves a binding."""
+    from optimizer_pipeline.live import HEARTBEAT_STALE_S
+
+    services = store.live_services(alive_within_s=HEARTBEAT_STALE_S)
+    return lambda binding_id: any(service.serves(binding_id) for service in services)
+
+
 def history_inbox_sensor():
     """Ingests the history files a historian export dropped into `<home>/inbox/<binding_id>/`
     (optimizer_pipeline/inbox.py: the same code as `optimizer-pipeline ingest`); finished files
@@ -194,6 +205,13 @@ def history_inbox_sensor():
         if not files:
             return SkipReason("no history file waiting in the inbox")
         store, results = ledger.ledger(), []
+        try:
+            live = served_live(store)  # a live service ingests its bindings' files itself
+        except LedgerBusyError:  # then the files wait for the ledger below, whoever serves them
+            live = lambda binding_id: False  # noqa: E731
+        files = [path for path in files if not live(path.parent.name)]
+        if not files:
+            return SkipReason("the history files waiting in the inbox are a live service's")
         for path in files:
             results.append(ingest_inbox_file(store, path))
             if results[-1].waiting:
@@ -214,6 +232,31 @@ def history_inbox_sensor():
                                       f"no newer sample)")
 
     return history_inbox
+
+
+def live_service_sensor():
+    """Shows in the UI whether the live services are alive: a tick fails (red) while a service that
+    has not stopped has a heartbeat older than HEARTBEAT_STALE_S (killed, or its host is gone: the
+    sensors then re-solve its bindings themselves), and otherwise says which services serve what."""
+
+    @sensor(name="live_service", minimum_interval_seconds=30, default_status=DefaultSensorStatus.RUNNING)
+    def live_service(context: SensorEvaluationContext, ledger: LedgerResource):
+        from optimizer_pipeline.live import HEARTBEAT_STALE_S
+
+        now = utc_now()
+        services = [s for s in ledger.ledger().live_services() if s.state != "stopped"]
+        stale = [s for s in services if (now.replace(tzinfo=None) - s.heartbeat_at).total_seconds() > HEARTBEAT_STALE_S]
+        if stale:
+            raise Exception("; ".join(f"live service {s.id} on {s.host} (pid {s.pid}) has not sent a heartbeat for "
+                                      f"{(now.replace(tzinfo=None) - s.heartbeat_at).total_seconds():.0f} s: "
+                                      f"its bindings are re-solved by the sensors" for s in stale))
+        if not services:
+            return SkipReason("no live service is running: the sensors re-solve new samples (a run each)")
+        return SkipReason("; ".join(f"live service {s.id} on {s.host} (pid {s.pid}) {s.state}, serving "
+                                    f"{'every binding' if s.bindings is None else ', '.join(s.bindings)}"
+                                    for s in services))
+
+    return live_service
 
 
 def in_flight(instance, job_name: str) -> set[str]:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, Sequence
 
 from optimizer_pipeline.contracts import ContractError, EvidenceSource, load_binding_file
 from optimizer_pipeline.economics import economic_value
-from optimizer_pipeline.settings import dagster_home, ledger_path, load_settings, resolve_home
+from optimizer_pipeline.settings import dagster_home, disk_full, ledger_path, load_settings, resolve_home
 
 if TYPE_CHECKING:  # the ledger pulls in pandas and duckdb (~0.5 s): imported by the commands that use it
     from optimizer_pipeline.ledger import Ledger
@@ -341,6 +341,28 @@ def cmd_daemon(args: argparse.Namespace, home: Path) -> int:
                           os.environ)
 
 
+def cmd_live(args: argparse.Namespace, home: Path) -> int:
+    import logging
+
+    from dagster import DagsterInstance
+
+    from optimizer_pipeline.assets.live_report import DagsterReporter
+    from optimizer_pipeline.live.run import serve
+
+    ledger, settings = _existing_ledger(home), load_settings(home)
+    prepare_dagster_home(home)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+    logging.getLogger("optimizer_pipeline.live").setLevel(logging.INFO)  # one line per publication
+    reporter = DagsterReporter(DagsterInstance.get(), settings.live_report_interval_s)
+    ready = lambda service: print(f"live service {service.id} for home {home}: {len(service.served)} binding(s) "  # noqa: E731
+                                  f"served (SIGTERM / Ctrl-C stops it)", flush=True)
+    try:
+        serve(home, ledger, settings, args.binding or None, reporter, on_ready=ready)
+    finally:
+        reporter.close()
+    return 0
+
+
 def _require_broker(settings: Any) -> None:
     from optimizer_pipeline.deployment import broker_problem
     from optimizer_pipeline.settings import redact_url
@@ -529,6 +551,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_ledger)
 
+    p = sub.add_parser("live", help="the resident re-solve service: re-solves each binding within milliseconds of its "
+                                    "new samples (inbox, ingest), publishes in the ledger and reports to Dagster")
+    p.add_argument("--binding", action="append", help="serve only this binding (repeatable; default: every binding)")
+    p.set_defaults(func=cmd_live)
+
     p = sub.add_parser("daemon", help="several hosts: dagster-daemon for this home (runs stay queued without it)")
     p.set_defaults(func=cmd_daemon)
 
@@ -567,32 +594,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: the filesystem under {home} is full (no space left on device); free space and run "
               f"the command again (the ledger keeps only whole transactions)", file=sys.stderr)
         return EXIT_USER_ERROR
-
-
-FULL_DISK_TEXTS = ("no space left on device", "database or disk is full", "disk full")
-IO_ERROR_TEXTS = ("disk i/o error", "i/o error")
-NEARLY_FULL_BYTES = 1 << 20  # an I/O error with less than this free under the home is a full disk
-
-
-def disk_full(exc: BaseException | None, home: Path) -> bool:
-    """Whether `exc` (or what caused it) is a full filesystem: ENOSPC, DuckDB's WAL write failing with
-    'No space left on device', SQLite's 'database or disk is full' (Dagster's instance), or an I/O
-    error (SQLite's journal on a full disk) while the home's filesystem has (almost) no space left."""
-    import errno
-    import shutil
-
-    seen, io_error = set(), False
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        text = str(exc).lower()
-        if getattr(exc, "errno", None) == errno.ENOSPC or any(t in text for t in FULL_DISK_TEXTS):
-            return True
-        io_error = io_error or any(t in text for t in IO_ERROR_TEXTS)
-        exc = exc.__cause__ or exc.__context__
-    if not io_error:
-        return False
-    existing = next((p for p in (home, *home.parents) if p.exists()), Path("/"))
-    return shutil.disk_usage(existing).free < NEARLY_FULL_BYTES
 
 
 if __name__ == "__main__":

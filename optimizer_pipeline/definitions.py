@@ -10,6 +10,7 @@ from optimizer_pipeline.assets.outcomes import outcome_deltas
 from optimizer_pipeline.automation import (
     binding_changes_sensor,
     history_inbox_sensor,
+    live_service_sensor,
     new_samples_sensor,
     outcome_drift_sensor,
     outcomes_job,
@@ -45,7 +46,7 @@ def build_definitions(home: Path, solver: SolverResource | None = None) -> Defin
         jobs=[recalibrate_job, solve_job, refresh_job, outcomes_job],
         schedules=[recalibration_schedule(settings)],
         sensors=[binding_changes_sensor(), history_inbox_sensor(), new_samples_sensor(), uq_freshness_sensor(),
-                 recommendation_expiry_sensor(), outcome_drift_sensor()],
+                 recommendation_expiry_sensor(), outcome_drift_sensor(), live_service_sensor()],
     )
 
 

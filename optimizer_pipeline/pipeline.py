@@ -93,6 +93,15 @@ def _split_of(ledger: Ledger, stored: StoredBinding, through: datetime, seed: in
     return prepare_history(frame, spec, seed=seed)
 
 
+def current_split(ledger: Ledger, stored: StoredBinding) -> HistorySplit:
+    """Every stored sample of the binding cleaned and split now, recorded nowhere (what plant_history
+    would record next)."""
+    through = ledger.samples_through(stored.spec.id)
+    if through is None:
+        raise MissingInputError(f"binding {stored.spec.id}: no plant samples in the ledger; ingest its history first")
+    return _split_of(ledger, stored, through, SPLIT_SEED)
+
+
 def load_split(ledger: Ledger, stored: StoredBinding) -> HistorySplit:
     """The split `plant_history` last recorded for this revision, rebuilt from the same samples."""
     spec = stored.spec
@@ -332,19 +341,27 @@ def settled_evidence(binding: BindingSpec, artifact: ModelArtifact, split: Histo
     return evidence, [Condition(name, f"coverage {evidence.coverage:.3g}", limit, True)]
 
 
+Settled = tuple[uq.UQEvidence | None, list[Condition]]
+
+
 def solve_and_decide(binding: BindingSpec, stored: StoredBinding, artifact: ModelArtifact, split: HistorySplit,
                      calibration: Calibration, solve: Callable[[ProblemIR], SolveResult], settings: Settings,
-                     source: str, now: datetime, *, outcomes: Sequence[OutcomeRecord]) -> Solved:
+                     source: str, now: datetime, *, outcomes: Sequence[OutcomeRecord],
+                     settled: Settled | None = None) -> Solved:
     """Compile `binding` (the stored spec, or a what-if's overridden copy of it) from the live state
     with the revision's model and calibration, solve it, verify and decide; writes nothing.
     `outcomes`: the binding's judged outcomes (Ledger.list_verdicts), whose verdicts on this model the
-    decision's outcome condition judges (outcomes.model_outcome_condition)."""
+    decision's outcome condition judges (outcomes.model_outcome_condition). `settled`: what
+    `settled_evidence` gives for this binding, model, split and settings, when the caller computed it
+    already (the live service, once per calibration: it scores the val / test runs, which new live
+    samples do not change)."""
     live = split.live
     if live is None:
         raise ValueError(f"binding {binding.id}: no live run in the history, so there is no current state")
     evidence = calibration.evidence
     band = np.asarray(evidence.qhat) if evidence.has_evidence else None
-    settled, settled_conditions = settled_evidence(binding, artifact, split, settings, now)
+    settled, settled_conditions = settled_evidence(binding, artifact, split, settings, now) if settled is None \
+        else settled
     layer_band = np.asarray(settled.qhat) if settled is not None and needs_steady_layer(binding) else None
     run_id = new_id("or")
 
@@ -413,15 +430,22 @@ def recommend(stored: StoredBinding, artifact: ModelArtifact, split: HistorySpli
         log.warning("closed %d run(s) left running by a writer that died as interrupted", reconciled)
     solved = solve_and_decide(binding, stored, artifact, split, calibration, solve, settings, source, now,
                               outcomes=ledger.list_verdicts(binding.id))
-    result, rec, chosen = solved.result, solved.decision.recommendation, solved.decision.chosen
-    ledger.record_solve(solved.run, result.candidates, artifact.artifact_hash, rec,
-                        run_status=run_status(result),
-                        independent_cost=None if chosen is None else chosen.independent_cost,
-                        diagnostics=dict(result.diagnostics, error_code=result.error_code,
-                                         error_message=result.error_message),
-                        evidence_source=rec.evidence["source"])
+    ledger.record_solve(**solve_record(solved, artifact))
+    rec = solved.decision.recommendation
     log.info("binding %s: recommendation %s is %s", binding.id, rec.id, rec.status.value)
-    return SolveRecord(solved.run["id"], solved.problem, result, rec, chosen, solved.decision.conditions, expired)
+    return SolveRecord(solved.run["id"], solved.problem, solved.result, rec, solved.decision.chosen,
+                       solved.decision.conditions, expired)
+
+
+def solve_record(solved: Solved, artifact: ModelArtifact) -> dict:
+    """What the ledger records of a solve (the arguments of Ledger.record_solve): the run, its
+    candidates and the recommendation, the run's end status and the chosen candidate's cost."""
+    result, rec, chosen = solved.result, solved.decision.recommendation, solved.decision.chosen
+    return {"run": solved.run, "candidates": result.candidates, "model_id": artifact.artifact_hash,
+            "recommendation": rec, "run_status": run_status(result),
+            "independent_cost": None if chosen is None else chosen.independent_cost,
+            "diagnostics": dict(result.diagnostics, error_code=result.error_code, error_message=result.error_message),
+            "evidence_source": rec.evidence["source"]}
 
 
 def run_status(result: SolveResult) -> str:

@@ -7,6 +7,7 @@ from typing import Any, Mapping
 
 from optimizer_pipeline.contracts import ContractError
 from optimizer_pipeline.validation import (
+    NON_NEGATIVE,
     OPEN_UNIT,
     POSITIVE,
     Interval,
@@ -62,6 +63,9 @@ class Settings:
     schedule_cron: str = "0 3 * * *"
     schedule_timezone: str = "UTC"
     live_max_age_s: float | None = None  # unset: max(10 x sample_period_s, 300 s) per binding (recommend.max_live_age_s)
+    # the live service reports a binding's publication to Dagster at most this often, a status change at
+    # once; 0 reports every publication (optimizer_pipeline/live/service.py)
+    live_report_interval_s: float = 300.0
     ledger_url: str | None = None  # postgresql://... ; unset: the DuckDB file <home>/optimizer.duckdb
     dagster_postgres_url: str | None = None  # the Dagster instance's storage; unset: SQLite under <home>/dagster
     dagster_run_launcher: str = "in_process"  # in_process | celery
@@ -140,6 +144,7 @@ _SPEC: dict[str, tuple[str, Rule]] = {
     "schedule.cron": ("schedule_cron", Rule(_cron, "a 5-field cron expression (minute hour day month weekday)")),
     "schedule.timezone": ("schedule_timezone", Rule(_timezone, "an IANA time zone such as 'Europe/Berlin'")),
     "live.max_age_s": ("live_max_age_s", number_rule(float, POSITIVE)),
+    "live.report_interval_s": ("live_report_interval_s", number_rule(float, NON_NEGATIVE)),
     "ledger.url": ("ledger_url", Rule(_postgres_url, "a URL such as 'postgresql://user@host:5432/optimizer'")),
     "dagster.postgres_url": ("dagster_postgres_url",
                              Rule(_postgres_url, "a URL such as 'postgresql://user@host:5432/dagster'")),
@@ -220,3 +225,29 @@ def load_settings(home: Path, environ: Mapping[str, str] | None = None) -> Setti
         raise SettingsError(f"{' and '.join(sources)}: dagster.run_launcher 'celery' needs dagster.broker (a redis:// "
                             f"URL) and dagster.postgres_url (the Dagster instance the workers share)")
     return settings
+
+
+FULL_DISK_TEXTS = ("no space left on device", "database or disk is full", "disk full")
+IO_ERROR_TEXTS = ("disk i/o error", "i/o error")
+NEARLY_FULL_BYTES = 1 << 20  # an I/O error with less than this free under the home is a full disk
+
+
+def disk_full(exc: BaseException | None, home: Path) -> bool:
+    """Whether `exc` (or what caused it) is a full filesystem: ENOSPC, DuckDB's WAL write failing with
+    'No space left on device', SQLite's 'database or disk is full' (Dagster's instance), or an I/O
+    error (SQLite's journal on a full disk) while the home's filesystem has (almost) no space left."""
+    import errno
+    import shutil
+
+    seen, io_error = set(), False
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        text = str(exc).lower()
+        if getattr(exc, "errno", None) == errno.ENOSPC or any(t in text for t in FULL_DISK_TEXTS):
+            return True
+        io_error = io_error or any(t in text for t in IO_ERROR_TEXTS)
+        exc = exc.__cause__ or exc.__context__
+    if not io_error:
+        return False
+    existing = next((p for p in (home, *home.parents) if p.exists()), Path("/"))
+    return shutil.disk_usage(existing).free < NEARLY_FULL_BYTES

@@ -396,3 +396,29 @@ def test_a_revision_whose_refresh_failed_is_refreshed_again_when_a_new_run_arriv
         assert _tick(home, "binding_changes", again.cursor).run_requests == []
         home.run("heater-1")  # what the requested run does
         assert ledger.latest_recommendation("heater-1").status == "verified"
+
+
+def test_while_a_live_service_serves_a_binding_the_sensors_leave_its_samples_and_files_to_it(heater_home):
+    heater_home.instance.add_dynamic_partitions("bindings", ["heater-1"])
+    heater_home.run("heater-1")
+    heater_home.ledger.live_register("live-x", "host-a", 123, ["heater-1"])
+    heater_home.ledger.live_heartbeat("live-x", "serving")
+    _append_live_samples(heater_home, "heater-1", 2)
+    assert isinstance(_tick(heater_home, "new_samples"), SkipReason)  # the service re-solves them
+    _drop(heater_home, "heater-1", "export.csv", 1, start=3)
+    assert _tick(heater_home, "history_inbox").skip_message == \
+        "the history files waiting in the inbox are a live service's"
+    assert (heater_home.home / "inbox" / "heater-1" / "export.csv").exists()
+    assert "live service live-x on host-a (pid 123) serving, serving heater-1" in \
+        _tick(heater_home, "live_service").skip_message
+
+    with heater_home.ledger.transaction() as tx:  # its heartbeat stops: killed, or its host is gone
+        tx.execute("UPDATE live_services SET heartbeat_at = heartbeat_at - INTERVAL 10 MINUTE")
+    with pytest.raises(Exception, match=r"live service live-x on host-a \(pid 123\) has not sent a heartbeat for "
+                                        r"6\d\d s: its bindings are re-solved by the sensors"):
+        _tick(heater_home, "live_service")
+    [request] = _tick(heater_home, "history_inbox")  # the sensors take over at once
+    assert request.partition_key == "heater-1"
+
+    heater_home.ledger.live_heartbeat("live-x", "stopped")
+    assert _tick(heater_home, "live_service").skip_message.startswith("no live service is running")

@@ -3,6 +3,7 @@ the ModelArtifact that records them (normalised units z = (x - mean) / std)."""
 
 import json
 from dataclasses import dataclass, field, fields
+from functools import cached_property
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -137,8 +138,10 @@ class ModelArtifact:
     def to_dict(self) -> dict[str, Any]:
         return json.loads(canonical_json(self._doc()))
 
-    @property
+    @cached_property
     def artifact_hash(self) -> str:
+        """The content hash, computed once per instance (the fields are not changed after it is made:
+        a changed artifact is a new instance, dataclasses.replace); a solve reads it a dozen times."""
         return content_hash(self._doc())
 
     @property

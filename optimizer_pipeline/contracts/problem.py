@@ -2,6 +2,7 @@
 
 import json
 from dataclasses import dataclass, fields
+from functools import cached_property
 from typing import Any, Mapping
 
 import numpy as np
@@ -107,8 +108,9 @@ class ProblemIR:
             return canonical_json(self)
         return canonical_json({f.name: getattr(self, f.name) for f in fields(self) if f.name not in left_out})
 
-    @property
+    @cached_property
     def hash(self) -> str:
+        """problem_ir_hash, computed once per instance (a changed problem is a new one: dataclasses.replace)."""
         return sha256_hex(self.canonical_json())
 
     @staticmethod

@@ -7,14 +7,14 @@ from dataclasses import replace
 
 import pandas as pd
 
-from optimizer_pipeline.contracts import BindingSpec, HistorySplit
-from optimizer_pipeline.data.clean import clean_runs
+from optimizer_pipeline.contracts import BindingSpec, HistorySplit, RunSeries
+from optimizer_pipeline.data.clean import clean_newest_run, clean_runs
 from optimizer_pipeline.data.ingest import HistoryError, read_history, validate_history_frame
 from optimizer_pipeline.data.split import split_runs
 from optimizer_pipeline.model.artifact import window_lag
 
 __all__ = ["HistoryError", "read_history", "validate_history_frame", "clean_runs", "split_runs",
-           "prepare_history", "default_min_length"]
+           "prepare_history", "with_live_run", "default_min_length"]
 
 
 def default_min_length(binding: BindingSpec) -> int:
@@ -34,12 +34,38 @@ def prepare_history(frame: pd.DataFrame, binding: BindingSpec, seed: int = 0,
     runs, cleaning = clean_runs(frame, binding, default_min_length(binding) if min_length is None else min_length)
     split = split_runs(runs, binding, seed=seed)
     warnings = list(cleaning["warnings"]) + list(split.report["warnings"])
-    latest = cleaning["latest_timestamp_s"]
-    behind = None if split.live is None else float(latest - split.live.t[-1])
-    # Grid snapping moves a sample by at most half a period; anything more is lost data.
+    tail = _live_tail(split.live, cleaning["latest_timestamp_s"], binding)
+    return replace(split, report={**split.report, "warnings": warnings + tail.pop("warnings"), "cleaning": cleaning,
+                                  **tail})
+
+
+def with_live_run(split: HistorySplit, frame: pd.DataFrame, binding: BindingSpec,
+                  min_length: int | None = None) -> HistorySplit | None:
+    """`split` with its live run cleaned anew from `frame`, the live run's newest samples (validated,
+    in time order, as from Ledger.recent_samples), as prepare_history cleans it (clean_newest_run: a
+    run is cleaned on its own, the newest run's end kept): what a new sample changes of a split.
+    The live report (report["live"], "live_behind_s", "live_tail_dropped") is rebuilt; the train /
+    val / test runs, the normalisation and the data hash are the split's. None when cleaning leaves
+    no piece of the run long enough (then prepare the whole history: its live run is an older one)."""
+    runs = clean_newest_run(frame, binding, default_min_length(binding) if min_length is None else min_length)
+    if not runs:
+        return None
+    live = max(runs, key=lambda r: (float(r.t[-1]), r.run_id))
+    tail = _live_tail(live, float(frame["timestamp"].max()), binding)
+    base = [w for w in split.report.get("warnings", []) if "newest samples were dropped" not in w]
+    report = {**split.report, "warnings": base + tail.pop("warnings"), **tail,
+              "live": {"run_id": live.run_id, "start_s": float(live.t[0]), "end_s": float(live.t[-1]),
+                       "samples": len(live)},
+              "runs": {**split.report.get("runs", {}), "live": [live.run_id]}}
+    return replace(split, live=live, report=report)
+
+
+def _live_tail(live: RunSeries | None, latest: float, binding: BindingSpec) -> dict:
+    """live_behind_s (the newest sample's time minus the live run's end) and live_tail_dropped (more
+    than half a period: grid snapping moves a sample by at most that, anything more is lost data),
+    with the warning it gives."""
+    behind = None if live is None else float(latest - live.t[-1])
     dropped = behind is not None and behind > binding.sample_period_s / 2
-    if dropped:
-        warnings.append(f"the live run {split.live.run_id!r} ends at {split.live.t[-1]:.3f} s but the history's "
-                        f"latest sample is at {latest:.3f} s: the newest samples were dropped in cleaning")
-    return replace(split, report={**split.report, "warnings": warnings, "cleaning": cleaning, "live_behind_s": behind,
-                                  "live_tail_dropped": dropped})
+    warnings = [f"the live run {live.run_id!r} ends at {live.t[-1]:.3f} s but the history's latest sample is at "
+                f"{latest:.3f} s: the newest samples were dropped in cleaning"] if dropped else []
+    return {"live_behind_s": behind, "live_tail_dropped": dropped, "warnings": warnings}

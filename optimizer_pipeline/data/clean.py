@@ -105,6 +105,20 @@ def clean_runs(frame: pd.DataFrame, binding: BindingSpec, min_length: int) -> tu
     return series, report
 
 
+def clean_newest_run(frame: pd.DataFrame, binding: BindingSpec, min_length: int) -> list[RunSeries]:
+    """The pieces of one run, the history's newest (its end kept as clean_runs keeps the newest run's),
+    cleaned as clean_runs cleans it, without its report: frame holds that run's rows in time order
+    (run_id, timestamp, binding.tags), e.g. the live service's window of the live run."""
+    if frame.empty:
+        return []
+    tags = binding.tags
+    hampel_columns = np.array([tag in binding.cv_tags + binding.dv_tags for tag in tags])
+    run_id = str(frame[RUN_ID].iloc[-1])
+    pieces, _, _ = _clean_run(run_id, frame[TIMESTAMP].to_numpy(float), frame[list(tags)].to_numpy(float), tags,
+                              hampel_columns, float(binding.sample_period_s), min_length, keep_end=True)
+    return [_run_series(name, t, values, binding, run_id if name != run_id else "") for name, t, values in pieces]
+
+
 def _clean_run(run_id: str, t: np.ndarray, values: np.ndarray, tags: tuple[str, ...], hampel_columns: np.ndarray,
                period: float, min_length: int,
                keep_end: bool = False) -> tuple[list[tuple[str, np.ndarray, np.ndarray]], dict, list[dict]]:

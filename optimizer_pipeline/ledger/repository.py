@@ -15,7 +15,7 @@ binding's open recommendation, so a binding has at most one open recommendation.
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import orjson
 import pandas as pd
@@ -35,6 +35,7 @@ from optimizer_pipeline.contracts import (
 from optimizer_pipeline.ledger.candidates import BULK_CANDIDATE_ROWS, candidate_table
 from optimizer_pipeline.ledger.duckdb_backend import DuckDBBackend
 from optimizer_pipeline.ledger.evidence_rows import EvidenceRows
+from optimizer_pipeline.ledger.live_rows import LiveRows
 from optimizer_pipeline.ledger.whatif_rows import WhatIfRows
 from optimizer_pipeline.ledger.errors import LedgerError, NotFoundError, RunStateError
 from optimizer_pipeline.ledger.schema import DUCKDB
@@ -57,10 +58,11 @@ OPEN_STATUSES = (RecommendationStatus.VERIFIED.value, RecommendationStatus.UNVER
                  RecommendationStatus.REJECTED.value)
 COUNTED_TABLES = ("bindings", "binding_revisions", "plant_samples", "history_splits", "model_artifacts",
                   "uq_block_scores", "uq_calibrations", "optimizer_runs", "optimizer_candidates",
-                  "optimizer_recommendations", "optimizer_outcomes", "binding_failures", "whatif_runs")
+                  "optimizer_recommendations", "optimizer_outcomes", "binding_failures", "whatif_runs",
+                  "live_services", "live_publications")
 
 
-class Ledger(EvidenceRows, WhatIfRows):
+class Ledger(EvidenceRows, WhatIfRows, LiveRows):
     """The pipeline's append-only store. `Ledger(path)` opens the embedded DuckDB file; a backend
     (DuckDBBackend, PostgresBackend: the same interface) may be given instead (see `open_ledger`)."""
 
@@ -341,15 +343,29 @@ class Ledger(EvidenceRows, WhatIfRows):
                       recommendation: Recommendation | None, run_status: str, independent_cost: float | None,
                       diagnostics: Mapping[str, Any], evidence_source: str, supersede: bool) -> str:
         # undecorated (mutmut mutates no decorated function: the invariant code is mutated here)
+        write = self._solve_write(run, candidates, model_id, recommendation, run_status, independent_cost, diagnostics,
+                                  evidence_source, supersede)
+        with self.backend.transaction() as tx:
+            return write(tx)
+
+    def _solve_write(self, run: Mapping[str, Any], candidates: Sequence[SolveCandidate], model_id: str,
+                     recommendation: Recommendation | None, run_status: str, independent_cost: float | None,
+                     diagnostics: Mapping[str, Any], evidence_source: str, supersede: bool) -> Callable[[Any], str]:
+        """The writes of `record_solve` as a function of the transaction to run them in (returns the
+        run id); its input is checked first (bad numbers refused before any write)."""
         _check_end_status(run_status)
         run = dict(run, id=run.get("id") or new_id("or"))
         table = candidate_table(run["id"], candidates, model_id)  # refuses bad numbers before any write
-        with self.backend.transaction() as tx:
-            run_id = self._insert_run_row(tx, run, run_status, independent_cost, canonical_json(diagnostics), naive_now())
+        diagnostics_json = canonical_json(diagnostics)
+
+        def write(tx: Any) -> str:
+            run_id = self._insert_run_row(tx, run, run_status, independent_cost, diagnostics_json, naive_now())
             self._insert_candidate_table(tx, table)
             if recommendation is not None:
                 self._publish(tx, recommendation, evidence_source, supersede)
-        return run_id
+            return run_id
+
+        return write
 
     def _publish(self, tx: Any, rec: Recommendation, evidence_source: str, supersede: bool) -> None:
         self.backend.lock_binding(tx, rec.binding_id)

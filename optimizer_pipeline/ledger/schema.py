@@ -248,6 +248,37 @@ MIGRATIONS: list[tuple[int, str, list[Statement]]] = [
         "DROP TABLE uq_block_scores",
         "ALTER TABLE uq_block_scores_by_rule RENAME TO uq_block_scores",
     ]),
+    # The resident live service (optimizer_pipeline/live/). live_services is current state, like
+    # open_recommendations: one row per service process, its heartbeat updated in place, so the
+    # sensors and the UI can tell whether a binding is served (a row is kept after the service stops,
+    # with stopped_at). live_publications holds the key of every publication by a live service, one
+    # re-solve per (binding, revision, calibration, newest sample time): a second publication of the
+    # same samples (two services, a retried batch) is refused by the primary key.
+    (7, "live service heartbeats and publication keys", [
+        """CREATE TABLE live_services (
+            id VARCHAR PRIMARY KEY,
+            host VARCHAR NOT NULL,
+            pid INTEGER NOT NULL,
+            bindings_json VARCHAR NOT NULL,   -- the bindings it serves: a list, or null for every binding
+            state VARCHAR NOT NULL,           -- starting | serving | stopping | stopped
+            started_at TIMESTAMP NOT NULL,
+            heartbeat_at TIMESTAMP NOT NULL,
+            stopped_at TIMESTAMP
+        )""",
+        """CREATE TABLE live_publications (
+            binding_id VARCHAR NOT NULL,
+            binding_revision INTEGER NOT NULL,
+            calibration_id VARCHAR NOT NULL,
+            live_t DOUBLE NOT NULL,           -- the newest sample solved from, s since epoch
+            run_id VARCHAR NOT NULL,
+            service_id VARCHAR NOT NULL,
+            published_at TIMESTAMP NOT NULL,
+            PRIMARY KEY (binding_id, binding_revision, calibration_id, live_t)
+        )""",
+        # the service polls for samples ingested since its last look; DuckDB's row-group min / max
+        # already skip the old samples (an ART index would slow every insert)
+        {DUCKDB: "SELECT 1", POSTGRES: "CREATE INDEX plant_samples_ingested_at ON plant_samples (ingested_at)"},
+    ]),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]

@@ -1,0 +1,89 @@
+"""The Dagster side of the live service: its publications reported to the Dagster instance as runless
+materializations of the `recommendation` asset's partition, with the same metadata and check
+evaluation a run gives it (assets/recommendation.py, `recommendation_report`), so the asset page, its
+checks, the Plots tab and the lineage show one history whichever loop solved.
+
+The ledger keeps every publication; Dagster gets a binding's status change at once and otherwise at
+most one publication per binding per `live.report_interval_s` (0: every one), the newest: 1000
+bindings re-solved every minute are 1.4 M publications a day, more than an event log should hold.
+Between two reports the asset page shows the last one reported (its metadata names its recommendation
+and run; `optimizer-pipeline recommendation` and the ledger have the newest). The plan figure is drawn
+for what is reported only. Reporting runs on a thread of its own, so the service's loop never waits
+for the instance: a report that fails is logged and the next one goes on.
+"""
+
+import logging
+import queue
+import threading
+import time
+from typing import Sequence
+
+from dagster import AssetCheckEvaluation, AssetKey, AssetMaterialization, DagsterInstance
+
+from optimizer_pipeline import plots
+from optimizer_pipeline.assets.batch import shown
+from optimizer_pipeline.assets.recommendation import recommendation_report
+from optimizer_pipeline.live import Published
+
+log = logging.getLogger(__name__)
+
+RECOMMENDATION = AssetKey("recommendation")
+
+
+class DagsterReporter:
+    """A live service's Reporter (optimizer_pipeline/live/service.py) for `instance`."""
+
+    def __init__(self, instance: DagsterInstance, interval_s: float):
+        self.instance, self.interval_s = instance, float(interval_s)
+        self.reported = 0
+        self._last: dict[str, tuple[float, str]] = {}  # binding -> (monotonic time, status) last reported
+        self._pending: dict[str, Published] = {}  # binding -> the newest publication not yet reported
+        self._lock = threading.Lock()
+        self._wake = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="live-report", daemon=True)
+        self._thread.start()
+
+    def report(self, published: Sequence[Published]) -> None:
+        """Keep each binding's newest publication that is due (status changed, or interval passed)."""
+        now = time.monotonic()
+        with self._lock:
+            for item in published:
+                binding_id, status = item.served.binding_id, item.solved.decision.recommendation.status.value
+                last = self._last.get(binding_id)
+                if last is None or last[1] != status or now - last[0] >= self.interval_s:
+                    self._pending[binding_id] = item
+                    self._last[binding_id] = (now, status)
+        self._wake.put(True)
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Report what is pending, then stop the thread."""
+        self._wake.put(None)
+        self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while True:
+            more = self._wake.get()
+            with self._lock:
+                batch, self._pending = list(self._pending.values()), {}
+            for item in batch:
+                try:
+                    self._report_one(item)
+                except Exception as exc:  # noqa: BLE001 - a view of what the ledger holds; the loop goes on
+                    log.warning("binding %s: report to Dagster failed: %s", item.served.binding_id, exc)
+            if more is None:
+                return
+
+    def _report_one(self, item: Published) -> None:
+        served, solved = item.served, item.solved
+        with plots.FigureQueue(1) as figures:  # one figure: drawn inline, on this thread
+            metadata, check = recommendation_report(
+                served.stored.spec, item.split, served.artifact, served.calibration, solved.decision.recommendation,
+                solved.decision.conditions, solved.result, solved.decision.chosen, figures,
+                extra={"published_by": "live service", "latency_ms": round(item.latency_s * 1000, 1)})
+            metadata = shown(metadata)
+        self.instance.report_runless_asset_event(
+            AssetMaterialization(asset_key=RECOMMENDATION, partition=served.binding_id, metadata=metadata))
+        self.instance.report_runless_asset_event(AssetCheckEvaluation(
+            asset_key=RECOMMENDATION, check_name=check.name, passed=check.passed, metadata=dict(check.metadata),
+            severity=check.severity, partition=served.binding_id))
+        self.reported += 1

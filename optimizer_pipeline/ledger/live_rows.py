@@ -1,0 +1,196 @@
+"""The ledger's rows of the resident live service (a mixin of Ledger): its heartbeat, the samples it
+polls for, and its publications, several per transaction, each under a unique publication key
+(docs/ARCHITECTURE.md, "The live service")."""
+
+import json
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Mapping, Sequence
+
+import pandas as pd
+
+from optimizer_pipeline.contracts import Recommendation, SolveCandidate
+from optimizer_pipeline.ledger.records import naive, naive_now
+from optimizer_pipeline.ledger.writes import retried
+
+SERVICE_STATES = ("starting", "serving", "stopping", "stopped")
+
+
+@dataclass(frozen=True)
+class Publication:
+    """One re-solve by the live service, ready to write: its key (binding, revision, calibration, the
+    newest sample solved from) and what `Ledger.record_solve` writes of it."""
+
+    binding_id: str
+    binding_revision: int
+    calibration_id: str
+    live_t: float  # s since epoch
+    run: Mapping[str, Any]
+    candidates: Sequence[SolveCandidate]
+    model_id: str
+    recommendation: Recommendation
+    run_status: str
+    independent_cost: float | None
+    diagnostics: Mapping[str, Any]
+    evidence_source: str
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """What a binding's model inputs are now: its revision and, of that revision, the newest artifact,
+    calibration and split, and how many outcomes have a verdict. A change means: read them again."""
+
+    revision: int
+    artifact_hash: str | None
+    calibration_id: str | None
+    split_id: str | None
+    verdicts: int
+
+
+@dataclass(frozen=True)
+class LiveService:
+    """A live service's row: who it is, what it serves (None: every binding), its state and heartbeat."""
+
+    id: str
+    host: str
+    pid: int
+    bindings: tuple[str, ...] | None
+    state: str
+    started_at: datetime
+    heartbeat_at: datetime
+    stopped_at: datetime | None
+
+    def serves(self, binding_id: str) -> bool:
+        return self.bindings is None or binding_id in self.bindings
+
+
+class LiveRows:
+    """Part of Ledger (it provides `backend` and `_solve_write`)."""
+
+    # ------------------------------------------------------------------ the service's row
+
+    @retried
+    def live_register(self, service_id: str, host: str, pid: int, bindings: Sequence[str] | None) -> None:
+        now = naive_now()
+        with self.backend.transaction() as tx:
+            tx.execute("INSERT INTO live_services VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                       [service_id, host, pid, json.dumps(None if bindings is None else sorted(bindings)),
+                        "starting", now, now, None])
+
+    @retried
+    def live_heartbeat(self, service_id: str, state: str) -> None:
+        """The service is alive now, in `state` (stopped: with its stop time)."""
+        if state not in SERVICE_STATES:
+            raise ValueError(f"live service state must be one of {', '.join(SERVICE_STATES)}, got {state!r}")
+        now = naive_now()
+        with self.backend.transaction() as tx:
+            tx.execute("UPDATE live_services SET state = ?, heartbeat_at = ?, stopped_at = ? WHERE id = ?",
+                       [state, now, now if state == "stopped" else None, service_id])
+
+    def live_services(self, alive_within_s: float | None = None, now: datetime | None = None) -> list[LiveService]:
+        """Every live service's row, newest first; with `alive_within_s` only those not stopped whose
+        heartbeat is at most that old."""
+        sql, params = "SELECT * FROM live_services", []
+        if alive_within_s is not None:
+            sql += " WHERE state <> 'stopped' AND heartbeat_at >= ?"
+            params.append(naive(now) - timedelta(seconds=alive_within_s) if now else
+                          naive_now() - timedelta(seconds=alive_within_s))
+        with self.backend.connection() as conn:
+            columns, rows = self.backend.fetch(conn, sql + " ORDER BY started_at DESC, id", params)
+        services = []
+        for row in rows:
+            doc = dict(zip(columns, row))
+            bindings = json.loads(doc["bindings_json"])
+            services.append(LiveService(doc["id"], doc["host"], int(doc["pid"]),
+                                        None if bindings is None else tuple(bindings), doc["state"],
+                                        doc["started_at"], doc["heartbeat_at"], doc["stopped_at"]))
+        return services
+
+    def fingerprints(self) -> dict[str, Fingerprint]:
+        """Every binding's Fingerprint, in one query."""
+        sql = """WITH rev AS (SELECT binding_id, max(revision) AS revision FROM binding_revisions GROUP BY binding_id)
+            SELECT r.binding_id, r.revision,
+                (SELECT artifact_hash FROM model_artifacts a WHERE a.binding_id = r.binding_id
+                    AND a.binding_revision = r.revision ORDER BY created_at DESC LIMIT 1),
+                (SELECT id FROM uq_calibrations c WHERE c.binding_id = r.binding_id
+                    AND c.binding_revision = r.revision ORDER BY calibrated_at DESC, id DESC LIMIT 1),
+                (SELECT id FROM history_splits s WHERE s.binding_id = r.binding_id
+                    AND s.binding_revision = r.revision ORDER BY created_at DESC, id DESC LIMIT 1),
+                (SELECT count(*) FROM optimizer_outcomes o WHERE o.binding_id = r.binding_id AND o.verdict IS NOT NULL)
+            FROM rev r"""
+        with self.backend.connection() as conn:
+            _, rows = self.backend.fetch(conn, sql)
+        return {row[0]: Fingerprint(int(row[1]), row[2], row[3], row[4], int(row[5])) for row in rows}
+
+    # ------------------------------------------------------------------ samples
+
+    def samples_ingested_since(self, since: datetime | None) -> tuple[dict[str, float], datetime | None]:
+        """The newest sample time (s) of each binding with samples ingested after `since` (every binding
+        with samples when None), and the newest ingestion time seen (the next call's `since`)."""
+        sql, params = "SELECT binding_id, max(ts), max(ingested_at) FROM plant_samples", []
+        if since is not None:
+            sql += " WHERE ingested_at > ?"
+            params.append(naive(since))
+        with self.backend.connection() as conn:
+            _, rows = self.backend.fetch(conn, sql + " GROUP BY binding_id", params)
+        newest = max((row[2] for row in rows), default=since)
+        return {binding_id: float(ts) for binding_id, ts, _ in rows}, newest
+
+    def recent_samples(self, binding_id: str, tags: Sequence[str], after_ts: float | None = None,
+                       run_id: str | None = None, rows: int | None = None) -> pd.DataFrame:
+        """Stored samples as a wide frame (run_id, timestamp, tags; NaN where a tag has no sample), in
+        time order: those after `after_ts` (s), of `run_id`, the newest `rows` timestamps of it."""
+        sql, params = "SELECT run_id, ts, tag, value FROM plant_samples WHERE binding_id = ?", [binding_id]
+        if after_ts is not None:
+            sql += " AND ts > ?"
+            params.append(float(after_ts))
+        if run_id is not None:
+            sql += " AND run_id = ?"
+            params.append(run_id)
+        if rows is not None:
+            sql += (" AND ts >= (SELECT min(ts) FROM (SELECT DISTINCT ts FROM plant_samples WHERE binding_id = ? "
+                    "AND run_id = ? ORDER BY ts DESC LIMIT ?) newest)")
+            params += [binding_id, run_id, int(rows)]
+        with self.backend.connection() as conn:
+            long = self.backend.fetch_frame(conn, sql, params)
+        if long.empty:
+            return pd.DataFrame({"run_id": pd.Series(dtype=str), "timestamp": pd.Series(dtype=float),
+                                 **{tag: pd.Series(dtype=float) for tag in tags}})
+        wide = long.pivot(index=["run_id", "ts"], columns="tag", values="value")
+        wide = wide.reindex(columns=list(tags)).reset_index().rename(columns={"ts": "timestamp"})
+        wide.columns.name = None
+        return wide.sort_values(["timestamp", "run_id"], kind="stable").reset_index(drop=True)
+
+    def newest_run(self, binding_id: str) -> str | None:
+        """The binding's live run: the run with the latest sample (ties: the larger run id)."""
+        with self.backend.connection() as conn:
+            _, rows = self.backend.fetch(conn, "SELECT run_id FROM plant_samples WHERE binding_id = ? "
+                                               "ORDER BY ts DESC, run_id DESC LIMIT 1", [binding_id])
+        return rows[0][0] if rows else None
+
+    # ------------------------------------------------------------------ publications
+
+    @retried
+    def publish_live(self, service_id: str, publications: Sequence[Publication]) -> list[str | None]:
+        """Every publication (run + candidates + recommendation, as `record_solve` writes them) in ONE
+        transaction, each with its key in `live_publications`; a publication whose key is already
+        there (another service published those samples) is skipped: None in its place, else its run
+        id. Keys written by a concurrent transaction make the primary key refuse this one, and the
+        retry (PostgreSQL's unique violation is retried) then skips them."""
+        writes = [self._solve_write(p.run, p.candidates, p.model_id, p.recommendation, p.run_status,
+                                    p.independent_cost, p.diagnostics, p.evidence_source, True) for p in publications]
+        now = naive_now()
+        with self.backend.transaction() as tx:
+            done = []
+            for publication, write in zip(publications, writes):
+                key = [publication.binding_id, publication.binding_revision, publication.calibration_id,
+                       float(publication.live_t)]
+                _, rows = self.backend.fetch(tx, "SELECT run_id FROM live_publications WHERE binding_id = ? AND "
+                                                 "binding_revision = ? AND calibration_id = ? AND live_t = ?", key)
+                if rows:
+                    done.append(None)
+                    continue
+                run_id = write(tx)
+                tx.execute("INSERT INTO live_publications VALUES (?, ?, ?, ?, ?, ?, ?)", key + [run_id, service_id, now])
+                done.append(run_id)
+            return done

@@ -1,0 +1,135 @@
+"""One binding as the live service keeps it warm: its stored spec, model, calibration, the split the
+model was calibrated on, the settled evidence of that calibration, the judged outcomes, and the live
+run's newest raw samples (the live window), plus what it does per new sample: re-solve and decide.
+
+Everything but the live window is read from the ledger once per change of the binding's model
+`Fingerprint` (a new revision, artifact, calibration, split or verdict), never per sample: a new
+sample changes the current state only (data.with_live_run), and a re-solve goes through the same
+`pipeline.solve_and_decide` as a Dagster solve.
+"""
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Callable
+
+import pandas as pd
+
+from optimizer_pipeline import pipeline
+from optimizer_pipeline.contracts import (
+    Calibration,
+    EvidenceSource,
+    HistorySplit,
+    ModelArtifact,
+    ProblemIR,
+    SolveResult,
+    StoredBinding,
+)
+from optimizer_pipeline.data import default_min_length, with_live_run
+from optimizer_pipeline.ledger import Ledger, OutcomeRecord, Publication
+from optimizer_pipeline.ledger.live_rows import Fingerprint
+from optimizer_pipeline.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# Raw samples of the live run kept per binding, at least: the live state is cleaned from them. The
+# model's own need (its lags + the held disturbance's window + the outlier filter's half window) is
+# added on top, so a run no longer than this is cleaned whole, as a Dagster solve cleans it.
+LIVE_WINDOW_ROWS = 2000
+
+
+def window_rows(artifact: ModelArtifact, binding_min_length: int) -> int:
+    """The live window's length for this model (see LIVE_WINDOW_ROWS)."""
+    from optimizer_pipeline.model.arx import disturbance_window
+
+    need = binding_min_length + disturbance_window(artifact.state_space, artifact.horizon) + 8
+    return max(LIVE_WINDOW_ROWS, need)
+
+
+@dataclass
+class Served:
+    """A binding the service re-solves: its model inputs (read per Fingerprint) and its live window."""
+
+    stored: StoredBinding
+    fingerprint: Fingerprint
+    artifact: ModelArtifact
+    calibration: Calibration
+    split: HistorySplit
+    settled: pipeline.Settled
+    outcomes: list[OutcomeRecord]
+    source: str
+    window: pd.DataFrame  # raw samples of the live run, time order: run_id, timestamp, tags
+    rows: int  # the window's length bound
+    solved_t: float | None = None  # the newest sample time it was last solved from
+    pending_t: float | None = None  # the newest sample time known to be stored
+    last_status: str | None = None  # the status of its last publication
+
+    @property
+    def binding_id(self) -> str:
+        return self.stored.spec.id
+
+    @property
+    def newest_t(self) -> float | None:
+        return None if self.window.empty else float(self.window["timestamp"].iloc[-1])
+
+    def wants_solve(self) -> bool:
+        """Samples newer than the last solve's (or no solve yet); a solve's live time is on the sample
+        grid, so a raw time up to half a period later is the same sample (as the new_samples sensor
+        judges it)."""
+        newest = self.newest_t
+        return newest is not None and (self.solved_t is None or
+                                       newest > self.solved_t + self.stored.spec.sample_period_s / 2)
+
+    def extend(self, ledger: Ledger) -> int:
+        """Read the samples stored after the window's newest into it (a newer run replaces the window:
+        it is the live run now); returns how many rows were added."""
+        spec = self.stored.spec
+        fresh = ledger.recent_samples(spec.id, spec.tags, after_ts=self.newest_t)
+        if fresh.empty:
+            return 0
+        newest_run = fresh.loc[fresh["timestamp"].idxmax(), "run_id"]
+        current = None if self.window.empty else self.window["run_id"].iloc[-1]
+        if newest_run != current:  # a new live run: its stored samples are the window
+            self.window = ledger.recent_samples(spec.id, spec.tags, run_id=newest_run, rows=self.rows)
+            return len(self.window)
+        fresh = fresh[fresh["run_id"] == current]
+        self.window = pd.concat([self.window, fresh], ignore_index=True).tail(self.rows).reset_index(drop=True)
+        return len(fresh)
+
+
+def load(ledger: Ledger, binding_id: str, fingerprint: Fingerprint, settings: Settings, now: datetime) -> Served:
+    """Read a binding's model inputs and live window from the ledger (MissingInputError when its
+    revision has no split, artifact or calibration yet)."""
+    stored = ledger.get_binding(binding_id)
+    split = pipeline.load_split(ledger, stored)
+    artifact = pipeline.load_artifact(ledger, stored)
+    calibration = pipeline.load_calibration(ledger, artifact)
+    settled = pipeline.settled_evidence(stored.spec, artifact, split, settings, now)
+    rows = window_rows(artifact, default_min_length(stored.spec))
+    run = ledger.newest_run(binding_id)
+    window = ledger.recent_samples(binding_id, stored.spec.tags, run_id=run, rows=rows)
+    return Served(stored, fingerprint, artifact, calibration, split, settled, ledger.list_verdicts(binding_id),
+                  ledger.sample_source(binding_id) or EvidenceSource.REAL.value, window, rows)
+
+
+def live_split(served: Served, ledger: Ledger) -> HistorySplit:
+    """The split with the live run cleaned from the window; when cleaning leaves no piece of it long
+    enough, the whole stored history prepared again (its live run is then an older one, and the
+    split says the newest samples were dropped), as a Dagster solve would see it."""
+    split = with_live_run(served.split, served.window, served.stored.spec)
+    return split if split is not None else pipeline.current_split(ledger, served.stored)
+
+
+def resolve(served: Served, split: HistorySplit, solve: Callable[[ProblemIR], SolveResult], settings: Settings,
+            now: datetime) -> tuple[Publication, pipeline.Solved]:
+    """Re-solve the binding from `split`'s live state and decide (pipeline.solve_and_decide), ready to
+    publish under its key (binding, revision, calibration, newest sample time), and the solve itself.
+    Writes nothing."""
+    solved = pipeline.solve_and_decide(served.stored.spec, served.stored, served.artifact, split, served.calibration,
+                                       solve, settings, served.source, now, outcomes=served.outcomes,
+                                       settled=served.settled)
+    record = pipeline.solve_record(solved, served.artifact)
+    publication = Publication(binding_id=served.binding_id, binding_revision=served.stored.revision,
+                              calibration_id=served.calibration.calibration_id, live_t=float(split.live.t[-1]),
+                              **record)
+    return publication, solved

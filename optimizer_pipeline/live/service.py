@@ -1,0 +1,301 @@
+"""The resident live service (`optimizer-pipeline live`): re-solves each binding it serves whenever
+new samples of it are stored, with the model and calibration it keeps warm, through the same
+solve-and-decide as a Dagster solve, and publishes the recommendations in the ledger.
+
+One loop with explicit states (STARTING -> SERVING -> STOPPING -> STOPPED), a heartbeat row in the
+ledger (`live_services`: the sensors leave the bindings of a live service to it, the UI shows
+whether it is alive), a clean stop, one INFO line per publication. Per tick of the loop:
+
+1. every REFRESH_S: the bindings' model fingerprints (ledger.live_rows.Fingerprint); a changed one
+   (new revision, artifact, calibration, split or verdict) is read again, without a restart;
+2. the sources store what arrived (live/sources.py) and name the bindings with new samples; each
+   reads them into its live window (live/served.py);
+3. a binding with unsolved samples and no solve in flight is re-solved on one of the solver
+   pool's threads (at most one solve in flight per binding: samples that arrive meanwhile are
+   coalesced into its next solve);
+4. the solves that finished are published together, in ONE ledger transaction (Ledger.publish_live:
+   each under its publication key), then handed to the reporter (Dagster, in the CLI).
+
+All ledger calls run on the loop's thread; the solve threads compute and call the pool only. A
+stop (SIGTERM / SIGINT) takes no new work, waits for the solves in flight and publishes them (or,
+past STOP_GRACE_S, abandons them: nothing of them is written), stops the pool and marks the row
+stopped.
+"""
+
+import logging
+import os
+import socket
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from enum import Enum
+from typing import Callable, Protocol, Sequence
+
+from optimizer_pipeline import pipeline
+from optimizer_pipeline.contracts import HistorySplit, SolveResult, utc_now
+from optimizer_pipeline.ledger import Ledger, LedgerError, Publication, new_id
+from optimizer_pipeline.ledger.live_rows import Fingerprint
+from optimizer_pipeline.data import with_live_run
+from optimizer_pipeline.live.served import Served, load, resolve
+from optimizer_pipeline.live.sources import SampleSource
+from optimizer_pipeline.settings import Settings
+
+log = logging.getLogger(__name__)
+
+TICK_S = 0.05  # the loop's pause when it has nothing to do
+REFRESH_S = 5.0  # how often the bindings' model fingerprints are compared
+HEARTBEAT_S = 5.0  # how often the service's row is touched
+# a service whose heartbeat is older than this is taken for dead (sensors then solve its bindings)
+HEARTBEAT_STALE_S = 6 * HEARTBEAT_S
+STOP_GRACE_S = 30.0  # how long a stop waits for the solves in flight
+
+
+class State(str, Enum):
+    STARTING = "starting"
+    SERVING = "serving"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
+@dataclass(frozen=True)
+class Published:
+    """One publication, as the reporter gets it: the binding as served, the solve, the split it was
+    solved from, the run id written (None: another service had published those samples) and the
+    latency from the samples' arrival to the commit (s)."""
+
+    served: Served
+    solved: pipeline.Solved
+    split: HistorySplit
+    run_id: str | None
+    latency_s: float
+
+
+class Reporter(Protocol):
+    """Where publications go besides the ledger (the Dagster instance, in the CLI)."""
+
+    def report(self, published: Sequence[Published]) -> None:
+        ...
+
+
+class _NeedsFullSplit(Exception):
+    """Cleaning the live window left no piece of the run: prepare the whole history (loop thread)."""
+
+
+class LiveService:
+    """The loop of the module docstring, over `ledger` for `bindings` (None: every binding stored)."""
+
+    def __init__(self, ledger: Ledger, settings: Settings, solve: Callable, sources: Sequence[SampleSource], *,
+                 bindings: Sequence[str] | None = None, reporter: Reporter | None = None, threads: int = 2):
+        self.ledger, self.settings, self.solve = ledger, settings, solve
+        self.sources, self.reporter = list(sources), reporter
+        self.wanted = None if bindings is None else set(bindings)
+        self.id = new_id("live")
+        self.state = State.STARTING
+        self.served: dict[str, Served] = {}
+        self.unservable: dict[str, str] = {}  # binding -> why it cannot be served (logged once)
+        self._stop = threading.Event()
+        self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="live-solve")
+        self._in_flight: dict[str, tuple[Future, float]] = {}  # binding -> (solve, arrival time)
+        self._arrived: dict[str, float] = {}  # binding -> monotonic time its unsolved samples were noticed
+        self._dirty: set[str] = set()  # bindings with stored samples not yet read into their window
+        self._next_refresh = self._next_heartbeat = 0.0
+        self.published = 0
+
+    def serves(self, binding_id: str) -> bool:
+        return self.wanted is None or binding_id in self.wanted
+
+    def request_stop(self) -> None:
+        """Stop taking work (safe from a signal handler)."""
+        self._stop.set()
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self, until: Callable[[], bool] | None = None,
+            on_serving: Callable[["LiveService"], None] | None = None) -> None:
+        """Serve until a stop is requested (or `until()` holds), then stop cleanly; `on_serving` is
+        called once the bindings are loaded."""
+        self.ledger.live_register(self.id, socket.gethostname(), os.getpid(),
+                                  None if self.wanted is None else sorted(self.wanted))
+        try:
+            self._refresh(force=True)
+            self._set_state(State.SERVING)
+            log.info("live %s: serving %d binding(s): %s", self.id, len(self.served), ", ".join(sorted(self.served)))
+            if on_serving is not None:
+                on_serving(self)
+            while not self._stop.is_set() and not (until is not None and until()):
+                if not self.tick():
+                    self._stop.wait(TICK_S)
+        finally:
+            self._shutdown()
+
+    def tick(self) -> bool:
+        """One pass of the loop; True when it did something (so the loop does not pause). The ledger
+        is opened (for DuckDB: its lock taken) only when there is something to read or write."""
+        now_m = time.monotonic()
+        due = [source for source in self.sources if source.ready(now_m)]
+        done = any(future.done() for future, _ in self._in_flight.values())
+        if not (due or done or self._dirty or now_m >= min(self._next_refresh, self._next_heartbeat)):
+            return False
+        with self.ledger.session():
+            if now_m >= self._next_refresh:
+                self._refresh()
+            if now_m >= self._next_heartbeat:
+                self.ledger.live_heartbeat(self.id, self.state.value)
+                self._next_heartbeat = now_m + HEARTBEAT_S
+            for source in due:
+                self._dirty |= {b for b in source.poll(self.ledger) if b in self.served}
+            for binding_id in sorted(self._dirty - set(self._in_flight)):
+                self._dirty.discard(binding_id)
+                served = self.served.get(binding_id)
+                if served is not None and served.extend(self.ledger):
+                    self._arrived.setdefault(binding_id, now_m)
+            for binding_id, served in self.served.items():
+                if binding_id not in self._in_flight and served.wants_solve():
+                    self._submit(served, None)
+            self._publish_done()
+        return True
+
+    def _submit(self, served: Served, split: HistorySplit | None) -> None:
+        arrived = self._arrived.pop(served.binding_id, time.monotonic())
+        served.solved_t = served.newest_t  # what this solve covers: later samples make the next one
+        future = self._executor.submit(self._resolve, served, split, utc_now())
+        self._in_flight[served.binding_id] = (future, arrived)
+
+    def _resolve(self, served: Served, split: HistorySplit | None, now) -> tuple[Publication, pipeline.Solved,
+                                                                                    HistorySplit]:
+        """On a solve thread: the live split (cleaned from the window) and the re-solve."""
+        if split is None:
+            split = with_live_run(served.split, served.window, served.stored.spec)
+            if split is None:
+                raise _NeedsFullSplit()
+        solve = lambda problem: SolveResult.from_dict(self.solve(problem))  # noqa: E731
+        publication, solved = resolve(served, split, solve, self.settings, now)
+        return publication, solved, split
+
+    def _publish_done(self, wait_s: float = 0.0) -> bool:
+        """Publish every finished solve in one transaction (after waiting up to `wait_s` for those in
+        flight); True when there was one."""
+        if wait_s > 0 and self._in_flight:
+            wait([f for f, _ in self._in_flight.values()], timeout=wait_s)
+        done = [(b, f, t) for b, (f, t) in self._in_flight.items() if f.done()]
+        if not done:
+            return False
+        ready: list[tuple[Served, Publication, pipeline.Solved, HistorySplit, float]] = []
+        for binding_id, future, arrived in done:
+            del self._in_flight[binding_id]
+            served = self.served.get(binding_id)
+            try:
+                publication, solved, split = future.result()
+            except _NeedsFullSplit:
+                if served is not None:
+                    self._arrived[binding_id] = arrived
+                    self._submit(served, pipeline.current_split(self.ledger, served.stored))
+                continue
+            except Exception as exc:  # noqa: BLE001 - recorded for the binding, the others go on
+                self._record_failure(binding_id, served, exc)
+                continue
+            if served is not None:
+                ready.append((served, publication, solved, split, arrived))
+        if ready:
+            run_ids = self.ledger.publish_live(self.id, [p for _, p, _, _, _ in ready])
+            end = time.monotonic()
+            published = [Published(s, solved, split, run_id, end - arrived)
+                         for (s, _, solved, split, arrived), run_id in zip(ready, run_ids)]
+            for item in published:
+                self._log(item)
+            if self.reporter is not None:
+                self.reporter.report([p for p in published if p.run_id is not None])
+        return True
+
+    def _log(self, item: Published) -> None:
+        rec = item.solved.decision.recommendation
+        if item.run_id is None:
+            log.info("binding %s: samples up to t=%.3f already published by another service", item.served.binding_id,
+                     float(item.split.live.t[-1]))
+            return
+        self.published += 1
+        item.served.last_status = rec.status.value
+        log.info("binding %s: %s %s, latency %.0f ms%s", item.served.binding_id, rec.id, rec.status.value,
+                 item.latency_s * 1000, "" if not rec.reasons else f" ({rec.reasons[0]})")
+
+    def _record_failure(self, binding_id: str, served: Served | None, exc: Exception) -> None:
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        log.warning("binding %s: re-solve failed: %s", binding_id, message)
+        try:
+            self.ledger.record_failure(binding_id, None if served is None else served.stored.revision,
+                                       "recommendation", type(exc).__name__, f"live {self.id}: {message}")
+        except LedgerError as ledger_exc:
+            log.warning("binding %s: the failure could not be recorded: %s", binding_id, ledger_exc)
+
+    # ------------------------------------------------------------------ bindings and their models
+
+    def _refresh(self, force: bool = False) -> None:
+        """Read again the bindings whose model fingerprint changed (every binding when `force`)."""
+        self._next_refresh = time.monotonic() + REFRESH_S
+        fingerprints = self.ledger.fingerprints()
+        for binding_id, fingerprint in sorted(fingerprints.items()):
+            if not self.serves(binding_id) or binding_id in self._in_flight:
+                continue
+            current = self.served.get(binding_id)
+            if not force and current is not None and current.fingerprint == fingerprint:
+                continue
+            try:
+                with self.ledger.session():
+                    served = load(self.ledger, binding_id, fingerprint, self.settings, utc_now())
+            except (pipeline.MissingInputError, LedgerError) as exc:
+                reason = str(exc).splitlines()[0]
+                if self.unservable.get(binding_id) != reason:
+                    log.warning("binding %s: not served yet: %s", binding_id, reason)
+                self.unservable[binding_id] = reason
+                self.served.pop(binding_id, None)
+                continue
+            self.unservable.pop(binding_id, None)
+            if current is not None:
+                served.solved_t, served.last_status = current.solved_t, current.last_status
+                if fingerprint.calibration_id != current.fingerprint.calibration_id or \
+                        fingerprint.revision != current.fingerprint.revision:
+                    served.solved_t = None  # a recalibration (or a new revision) ends with a re-solve
+                log.info("binding %s: model inputs read again (revision %d, calibration %s)", binding_id,
+                         fingerprint.revision, fingerprint.calibration_id)
+            else:
+                served.solved_t = self._solved_from(binding_id, fingerprint)
+            self.served[binding_id] = served
+        for binding_id in [b for b in self.served if b not in fingerprints]:
+            del self.served[binding_id]
+        if self.wanted is not None:
+            for binding_id in sorted(self.wanted - set(fingerprints)):
+                if binding_id not in self.unservable:
+                    log.warning("binding %s: not in the ledger; served once it is ingested", binding_id)
+                    self.unservable[binding_id] = "not in the ledger"
+
+    def _solved_from(self, binding_id: str, fingerprint: Fingerprint) -> float | None:
+        """The newest sample the binding's latest recommendation was solved from, when that was for its
+        current revision and calibration (a restart does not solve the same samples again)."""
+        rec = self.ledger.latest_recommendation(binding_id)
+        if rec is None:
+            return None
+        context = self.ledger.get_run(rec.run_id).context
+        if rec.binding_revision != fingerprint.revision or \
+                context.get("calibration_id") != fingerprint.calibration_id or context.get("live_t") is None:
+            return None
+        return float(context["live_t"])
+
+    # ------------------------------------------------------------------ states
+
+    def _set_state(self, state: State) -> None:
+        self.state = state
+        self.ledger.live_heartbeat(self.id, state.value)
+
+    def _shutdown(self) -> None:
+        self._set_state(State.STOPPING)
+        try:
+            if self._in_flight:
+                self._publish_done(wait_s=STOP_GRACE_S)
+            if self._in_flight:
+                log.warning("live %s: %d solve(s) abandoned at stop (nothing of them written)", self.id,
+                            len(self._in_flight))
+        finally:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._set_state(State.STOPPED)
+            log.info("live %s: stopped after %d publication(s)", self.id, self.published)

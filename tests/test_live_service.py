@@ -1,0 +1,226 @@
+"""The resident live service with real processes: `optimizer-pipeline live` on a home whose bindings
+Dagster calibrated, the real solver pool, the real Dagster instance it reports to; and the service
+loop in process against a Dagster solve of the same samples."""
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from dagster import AssetKey, AssetRecordsFilter, DagsterInstance, instance_for_test
+
+from optimizer_pipeline.ledger import Ledger
+from optimizer_pipeline.live import InboxSource, LedgerSource, LiveService
+from optimizer_pipeline.plants import get_plant
+from optimizer_pipeline.settings import load_settings
+from optimizer_pipeline.solver.pool import SolverPool
+
+from pipeline_fixtures import DemoHome, seed_home
+from servers import alive, descendants
+
+CLI = [sys.executable, "-m", "optimizer_pipeline.cli"]
+WAIT_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory):
+    """A home with the heater and the tanks ingested and refreshed through Dagster (the fake in-process
+    solver: the refresh is the setting, not the subject); the tests copy it."""
+    root = tmp_path_factory.mktemp("calibrated")
+    plants = [get_plant("heater"), get_plant("tanks")]
+    ledger = seed_home(root / "home", plants)
+    (root / "dagster").mkdir()
+    with instance_for_test(temp_dir=str(root / "dagster")) as instance:
+        home = DemoHome(root / "home", ledger, instance, {p.spec.id: p for p in plants}, in_process_solver=True)
+        instance.add_dynamic_partitions("bindings", list(home.plants))
+        for binding_id in home.plants:
+            home.run(binding_id)
+    return root / "home"
+
+
+@pytest.fixture
+def home(calibrated, tmp_path):
+    import shutil
+
+    target = tmp_path / "home"
+    shutil.copytree(calibrated, target, ignore=shutil.ignore_patterns("*.lock"))
+    return target
+
+
+def _continue_live_run(ledger: Ledger, binding_id: str, steps: int) -> pd.DataFrame:
+    """The live run continued by `steps` periods (its last sample held): what a historian exports next."""
+    spec = ledger.get_binding(binding_id).spec
+    last = ledger.recent_samples(binding_id, spec.tags, run_id=ledger.newest_run(binding_id), rows=1)
+    t0 = float(last["timestamp"].iloc[0])
+    return pd.concat([last.assign(timestamp=t0 + k * spec.sample_period_s) for k in range(1, steps + 1)],
+                     ignore_index=True)
+
+
+def _drop(home: Path, binding_id: str, frame: pd.DataFrame, name: str) -> Path:
+    folder = home / "inbox" / binding_id
+    folder.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(folder / f"{name}.part", index=False)
+    return (folder / f"{name}.part").rename(folder / name)
+
+
+def _wait(condition, what: str, timeout_s: float = WAIT_S):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+
+
+def _publications(ledger: Ledger, binding_id: str) -> pd.DataFrame:
+    return ledger.query("SELECT * FROM live_publications WHERE binding_id = ? ORDER BY live_t", [binding_id])
+
+
+# ---------------------------------------------------------------------------- in process
+
+
+def test_a_live_re_solve_decides_as_a_dagster_solve_of_the_same_samples(home, tmp_path):
+    ledger, settings = Ledger(home / "optimizer.duckdb"), load_settings(home)
+    ledger.append_samples("heater-1", _continue_live_run(ledger, "heater-1", 2), ("q_heat", "t_out", "t_in"),
+                          "simulation")
+    with SolverPool(size=1) as pool:
+        service = LiveService(ledger, settings, pool.solve, [LedgerSource(interval_s=0.1)], bindings=["heater-1"])
+        thread = threading.Thread(target=service.run, kwargs={"until": lambda: service.published >= 1})
+        thread.start()
+        thread.join(WAIT_S)
+        assert not thread.is_alive()
+    live = ledger.latest_recommendation("heater-1")
+    live_run = ledger.get_run(live.run_id)
+    assert _publications(ledger, "heater-1")["run_id"].tolist() == [live.run_id]
+
+    (tmp_path / "dagster").mkdir()
+    with instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
+        instance.add_dynamic_partitions("bindings", ["heater-1"])
+        DemoHome(home, ledger, instance, {}, in_process_solver=True).run("heater-1", job="solve")
+    dagster = ledger.latest_recommendation("heater-1")
+    dagster_run = ledger.get_run(dagster.run_id)
+    assert dagster.id != live.id and ledger.get_recommendation(live.id).status == "expired"  # superseded
+    for key in ("live_t", "live_run", "calibration_id", "model_artifact_hash"):
+        assert live_run.context[key] == dagster_run.context[key], key
+    live_doc, dagster_doc = live.document(), dagster.document()
+    # the same decision: the reasons differ only in the live state's age, which grew between the solves
+    assert dagster_doc["status"] in ("verified", "unverified")
+    assert [r.split(" ")[0:3] for r in live_doc["reasons"]] == [r.split(" ")[0:3] for r in dagster_doc["reasons"]]
+    assert live_doc["band"] == dagster_doc["band"]
+    for key in ("controls", "predicted"):
+        assert pd.DataFrame(live_doc[key]).values == pytest.approx(pd.DataFrame(dagster_doc[key]).values, abs=1e-4)
+
+
+def test_samples_arriving_during_a_solve_are_coalesced_into_the_next_one(home):
+    ledger, settings = Ledger(home / "optimizer.duckdb"), load_settings(home)
+    entered, release = threading.Event(), threading.Event()
+    with SolverPool(size=1) as pool:
+        def slow_solve(problem, timeout_ms=None):  # the first solve waits until three batches arrived
+            entered.set()
+            release.wait(WAIT_S)
+            return pool.solve(problem, timeout_ms)
+
+        service = LiveService(ledger, settings, slow_solve, [LedgerSource(interval_s=0.05)], bindings=["tanks-1"])
+        thread = threading.Thread(target=service.run, kwargs={"until": lambda: service.published >= 2})
+        tags = ledger.get_binding("tanks-1").spec.tags
+        thread.start()
+        frame = _continue_live_run(ledger, "tanks-1", 4)
+        ledger.append_samples("tanks-1", frame.iloc[[0]], tags, "simulation")
+        assert entered.wait(WAIT_S)
+        for k in (1, 2, 3):
+            ledger.append_samples("tanks-1", frame.iloc[[k]], tags, "simulation")
+        time.sleep(1.0)  # several polls while the first solve is in flight
+        release.set()
+        thread.join(WAIT_S)
+        assert not thread.is_alive()
+    published = _publications(ledger, "tanks-1")
+    assert published["live_t"].tolist() == pytest.approx([frame["timestamp"].iloc[0], frame["timestamp"].iloc[3]])
+
+
+# ---------------------------------------------------------------------------- the command, real processes
+
+
+def _start(home: Path, *args: str) -> subprocess.Popen:
+    env = dict(os.environ, OPTIMIZER_LIVE_REPORT_INTERVAL_S="0")
+    return subprocess.Popen([*CLI, "--home", str(home), "live", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+
+
+def _ready(proc: subprocess.Popen) -> str:
+    line = proc.stdout.readline()
+    assert line.startswith("live service "), (line, proc.stderr.read() if proc.poll() is not None else "")
+    return line
+
+
+def test_the_live_command_serves_its_inbox_reports_to_dagster_and_stops_cleanly(home):
+    proc = _start(home)
+    try:
+        assert "2 binding(s) served" in _ready(proc)
+        children = descendants(proc.pid)
+        assert len(children) >= 2  # the solver pool's workers
+        ledger = Ledger(home / "optimizer.duckdb")
+        good = _drop(home, "heater-1", _continue_live_run(ledger, "heater-1", 2), "export-1.csv")
+        bad = _drop(home, "tanks-1", _continue_live_run(ledger, "tanks-1", 1).drop(columns=["y2"]), "broken.csv")
+        stray = _drop(home, "no-such-binding", _continue_live_run(ledger, "tanks-1", 1), "x.csv")
+        _wait(lambda: len(_publications(ledger, "heater-1")) == 1, "the heater's publication")
+        rejected = bad.parent / "rejected"
+        _wait(lambda: (rejected / "broken.csv").exists() and (stray.parent / "rejected" / "x.csv").exists(),
+              "the refused files moved aside")
+        assert not bad.exists() and not stray.exists() and (good.parent / "done" / "export-1.csv").exists()
+        assert "missing required column(s) 'y2'" in (rejected / "broken.csv.error.txt").read_text()
+        assert "binding 'no-such-binding' is not in the ledger" in \
+            (stray.parent / "rejected" / "x.csv.error.txt").read_text()
+        tanks = _drop(home, "tanks-1", _continue_live_run(ledger, "tanks-1", 1), "export-2.csv")
+        _wait(lambda: len(_publications(ledger, "tanks-1")) == 1, "the tanks' publication after a refused file")
+        assert not tanks.exists()
+
+        second = subprocess.run([*CLI, "--home", str(home), "live"], capture_output=True, text=True, timeout=120)
+        assert second.returncode == 2 and second.stderr.count("\n") == 1
+        assert "a live service already runs on it" in second.stderr and "Traceback" not in second.stderr
+        [service] = [s for s in ledger.live_services(alive_within_s=60)]
+        assert service.state == "serving" and service.bindings is None
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+        print(err)  # the service's log, shown when the test fails
+    assert proc.returncode == 0, err
+    assert "binding heater-1: rec-" in err and " latency " in err  # one INFO line per publication
+    assert not [pid for pid in children if alive(pid)]
+    assert [s.state for s in ledger.live_services()] == ["stopped"]
+    with DagsterInstance.from_config(str(home / "dagster")) as instance:
+        records = instance.fetch_materializations(
+            AssetRecordsFilter(asset_key=AssetKey("recommendation"), asset_partitions=["heater-1"]), limit=1).records
+    [record] = records
+    metadata = record.asset_materialization.metadata
+    assert record.run_id == "" and metadata["published_by"].value == "live service"
+    assert metadata["recommendation_id"].value == ledger.latest_recommendation("heater-1").id
+
+
+def test_a_killed_live_service_resumes_from_the_ledger_without_solving_a_batch_twice(home):
+    ledger = Ledger(home / "optimizer.duckdb")
+    proc = _start(home, "--binding", "tanks-1")
+    _ready(proc)
+    _drop(home, "tanks-1", _continue_live_run(ledger, "tanks-1", 1), "a.csv")
+    _wait(lambda: len(_publications(ledger, "tanks-1")) == 1, "the first publication")
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=60)
+    again = _start(home, "--binding", "tanks-1")
+    try:
+        _ready(again)
+        time.sleep(3.0)  # several polls: the samples already solved are not solved again
+        assert len(_publications(ledger, "tanks-1")) == 1
+        _drop(home, "tanks-1", _continue_live_run(ledger, "tanks-1", 1), "b.csv")
+        _wait(lambda: len(_publications(ledger, "tanks-1")) == 2, "the publication after the restart")
+    finally:
+        again.send_signal(signal.SIGTERM)
+        again.communicate(timeout=120)
+    assert again.returncode == 0
+    open_recs = ledger.query("SELECT count(*) AS n FROM optimizer_recommendations WHERE binding_id = 'tanks-1' "
+                             "AND status <> 'expired'")["n"].iloc[0]
+    assert open_recs == 1
