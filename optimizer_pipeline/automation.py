@@ -182,11 +182,10 @@ def re_solve_requests(context: SensorEvaluationContext, store, only: set[str] | 
 
 
 def served_live(store) -> Callable[[str], bool]:
-    """Whether a live service that is alive (its heartbeat within HEARTBEAT_STALE_S) serves a binding."""
-    from optimizer_pipeline.live import HEARTBEAT_STALE_S
-
-    services = store.live_services(alive_within_s=HEARTBEAT_STALE_S)
-    return lambda binding_id: any(service.serves(binding_id) for service in services)
+    """Whether a live service serves a binding: holds its lease (renewed with its heartbeat; a dead
+    service's lease expires after live.LEASE_S, and the sensors take its bindings over)."""
+    leased = store.live_leases()
+    return lambda binding_id: binding_id in leased
 
 
 def history_inbox_sensor():

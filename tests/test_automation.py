@@ -403,6 +403,7 @@ def test_while_a_live_service_serves_a_binding_the_sensors_leave_its_samples_and
     heater_home.run("heater-1")
     heater_home.ledger.live_register("live-x", "host-a", 123, ["heater-1"])
     heater_home.ledger.live_heartbeat("live-x", "serving")
+    assert heater_home.ledger.live_lease("live-x", take=["heater-1"], keep=[], release=[], ttl_s=60) == {"heater-1"}
     _append_live_samples(heater_home, "heater-1", 2)
     assert isinstance(_tick(heater_home, "new_samples"), SkipReason)  # the service re-solves them
     _drop(heater_home, "heater-1", "export.csv", 1, start=3)
@@ -414,6 +415,7 @@ def test_while_a_live_service_serves_a_binding_the_sensors_leave_its_samples_and
 
     with heater_home.ledger.transaction() as tx:  # its heartbeat stops: killed, or its host is gone
         tx.execute("UPDATE live_services SET heartbeat_at = heartbeat_at - INTERVAL 10 MINUTE")
+        tx.execute("UPDATE live_leases SET expires_at = expires_at - INTERVAL 10 MINUTE")
     with pytest.raises(Exception, match=r"live service live-x on host-a \(pid 123\) has not sent a heartbeat for "
                                         r"6\d\d s: its bindings are re-solved by the sensors"):
         _tick(heater_home, "live_service")

@@ -1,6 +1,7 @@
 """The live service's pieces below the loop: the live window's cleaning against prepare_history's, and
 the ledger rows it reads and writes (publication keys, heartbeats, samples since), on both backends."""
 
+import time
 from dataclasses import replace
 from datetime import timedelta
 
@@ -160,3 +161,18 @@ def test_fingerprints_change_with_the_revision(any_ledger, binding_doc):
     binding_doc["cvs"][0]["target"] = 6.0
     any_ledger.upsert_binding(binding_from_dict(binding_doc))
     assert any_ledger.fingerprints()[binding_id].revision == 2
+
+
+def test_a_lease_is_taken_once_renewed_by_its_holder_and_free_again_when_released_or_expired(any_ledger):
+    assert any_ledger.live_lease("live-a", take=["b1", "b2"], keep=[], release=[], ttl_s=60) == {"b1", "b2"}
+    assert any_ledger.live_lease("live-b", take=["b1", "b2", "b3"], keep=[], release=[], ttl_s=60) == {"b3"}
+    assert any_ledger.live_leases() == {"b1": "live-a", "b2": "live-a", "b3": "live-b"}
+    # live-a keeps b1 and gives b2 up: live-b takes it; a renewal of a lease it does not hold is refused
+    assert any_ledger.live_lease("live-a", take=[], keep=["b1", "b3"], release=["b2"], ttl_s=60) == {"b1"}
+    assert any_ledger.live_lease("live-b", take=["b2"], keep=["b3"], release=[], ttl_s=60) == {"b2", "b3"}
+    # live-a stops renewing: once its lease has expired, another service takes it
+    assert any_ledger.live_lease("live-a", take=[], keep=["b1"], release=[], ttl_s=3.0) == {"b1"}
+    assert any_ledger.live_lease("live-b", take=["b1"], keep=["b2", "b3"], release=[], ttl_s=60) == {"b2", "b3"}
+    time.sleep(3.1)
+    assert "b1" not in any_ledger.live_leases()
+    assert any_ledger.live_lease("live-b", take=["b1"], keep=["b2", "b3"], release=[], ttl_s=60) == {"b1", "b2", "b3"}

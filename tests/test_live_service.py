@@ -224,3 +224,83 @@ def test_a_killed_live_service_resumes_from_the_ledger_without_solving_a_batch_t
     open_recs = ledger.query("SELECT count(*) AS n FROM optimizer_recommendations WHERE binding_id = 'tanks-1' "
                              "AND status <> 'expired'")["n"].iloc[0]
     assert open_recs == 1
+
+
+# ---------------------------------------------------------------------------- several hosts
+
+
+def test_two_live_services_share_a_postgres_ledgers_bindings_and_one_takes_over_from_a_killed_one(postgres, tmp_path):
+    """Two hosts (a home each) on one PostgreSQL ledger: the bindings are split by leases, every sample
+    batch is published exactly once, and a SIGKILLed service's bindings are taken over."""
+    import yaml
+
+    from optimizer_pipeline.ledger.postgres_backend import PostgresBackend
+
+    url = postgres.new_database()
+    homes = []
+    for name in ("host-a", "host-b"):
+        home = tmp_path / name
+        home.mkdir()
+        (home / "settings.yaml").write_text(yaml.safe_dump({"ledger": {"url": url}, "live": {"max_age_s": 86_400}}))
+        homes.append(home)
+    plant = get_plant("heater")
+    ids = [f"heater-{i}" for i in range(2)]
+    backend = PostgresBackend(url)
+    ledger = Ledger(backend)
+    from optimizer_pipeline.contracts import binding_from_dict
+
+    for binding_id in ids:
+        ledger.ingest(binding_from_dict({**plant.binding_doc(), "id": binding_id}), plant.history(1).frame,
+                      "simulation")
+    env = {k: v for k, v in os.environ.items() if k not in ("OPTIMIZER_HOME", "DAGSTER_HOME")}
+    done = subprocess.run([*CLI, "--home", str(homes[0]), "materialize", "--all"], capture_output=True, text=True,
+                          env=env, timeout=600)
+    assert done.returncode == 0, done.stderr
+    procs = []
+    try:
+        for home in homes:
+            procs.append(subprocess.Popen([*CLI, "--home", str(home), "live"], stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True, env=env, start_new_session=True))
+            _ready(procs[-1])
+        split = _wait(lambda: (lambda leases: len(leases) == 2 and len(set(leases.values())) == 2 and leases)(
+            ledger.live_leases()), "the bindings split between the two services")
+        owners = set(split.values())
+
+        def batch(steps: int) -> None:
+            for binding_id in ids:
+                ledger.append_samples(binding_id, _continue_live_run(ledger, binding_id, steps),
+                                      ("q_heat", "t_out", "t_in"), "simulation")
+
+        def published() -> pd.DataFrame:
+            return ledger.query("SELECT binding_id, live_t, service_id FROM live_publications")
+
+        batch(1)
+        _wait(lambda: len(published()) == 2, "one publication of each binding")
+        time.sleep(3.0)  # more polls by both: still exactly one each
+        first = published()
+        assert len(first) == 2 and sorted(first["binding_id"]) == ids
+        assert {row.binding_id: row.service_id for row in first.itertuples()} == split
+
+        os.killpg(procs[0].pid, signal.SIGKILL)
+        procs[0].communicate(timeout=60)
+        killed = [s.id for s in ledger.live_services() if s.pid == procs[0].pid][0]
+        batch(1)
+        taken = time.monotonic()
+        _wait(lambda: len(published()) == 4, "the survivor publishing every binding", timeout_s=90)
+        takeover_s = time.monotonic() - taken
+        assert (published().groupby("binding_id").size() == 2).all()
+        [survivor] = owners - {killed}
+        assert set(ledger.live_leases().values()) == {survivor}
+        assert takeover_s < 60, takeover_s
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                proc.communicate(timeout=120)
+        backend.close()
+    assert procs[1].returncode == 0
+    backend = PostgresBackend(url)
+    try:
+        assert Ledger(backend).live_leases() == {}  # a stopped service gives its leases up
+    finally:
+        backend.close()

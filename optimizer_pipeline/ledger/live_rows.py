@@ -122,6 +122,42 @@ class LiveRows:
             _, rows = self.backend.fetch(conn, sql)
         return {row[0]: Fingerprint(int(row[1]), row[2], row[3], row[4], int(row[5])) for row in rows}
 
+    # ------------------------------------------------------------------ leases
+
+    def live_leases(self, now: datetime | None = None) -> dict[str, str]:
+        """The bindings served now: binding -> the service whose lease on it has not expired."""
+        with self.backend.connection() as conn:
+            _, rows = self.backend.fetch(conn, "SELECT binding_id, service_id FROM live_leases WHERE expires_at > ?",
+                                         [naive(now) if now else naive_now()])
+        return {binding_id: service_id for binding_id, service_id in rows}
+
+    @retried
+    def live_lease(self, service_id: str, *, take: Sequence[str], keep: Sequence[str], release: Sequence[str],
+                   ttl_s: float) -> set[str]:
+        """In one transaction: renew this service's leases on `keep`, give up those on `release`, and
+        take the leases of `take` that are free (none, or expired); returns the bindings it holds
+        after it. A lease another service holds is never taken: two services racing for a free one,
+        one gets it (PostgreSQL: the row lock and the primary key; DuckDB: the file lock)."""
+        now = naive_now()
+        until = now + timedelta(seconds=ttl_s)
+        held: set[str] = set()
+        with self.backend.transaction() as tx:
+            for binding_id in keep:
+                if self.backend.changed(tx, "UPDATE live_leases SET expires_at = ? WHERE binding_id = ? AND "
+                                            "service_id = ?", [until, binding_id, service_id]):
+                    held.add(binding_id)
+            for binding_id in release:
+                self.backend.changed(tx, "UPDATE live_leases SET expires_at = ? WHERE binding_id = ? AND service_id = ?",
+                                     [now, binding_id, service_id])
+            for binding_id in take:
+                if self.backend.changed(tx, "UPDATE live_leases SET service_id = ?, expires_at = ? WHERE binding_id = ? "
+                                            "AND (expires_at <= ? OR service_id = ?)",
+                                        [service_id, until, binding_id, now, service_id]) or \
+                        self.backend.changed(tx, "INSERT INTO live_leases VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
+                                             [binding_id, service_id, until]):
+                    held.add(binding_id)
+        return held
+
     # ------------------------------------------------------------------ samples
 
     def samples_ingested_since(self, since: datetime | None) -> tuple[dict[str, float], datetime | None]:

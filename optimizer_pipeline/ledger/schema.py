@@ -248,13 +248,13 @@ MIGRATIONS: list[tuple[int, str, list[Statement]]] = [
         "DROP TABLE uq_block_scores",
         "ALTER TABLE uq_block_scores_by_rule RENAME TO uq_block_scores",
     ]),
-    # The resident live service (optimizer_pipeline/live/). live_services is current state, like
-    # open_recommendations: one row per service process, its heartbeat updated in place, so the
-    # sensors and the UI can tell whether a binding is served (a row is kept after the service stops,
-    # with stopped_at). live_publications holds the key of every publication by a live service, one
+    # The resident live service (optimizer_pipeline/live/). live_services and live_leases are current
+    # state, like open_recommendations: one row per service process, its heartbeat updated in place
+    # (a row is kept after the service stops, with stopped_at), and one lease per binding served, so
+    # the sensors and the UI can tell whether a binding is served. live_publications holds the key of every publication by a live service, one
     # re-solve per (binding, revision, calibration, newest sample time): a second publication of the
     # same samples (two services, a retried batch) is refused by the primary key.
-    (7, "live service heartbeats and publication keys", [
+    (7, "live service heartbeats, leases and publication keys", [
         """CREATE TABLE live_services (
             id VARCHAR PRIMARY KEY,
             host VARCHAR NOT NULL,
@@ -274,6 +274,13 @@ MIGRATIONS: list[tuple[int, str, list[Statement]]] = [
             service_id VARCHAR NOT NULL,
             published_at TIMESTAMP NOT NULL,
             PRIMARY KEY (binding_id, binding_revision, calibration_id, live_t)
+        )""",
+        # which service serves a binding: a lease it renews with its heartbeat (current state, updated
+        # in place); an expired lease is free for any service to take
+        """CREATE TABLE live_leases (
+            binding_id VARCHAR PRIMARY KEY,
+            service_id VARCHAR NOT NULL,
+            expires_at TIMESTAMP NOT NULL
         )""",
         # the service polls for samples ingested since its last look; DuckDB's row-group min / max
         # already skip the old samples (an ART index would slow every insert)

@@ -6,8 +6,10 @@ One loop with explicit states (STARTING -> SERVING -> STOPPING -> STOPPED), a he
 ledger (`live_services`: the sensors leave the bindings of a live service to it, the UI shows
 whether it is alive), a clean stop, one INFO line per publication. Per tick of the loop:
 
-1. every REFRESH_S: the bindings' model fingerprints (ledger.live_rows.Fingerprint); a changed one
-   (new revision, artifact, calibration, split or verdict) is read again, without a restart;
+1. every HEARTBEAT_S: the heartbeat; the leases (which bindings this service serves: its share of
+   the bindings among the live services alive, renewed, rebalanced, expired ones of a dead service
+   taken over); the bindings' model fingerprints (ledger.live_rows.Fingerprint): a changed one (new
+   revision, artifact, calibration, split or verdict) is read again, without a restart;
 2. the sources store what arrived (live/sources.py) and name the bindings with new samples; each
    reads them into its live window (live/served.py);
 3. a binding with unsolved samples and no solve in flight is re-solved on one of the solver
@@ -44,10 +46,11 @@ from optimizer_pipeline.settings import Settings
 log = logging.getLogger(__name__)
 
 TICK_S = 0.05  # the loop's pause when it has nothing to do
-REFRESH_S = 5.0  # how often the bindings' model fingerprints are compared
-HEARTBEAT_S = 5.0  # how often the service's row is touched
-# a service whose heartbeat is older than this is taken for dead (sensors then solve its bindings)
-HEARTBEAT_STALE_S = 6 * HEARTBEAT_S
+# how often the service touches its row, renews (and rebalances) its leases and compares the bindings'
+# model fingerprints
+HEARTBEAT_S = 5.0
+LEASE_S = 3 * HEARTBEAT_S  # a lease not renewed for this long is free: another service (or the sensors) takes over
+HEARTBEAT_STALE_S = 6 * HEARTBEAT_S  # the UI calls a service dead when its heartbeat is this old
 STOP_GRACE_S = 30.0  # how long a stop waits for the solves in flight
 
 
@@ -99,10 +102,18 @@ class LiveService:
         self._in_flight: dict[str, tuple[Future, float]] = {}  # binding -> (solve, arrival time)
         self._arrived: dict[str, float] = {}  # binding -> monotonic time its unsolved samples were noticed
         self._dirty: set[str] = set()  # bindings with stored samples not yet read into their window
-        self._next_refresh = self._next_heartbeat = 0.0
+        self._next_heartbeat = 0.0
+        self.held: set[str] = set()  # the bindings whose lease this service holds
         self.published = 0
 
     def serves(self, binding_id: str) -> bool:
+        """Whether this service holds the binding's lease."""
+        return binding_id in self.held
+
+    def ingests(self, binding_id: str) -> bool:
+        """Whether this service takes the inbox files of a binding in its home: any binding when it was
+        given none (the samples go to the ledger, where the service holding the lease finds them; an
+        unknown binding's file is refused, moved aside with its reason), else the ones it was given."""
         return self.wanted is None or binding_id in self.wanted
 
     def request_stop(self) -> None:
@@ -118,7 +129,7 @@ class LiveService:
         self.ledger.live_register(self.id, socket.gethostname(), os.getpid(),
                                   None if self.wanted is None else sorted(self.wanted))
         try:
-            self._refresh(force=True)
+            self._heartbeat()
             self._set_state(State.SERVING)
             log.info("live %s: serving %d binding(s): %s", self.id, len(self.served), ", ".join(sorted(self.served)))
             if on_serving is not None:
@@ -135,14 +146,11 @@ class LiveService:
         now_m = time.monotonic()
         due = [source for source in self.sources if source.ready(now_m)]
         done = any(future.done() for future, _ in self._in_flight.values())
-        if not (due or done or self._dirty or now_m >= min(self._next_refresh, self._next_heartbeat)):
+        if not (due or done or self._dirty or now_m >= self._next_heartbeat):
             return False
         with self.ledger.session():
-            if now_m >= self._next_refresh:
-                self._refresh()
             if now_m >= self._next_heartbeat:
-                self.ledger.live_heartbeat(self.id, self.state.value)
-                self._next_heartbeat = now_m + HEARTBEAT_S
+                self._heartbeat()
             for source in due:
                 self._dirty |= {b for b in source.poll(self.ledger) if b in self.served}
             for binding_id in sorted(self._dirty - set(self._in_flight)):
@@ -230,15 +238,17 @@ class LiveService:
 
     # ------------------------------------------------------------------ bindings and their models
 
-    def _refresh(self, force: bool = False) -> None:
-        """Read again the bindings whose model fingerprint changed (every binding when `force`)."""
-        self._next_refresh = time.monotonic() + REFRESH_S
+    def _heartbeat(self) -> None:
+        """The heartbeat, the leases, and the bindings whose model fingerprint changed read again."""
+        self._next_heartbeat = time.monotonic() + HEARTBEAT_S
+        self.ledger.live_heartbeat(self.id, self.state.value)
         fingerprints = self.ledger.fingerprints()
-        for binding_id, fingerprint in sorted(fingerprints.items()):
-            if not self.serves(binding_id) or binding_id in self._in_flight:
+        self._lease([b for b in sorted(fingerprints) if self.wanted is None or b in self.wanted])
+        for binding_id in sorted(self.held):
+            if binding_id in self._in_flight:
                 continue
-            current = self.served.get(binding_id)
-            if not force and current is not None and current.fingerprint == fingerprint:
+            fingerprint, current = fingerprints[binding_id], self.served.get(binding_id)
+            if current is not None and current.fingerprint == fingerprint:
                 continue
             try:
                 with self.ledger.session():
@@ -261,13 +271,32 @@ class LiveService:
             else:
                 served.solved_t = self._solved_from(binding_id, fingerprint)
             self.served[binding_id] = served
-        for binding_id in [b for b in self.served if b not in fingerprints]:
+        for binding_id in [b for b in self.served if b not in self.held and b not in self._in_flight]:
             del self.served[binding_id]
         if self.wanted is not None:
             for binding_id in sorted(self.wanted - set(fingerprints)):
                 if binding_id not in self.unservable:
                     log.warning("binding %s: not in the ledger; served once it is ingested", binding_id)
                     self.unservable[binding_id] = "not in the ledger"
+
+    def _lease(self, candidates: list[str]) -> None:
+        """Renew this service's leases and hold its share of `candidates`: all of them when it was
+        given a list (--binding), else ceil(len / the live services alive), taking free leases (none,
+        or expired: a dead service's) and giving up the ones over its share (not while solving)."""
+        leases = self.ledger.live_leases()
+        mine = sorted(b for b, owner in leases.items() if owner == self.id and b in candidates)
+        alive = max(1, len(self.ledger.live_services(alive_within_s=LEASE_S)))
+        share = len(candidates) if self.wanted is not None else -(-len(candidates) // alive)
+        over = [b for b in reversed(mine) if b not in self._in_flight][:max(0, len(mine) - share)]
+        free = [b for b in candidates if b not in leases][:max(0, share - len(mine))]
+        held = self.ledger.live_lease(self.id, take=free, keep=[b for b in mine if b not in over], release=over,
+                                      ttl_s=LEASE_S)
+        gained, lost = held - self.held, self.held - held
+        if gained or lost:
+            log.info("live %s: serving %d binding(s)%s%s", self.id, len(held),
+                     f", took {', '.join(sorted(gained))}" if gained else "",
+                     f", gave up {', '.join(sorted(lost))}" if lost else "")
+        self.held = held
 
     def _solved_from(self, binding_id: str, fingerprint: Fingerprint) -> float | None:
         """The newest sample the binding's latest recommendation was solved from, when that was for its
@@ -297,5 +326,7 @@ class LiveService:
                             len(self._in_flight))
         finally:
             self._executor.shutdown(wait=False, cancel_futures=True)
+            self.ledger.live_lease(self.id, take=[], keep=[], release=sorted(self.held), ttl_s=LEASE_S)
+            self.held = set()
             self._set_state(State.STOPPED)
             log.info("live %s: stopped after %d publication(s)", self.id, self.published)
