@@ -143,6 +143,32 @@ def test_samples_arriving_during_a_solve_are_coalesced_into_the_next_one(home):
     assert published["live_t"].tolist() == pytest.approx([frame["timestamp"].iloc[0], frame["timestamp"].iloc[3]])
 
 
+def test_a_failed_re_solve_is_recorded_for_its_binding_which_stays_served(home):
+    ledger, settings = Ledger(home / "optimizer.duckdb"), load_settings(home)
+    tags = ledger.get_binding("tanks-1").spec.tags
+    calls = []
+    with SolverPool(size=1) as pool:
+        def failing_once(problem, timeout_ms=None):  # FAKE fault: the first solve ends in an unexpected error
+            calls.append(problem)
+            if len(calls) == 1:
+                raise RuntimeError("an unexpected fault in the solve")
+            return pool.solve(problem, timeout_ms)
+
+        service = LiveService(ledger, settings, failing_once, [LedgerSource(interval_s=0.05)], bindings=["tanks-1"])
+        thread = threading.Thread(target=service.run, kwargs={"until": lambda: service.published >= 1})
+        thread.start()
+        ledger.append_samples("tanks-1", _continue_live_run(ledger, "tanks-1", 1), tags, "simulation")
+        failures = _wait(lambda: ledger.list_failures("tanks-1"), "the failure recorded")
+        second = _continue_live_run(ledger, "tanks-1", 1)
+        ledger.append_samples("tanks-1", second, tags, "simulation")
+        thread.join(WAIT_S)
+        assert not thread.is_alive()
+    [failure] = failures
+    assert (failure.stage, failure.error) == ("recommendation", "RuntimeError")
+    assert failure.message == f"live {service.id}: an unexpected fault in the solve"
+    assert _publications(ledger, "tanks-1")["live_t"].tolist() == pytest.approx([second["timestamp"].iloc[0]])
+
+
 # ---------------------------------------------------------------------------- the command, real processes
 
 
@@ -226,36 +252,64 @@ def test_a_killed_live_service_resumes_from_the_ledger_without_solving_a_batch_t
     assert open_recs == 1
 
 
-# ---------------------------------------------------------------------------- several hosts
+# ---------------------------------------------------------------------------- PostgreSQL: several hosts, restarts
+
+PG_IDS = [f"heater-{i}" for i in range(2)]
+PG_TAGS = ("q_heat", "t_out", "t_in")
+ENV = {k: v for k, v in os.environ.items() if k not in ("OPTIMIZER_HOME", "DAGSTER_HOME")}
 
 
-def test_two_live_services_share_a_postgres_ledgers_bindings_and_one_takes_over_from_a_killed_one(postgres, tmp_path):
-    """Two hosts (a home each) on one PostgreSQL ledger: the bindings are split by leases, every sample
-    batch is published exactly once, and a SIGKILLed service's bindings are taken over."""
+def _pg_home(root: Path, url: str) -> Path:
     import yaml
 
+    root.mkdir(parents=True)
+    (root / "settings.yaml").write_text(yaml.safe_dump({"ledger": {"url": url}, "live": {"max_age_s": 86_400}}))
+    return root
+
+
+@pytest.fixture(scope="module")
+def pg_template(postgres, tmp_path_factory) -> str:
+    """A PostgreSQL ledger with two heaters ingested and refreshed (`materialize --all`, the real pool);
+    each test works on a copy of it (CREATE DATABASE ... TEMPLATE)."""
+    from optimizer_pipeline.contracts import binding_from_dict
     from optimizer_pipeline.ledger.postgres_backend import PostgresBackend
 
     url = postgres.new_database()
-    homes = []
-    for name in ("host-a", "host-b"):
-        home = tmp_path / name
-        home.mkdir()
-        (home / "settings.yaml").write_text(yaml.safe_dump({"ledger": {"url": url}, "live": {"max_age_s": 86_400}}))
-        homes.append(home)
+    backend = PostgresBackend(url)
     plant = get_plant("heater")
-    ids = [f"heater-{i}" for i in range(2)]
+    for binding_id in PG_IDS:
+        Ledger(backend).ingest(binding_from_dict({**plant.binding_doc(), "id": binding_id}), plant.history(1).frame,
+                               "simulation")
+    backend.close()
+    home = _pg_home(tmp_path_factory.mktemp("pg") / "home", url)
+    done = subprocess.run([*CLI, "--home", str(home), "materialize", "--all"], capture_output=True, text=True, env=ENV,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr
+    return url.rsplit("/", 1)[1]
+
+
+def _pg_copy(postgres, template: str) -> str:
+    import uuid
+
+    import psycopg
+
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres.url(), autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name} TEMPLATE {template}")
+    return postgres.url(name)
+
+
+def test_two_live_services_share_a_postgres_ledgers_bindings_and_one_takes_over_from_a_killed_one(
+        postgres, pg_template, tmp_path):
+    """Two hosts (a home each) on one PostgreSQL ledger: the bindings are split by leases, every sample
+    batch is published exactly once, and a SIGKILLed service's bindings are taken over."""
+    from optimizer_pipeline.ledger.postgres_backend import PostgresBackend
+
+    url = _pg_copy(postgres, pg_template)
+    homes = [_pg_home(tmp_path / name, url) for name in ("host-a", "host-b")]
+    ids, env = PG_IDS, ENV
     backend = PostgresBackend(url)
     ledger = Ledger(backend)
-    from optimizer_pipeline.contracts import binding_from_dict
-
-    for binding_id in ids:
-        ledger.ingest(binding_from_dict({**plant.binding_doc(), "id": binding_id}), plant.history(1).frame,
-                      "simulation")
-    env = {k: v for k, v in os.environ.items() if k not in ("OPTIMIZER_HOME", "DAGSTER_HOME")}
-    done = subprocess.run([*CLI, "--home", str(homes[0]), "materialize", "--all"], capture_output=True, text=True,
-                          env=env, timeout=600)
-    assert done.returncode == 0, done.stderr
     procs = []
     try:
         for home in homes:
@@ -268,8 +322,8 @@ def test_two_live_services_share_a_postgres_ledgers_bindings_and_one_takes_over_
 
         def batch(steps: int) -> None:
             for binding_id in ids:
-                ledger.append_samples(binding_id, _continue_live_run(ledger, binding_id, steps),
-                                      ("q_heat", "t_out", "t_in"), "simulation")
+                ledger.append_samples(binding_id, _continue_live_run(ledger, binding_id, steps), PG_TAGS,
+                                      "simulation")
 
         def published() -> pd.DataFrame:
             return ledger.query("SELECT binding_id, live_t, service_id FROM live_publications")
@@ -304,3 +358,42 @@ def test_two_live_services_share_a_postgres_ledgers_bindings_and_one_takes_over_
         assert Ledger(backend).live_leases() == {}  # a stopped service gives its leases up
     finally:
         backend.close()
+
+
+def test_a_postgres_restart_while_publishing_is_retried_and_no_batch_is_lost_or_doubled(postgres, pg_template):
+    """The ledger goes away between a solve and its publication: the service retries with back-off and
+    publishes the batch once the server is back; the batches after it too, each once."""
+    from optimizer_pipeline.ledger.postgres_backend import PostgresBackend
+    from optimizer_pipeline.settings import Settings
+
+    backend = PostgresBackend(_pg_copy(postgres, pg_template))
+    ledger = Ledger(backend)
+    entered, release = threading.Event(), threading.Event()
+    with SolverPool(size=1) as pool:
+        def gated_solve(problem, timeout_ms=None):  # the first solve waits while the server is stopped
+            entered.set()
+            release.wait(WAIT_S)
+            return pool.solve(problem, timeout_ms)
+
+        service = LiveService(ledger, Settings(live_max_age_s=86_400), gated_solve, [LedgerSource(interval_s=0.1)],
+                              bindings=["heater-0"])
+        thread = threading.Thread(target=service.run, kwargs={"until": lambda: service.published >= 2})
+        try:
+            thread.start()
+            first = _continue_live_run(ledger, "heater-0", 1)
+            ledger.append_samples("heater-0", first, PG_TAGS, "simulation")
+            assert entered.wait(WAIT_S)
+            postgres.stop()
+            release.set()
+            time.sleep(3.0)  # the publication fails, is kept, and is tried again with back-off
+            assert service.published == 0 and thread.is_alive()
+        finally:
+            postgres.start()
+        _wait(lambda: service.published == 1, "the publication once the server is back")
+        second = _continue_live_run(ledger, "heater-0", 1)
+        ledger.append_samples("heater-0", second, PG_TAGS, "simulation")
+        thread.join(WAIT_S)
+        assert not thread.is_alive()
+    published = _publications(ledger, "heater-0")
+    backend.close()
+    assert published["live_t"].tolist() == pytest.approx([first["timestamp"].iloc[0], second["timestamp"].iloc[0]])

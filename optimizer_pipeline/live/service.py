@@ -52,6 +52,7 @@ HEARTBEAT_S = 5.0
 LEASE_S = 3 * HEARTBEAT_S  # a lease not renewed for this long is free: another service (or the sensors) takes over
 HEARTBEAT_STALE_S = 6 * HEARTBEAT_S  # the UI calls a service dead when its heartbeat is this old
 STOP_GRACE_S = 30.0  # how long a stop waits for the solves in flight
+MAX_BACKOFF_S = 10.0  # the longest pause between two tries of an unavailable ledger
 
 
 class State(str, Enum):
@@ -102,6 +103,8 @@ class LiveService:
         self._in_flight: dict[str, tuple[Future, float]] = {}  # binding -> (solve, arrival time)
         self._arrived: dict[str, float] = {}  # binding -> monotonic time its unsolved samples were noticed
         self._dirty: set[str] = set()  # bindings with stored samples not yet read into their window
+        # solved, not yet written (the ledger failed): (served, publication, solve, split, arrival time)
+        self._unpublished: list[tuple[Served, Publication, pipeline.Solved, HistorySplit, float]] = []
         self._next_heartbeat = 0.0
         self.held: set[str] = set()  # the bindings whose lease this service holds
         self.published = 0
@@ -134,8 +137,18 @@ class LiveService:
             log.info("live %s: serving %d binding(s): %s", self.id, len(self.served), ", ".join(sorted(self.served)))
             if on_serving is not None:
                 on_serving(self)
+            backoff = 0.0
             while not self._stop.is_set() and not (until is not None and until()):
-                if not self.tick():
+                try:
+                    busy = self.tick()
+                    backoff = 0.0
+                except LedgerError as exc:  # unreachable or busy: retried; nothing solved is dropped
+                    backoff = min(MAX_BACKOFF_S, max(TICK_S, 2 * backoff))
+                    log.warning("live %s: the ledger failed (%s); retrying in %.1f s", self.id,
+                                str(exc).splitlines()[0], backoff)
+                    self._stop.wait(backoff)
+                    continue
+                if not busy:
                     self._stop.wait(TICK_S)
         finally:
             self._shutdown()
@@ -145,7 +158,7 @@ class LiveService:
         is opened (for DuckDB: its lock taken) only when there is something to read or write."""
         now_m = time.monotonic()
         due = [source for source in self.sources if source.ready(now_m)]
-        done = any(future.done() for future, _ in self._in_flight.values())
+        done = any(future.done() for future, _ in self._in_flight.values()) or bool(self._unpublished)
         if not (due or done or self._dirty or now_m >= self._next_heartbeat):
             return False
         with self.ledger.session():
@@ -187,9 +200,9 @@ class LiveService:
         if wait_s > 0 and self._in_flight:
             wait([f for f, _ in self._in_flight.values()], timeout=wait_s)
         done = [(b, f, t) for b, (f, t) in self._in_flight.items() if f.done()]
-        if not done:
+        if not done and not self._unpublished:
             return False
-        ready: list[tuple[Served, Publication, pipeline.Solved, HistorySplit, float]] = []
+        ready, self._unpublished = self._unpublished, []
         for binding_id, future, arrived in done:
             del self._in_flight[binding_id]
             served = self.served.get(binding_id)
@@ -206,7 +219,11 @@ class LiveService:
             if served is not None:
                 ready.append((served, publication, solved, split, arrived))
         if ready:
-            run_ids = self.ledger.publish_live(self.id, [p for _, p, _, _, _ in ready])
+            try:
+                run_ids = self.ledger.publish_live(self.id, [p for _, p, _, _, _ in ready])
+            except LedgerError:
+                self._unpublished = ready  # written with the next batch, once the ledger is back
+                raise
             end = time.monotonic()
             published = [Published(s, solved, split, run_id, end - arrived)
                          for (s, _, solved, split, arrived), run_id in zip(ready, run_ids)]
@@ -317,16 +334,23 @@ class LiveService:
         self.ledger.live_heartbeat(self.id, state.value)
 
     def _shutdown(self) -> None:
-        self._set_state(State.STOPPING)
+        """Publish what is in flight (up to STOP_GRACE_S), give the leases up, mark the row stopped; with
+        the ledger unavailable, what could not be written is abandoned (nothing of it is written) and
+        the leases expire by themselves."""
         try:
-            if self._in_flight:
+            self._set_state(State.STOPPING)
+            if self._in_flight or self._unpublished:
                 self._publish_done(wait_s=STOP_GRACE_S)
-            if self._in_flight:
-                log.warning("live %s: %d solve(s) abandoned at stop (nothing of them written)", self.id,
-                            len(self._in_flight))
-        finally:
-            self._executor.shutdown(wait=False, cancel_futures=True)
+        except LedgerError as exc:
+            log.warning("live %s: the ledger failed while stopping (%s)", self.id, str(exc).splitlines()[0])
+        abandoned = len(self._in_flight) + len(self._unpublished)
+        if abandoned:
+            log.warning("live %s: %d solve(s) abandoned at stop (nothing of them written)", self.id, abandoned)
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        try:
             self.ledger.live_lease(self.id, take=[], keep=[], release=sorted(self.held), ttl_s=LEASE_S)
             self.held = set()
             self._set_state(State.STOPPED)
-            log.info("live %s: stopped after %d publication(s)", self.id, self.published)
+        except LedgerError as exc:
+            log.warning("live %s: could not mark itself stopped (%s)", self.id, str(exc).splitlines()[0])
+        log.info("live %s: stopped after %d publication(s)", self.id, self.published)
