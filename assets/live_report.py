@@ -8,8 +8,9 @@ most one publication per binding per `live.report_interval_s` (0: every one), th
 bindings re-solved every minute are 1.4 M publications a day, more than an event log should hold.
 Between two reports the asset page shows the last one reported (its metadata names its recommendation
 and run; `optimizer-pipeline recommendation` and the ledger have the newest). The plan figure is drawn
-for what is reported only. Reporting runs on a thread of its own, so the service's loop never waits
-for the instance: a report that fails is logged and the next one goes on.
+for what is reported only, in background processes (plots.FigureQueue), so drawing takes no time
+from the service's loop. Reporting runs on a thread of its own, so the loop never waits for the
+instance either: a report that fails is logged and the next one goes on.
 """
 
 import logging
@@ -40,6 +41,7 @@ class DagsterReporter:
         self._pending: dict[str, Published] = {}  # binding -> the newest publication not yet reported
         self._lock = threading.Lock()
         self._wake = queue.SimpleQueue()
+        self._figures = plots.FigureQueue(plots.BACKGROUND_MIN_FIGURES)  # drawn in background processes
         self._thread = threading.Thread(target=self._run, name="live-report", daemon=True)
         self._thread.start()
 
@@ -56,31 +58,35 @@ class DagsterReporter:
         self._wake.put(True)
 
     def close(self, timeout_s: float = 30.0) -> None:
-        """Report what is pending, then stop the thread."""
+        """Report what is pending, then stop the thread and the figure processes."""
         self._wake.put(None)
         self._thread.join(timeout_s)
+        self._figures.__exit__(None, None, None)
 
     def _run(self) -> None:
         while True:
             more = self._wake.get()
             with self._lock:
                 batch, self._pending = list(self._pending.values()), {}
-            for item in batch:
+            described = [(item, self._describe(item)) for item in batch]  # every figure queued at once
+            for item, (metadata, check) in described:
                 try:
-                    self._report_one(item)
+                    self._report_one(item, metadata, check)
                 except Exception as exc:  # noqa: BLE001 - a view of what the ledger holds; the loop goes on
                     log.warning("binding %s: report to Dagster failed: %s", item.served.binding_id, exc)
             if more is None:
                 return
 
-    def _report_one(self, item: Published) -> None:
+    def _describe(self, item: Published):
         served, solved = item.served, item.solved
-        with plots.FigureQueue(1) as figures:  # one figure: drawn inline, on this thread
-            metadata, check = recommendation_report(
-                served.stored.spec, item.split, served.artifact, served.calibration, solved.decision.recommendation,
-                solved.decision.conditions, solved.result, solved.decision.chosen, figures,
-                extra={"published_by": "live service", "latency_ms": round(item.latency_s * 1000, 1)})
-            metadata = shown(metadata)
+        return recommendation_report(
+            served.stored.spec, item.split, served.artifact, served.calibration, solved.decision.recommendation,
+            solved.decision.conditions, solved.result, solved.decision.chosen, self._figures,
+            extra={"published_by": "live service", "latency_ms": round(item.latency_s * 1000, 1)})
+
+    def _report_one(self, item: Published, metadata: dict, check) -> None:
+        served = item.served
+        metadata = shown(metadata)  # waits for the figure
         self.instance.report_runless_asset_event(
             AssetMaterialization(asset_key=RECOMMENDATION, partition=served.binding_id, metadata=metadata))
         self.instance.report_runless_asset_event(AssetCheckEvaluation(

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import pandas as pd
+
 from optimizer_pipeline.contracts import BindingSpec, ContractError
 from optimizer_pipeline.data import read_history
 from optimizer_pipeline.ledger import Ledger, LedgerBusyError, LedgerError, NotFoundError
@@ -87,15 +89,57 @@ def ingest_inbox_file(ledger: Ledger, path: Path, source: str = "real") -> Inbox
         return InboxResult(binding_id, path.name, False, "waits for the next tick: " + str(exc).splitlines()[0],
                            waiting=True)
     except (ContractError, LedgerError) as exc:
-        reason = str(exc).splitlines()[0]
-        moved = _move(path, REJECTED)
-        if moved:
-            return InboxResult(binding_id, path.name, False, f"{reason}; {moved}")
-        (path.parent / REJECTED / f"{path.name}.error.txt").write_text(reason + "\n", encoding="utf-8")
-        return InboxResult(binding_id, path.name, False, reason)
+        return _refused(path, str(exc).splitlines()[0])
     detail = f"{summary['samples_added']} samples added"
     moved = _move(path, DONE)
     return InboxResult(binding_id, path.name, True, f"{detail}; {moved}" if moved else detail)
+
+
+def ingest_inbox_batch(ledger: Ledger, paths: list[Path], spec_of: Callable[[str], BindingSpec | None],
+                       source: str = "real") -> tuple[list[InboxResult], dict[str, list[pd.DataFrame]]]:
+    """Ingest several inbox files in ONE ledger transaction (the live service's path: a transaction per
+    one-sample file would cost more than the re-solve). Each file is read and validated on its own,
+    as `ingest_inbox_file` does it: a refused one moves to rejected/ with its reason and nothing of it is
+    stored. The samples of the good ones are stored together; then they move to done/. When the ledger
+    is busy or fails, none is stored and all stay in the inbox for the next try. `spec_of(binding)`:
+    the binding's spec (None: not in the ledger). Returns the results and the frames stored, by binding."""
+    results, good = [], []
+    for path in paths:
+        binding_id = path.parent.name
+        try:
+            if path.suffix.lower() not in HISTORY_SUFFIXES:
+                raise ContractError(f"{path.name}: not a history file (expected {', '.join(HISTORY_SUFFIXES)})")
+            spec = spec_of(binding_id)
+            if spec is None:
+                raise ContractError(f"{path.name}: binding {binding_id!r} is not in the ledger; ingest its binding "
+                                    f"file first (optimizer-pipeline ingest BINDING_FILE HISTORY_FILE)")
+            good.append((path, spec, read_history(path, spec, now_s=time.time())))
+        except ContractError as exc:
+            results.append(_refused(path, str(exc).splitlines()[0]))
+    frames: dict[str, list[pd.DataFrame]] = {}
+    if not good:
+        return results, frames
+    try:
+        added = ledger.append_samples_many([(spec.id, frame, spec.tags) for _, spec, frame in good], source)
+    except LedgerError as exc:  # the ledger's state, not the files' fault: all wait for the next try
+        detail = "waits for the next tick: " + str(exc).splitlines()[0]
+        return results + [InboxResult(p.parent.name, p.name, False, detail, waiting=True) for p, _, _ in good], frames
+    for path, spec, frame in good:
+        frames.setdefault(spec.id, []).append(frame)
+        moved = _move(path, DONE)
+        detail = f"{len(frame)} rows read ({added} new samples in a batch of {len(good)} file(s))"
+        results.append(InboxResult(spec.id, path.name, True, f"{detail}; {moved}" if moved else detail))
+    return results, frames
+
+
+def _refused(path: Path, reason: str) -> InboxResult:
+    """A refused file moved to rejected/ with its reason beside it (or, when it cannot be moved, the
+    reason written there and the file left where it is)."""
+    moved = _move(path, REJECTED)
+    if moved:
+        return InboxResult(path.parent.name, path.name, False, f"{reason}; {moved}")
+    (path.parent / REJECTED / f"{path.name}.error.txt").write_text(reason + "\n", encoding="utf-8")
+    return InboxResult(path.parent.name, path.name, False, reason)
 
 
 def _move(path: Path, where: str) -> str:

@@ -169,6 +169,47 @@ def test_a_failed_re_solve_is_recorded_for_its_binding_which_stays_served(home):
     assert _publications(ledger, "tanks-1")["live_t"].tolist() == pytest.approx([second["timestamp"].iloc[0]])
 
 
+def test_a_recalibration_and_a_new_revision_are_picked_up_without_a_restart(home):
+    """A recalibration (what the recalibrate job writes) ends with a re-solve from the same samples with
+    the new calibration; a new revision without a model stops the binding being served until it has one."""
+    from optimizer_pipeline import pipeline
+    from optimizer_pipeline.contracts import utc_now
+
+    ledger, settings = Ledger(home / "optimizer.duckdb"), load_settings(home)
+    tags = ledger.get_binding("tanks-1").spec.tags
+    with SolverPool(size=1) as pool:
+        service = LiveService(ledger, settings, pool.solve, [LedgerSource(interval_s=0.05)], bindings=["tanks-1"])
+        thread = threading.Thread(target=service.run, kwargs={"until": lambda: service.published >= 2})
+        thread.start()
+        try:
+            ledger.append_samples("tanks-1", _continue_live_run(ledger, "tanks-1", 1), tags, "simulation")
+            _wait(lambda: service.published == 1, "the first publication")
+            stored = ledger.get_binding("tanks-1")
+            artifact = pipeline.load_artifact(ledger, stored)
+            split = pipeline.load_split(ledger, stored)
+            calibration = pipeline.calibrate(ledger, artifact, pipeline.load_scores(ledger, stored.spec, artifact, split),
+                                             settings, utc_now())
+            thread.join(WAIT_S)  # the second publication: the same samples, the new calibration
+            assert not thread.is_alive()
+        finally:
+            service.request_stop()
+    published = _publications(ledger, "tanks-1")
+    assert published["live_t"].nunique() == 1 and published["calibration_id"].tolist()[-1] == calibration.calibration_id
+
+    from optimizer_pipeline.contracts import binding_from_dict
+
+    doc = stored.spec.to_dict()
+    doc["cvs"][0]["target"] = 6.5
+    ledger.upsert_binding(binding_from_dict(doc))  # revision 2: no model of it yet
+    with SolverPool(size=1) as pool:
+        service = LiveService(ledger, settings, pool.solve, [LedgerSource(interval_s=0.05)], bindings=["tanks-1"])
+        ledger.append_samples("tanks-1", _continue_live_run(ledger, "tanks-1", 1), tags, "simulation")
+        started = time.monotonic()
+        service.run(until=lambda: time.monotonic() > started + 3.0)
+    assert service.published == 0 and "tanks-1" in service.unservable
+    assert "no model artifact" in service.unservable["tanks-1"] or "no plant_history" in service.unservable["tanks-1"]
+
+
 # ---------------------------------------------------------------------------- the command, real processes
 
 

@@ -234,26 +234,28 @@ class PostgresBackend:
         conn.execute("SELECT 1 FROM bindings WHERE id = ? FOR UPDATE", [binding_id])
 
     @staticmethod
-    def insert_table(conn: _Transaction, table: str, rows: Any, *, skip_existing: bool = False) -> None:
+    def insert_table(conn: _Transaction, table: str, rows: Any, *, skip_existing: bool = False) -> int:
         """Insert an Arrow table or pandas frame whose columns are the table's, in order, by one COPY.
         With `skip_existing` (rows already stored are skipped) the COPY goes into this connection's
         staging table for `table` and one INSERT ... SELECT ... ON CONFLICT DO NOTHING moves the
         rows: COPY has no ON CONFLICT, and a row-by-row executemany of a history's samples took
         ~1.6 s per binding (bench/bench_celery.py's ingest). Numeric list columns (the candidates'
-        plans) go as array literals written by orjson (`_array_literals`)."""
+        plans) go as array literals written by orjson (`_array_literals`). Returns the number of rows
+        inserted (with `skip_existing`, those not already stored)."""
         columns, records = _records(rows)
         if not records:
-            return
+            return 0
         with conn.conn.cursor() as cursor:
             if not skip_existing:
                 _copy(cursor, table, records)
-                return
+                return len(records)
             # a temporary table: this session's only, emptied at commit (and before each use, for an
             # earlier insert of the same transaction)
             cursor.execute(f"CREATE TEMP TABLE IF NOT EXISTS staged_{table} (LIKE {table}) ON COMMIT DELETE ROWS")
             cursor.execute(f"TRUNCATE staged_{table}")
             _copy(cursor, f"staged_{table}", records)
             cursor.execute(f"INSERT INTO {table} SELECT * FROM staged_{table} ON CONFLICT DO NOTHING")
+            return int(cursor.rowcount)
 
     @contextmanager
     def bulk(self, conn: Any) -> Iterator[None]:

@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
+import numpy as np
 import orjson
 import pandas as pd
 
@@ -167,19 +168,19 @@ class Ledger(EvidenceRows, WhatIfRows, LiveRows):
         with self.backend.transaction() as tx:
             return self._append_samples(tx, binding_id, frame, tags, source)
 
+    @retried
+    def append_samples_many(self, items: Sequence[tuple[str, pd.DataFrame, Sequence[str]]], source: str) -> int:
+        """`append_samples` of several (binding, frame, tags) in ONE transaction and one insert (the
+        live service's batch of inbox files); returns the new sample rows of them all."""
+        with self.backend.transaction() as tx:
+            return self._insert_samples(tx, [_sample_rows(b, frame, tags, source) for b, frame, tags in items])
+
     def _append_samples(self, tx: Any, binding_id: str, frame: pd.DataFrame, tags: Sequence[str], source: str) -> int:
-        if source not in SAMPLE_SOURCES:
-            raise ContractError(f"sample source must be 'simulation' or 'real', got {source!r}")
-        long = frame.melt(id_vars=["run_id", "timestamp"], value_vars=list(tags), var_name="tag", value_name="value")
-        long = long.dropna(subset=["value"])
-        samples = pd.DataFrame({
-            "binding_id": binding_id, "run_id": long["run_id"].astype(str), "ts": long["timestamp"].astype(float),
-            "tag": long["tag"].astype(str), "value": long["value"].astype(float), "source": source,
-            "ingest_id": new_id("ing"), "ingested_at": naive_now()})
-        count = "SELECT count(*) FROM plant_samples WHERE binding_id = ?"
-        before = self.backend.fetch(tx, count, [binding_id])[1][0][0]
-        self.backend.insert_table(tx, "plant_samples", samples, skip_existing=True)
-        return int(self.backend.fetch(tx, count, [binding_id])[1][0][0] - before)
+        return self._insert_samples(tx, [_sample_rows(binding_id, frame, tags, source)])
+
+    def _insert_samples(self, tx: Any, parts: list[pd.DataFrame]) -> int:
+        return self.backend.insert_table(tx, "plant_samples", pd.concat(parts, ignore_index=True) if len(parts) > 1
+                                         else parts[0], skip_existing=True)
 
     @retried
     def ingest(self, spec: BindingSpec, frame: pd.DataFrame, source: str) -> tuple[BindingUpsert, int]:
@@ -520,6 +521,20 @@ class Ledger(EvidenceRows, WhatIfRows, LiveRows):
         """Rows per table."""
         with self.backend.connection() as conn:
             return {t: self.backend.fetch(conn, f"SELECT count(*) FROM {t}")[1][0][0] for t in COUNTED_TABLES}
+
+
+def _sample_rows(binding_id: str, frame: pd.DataFrame, tags: Sequence[str], source: str) -> pd.DataFrame:
+    """plant_samples rows (long: one per run, time and tag with a value) of a wide history frame."""
+    if source not in SAMPLE_SOURCES:
+        raise ContractError(f"sample source must be 'simulation' or 'real', got {source!r}")
+    values = frame[list(tags)].to_numpy(float)  # (rows, tags), row-major: rows repeat per tag below
+    keep = ~np.isnan(values).ravel()
+    n = len(frame)
+    return pd.DataFrame({
+        "binding_id": binding_id, "run_id": np.repeat(frame["run_id"].astype(str).to_numpy(), len(tags))[keep],
+        "ts": np.repeat(frame["timestamp"].to_numpy(float), len(tags))[keep],
+        "tag": np.tile(np.asarray(tags, dtype=object), n)[keep], "value": values.ravel()[keep], "source": source,
+        "ingest_id": new_id("ing"), "ingested_at": naive_now()})
 
 
 def _check_end_status(status: str) -> None:

@@ -39,9 +39,9 @@ def serve(home: Path, ledger: Ledger, settings: Settings, bindings: Sequence[str
     try:
         with SolverPool(size=settings.solver_pool_size, request_timeout_ms=settings.solver_request_timeout_ms,
                         threads=settings.solver_threads) as pool:
-            service = LiveService(ledger, settings, pool.solve, [InboxSource(home, lambda b: service.ingests(b)),
-                                                                 LedgerSource()],
-                                  bindings=bindings, reporter=reporter, threads=settings.solver_pool_size)
+            inbox = InboxSource(home, lambda b: service.ingests(b), lambda b: service.spec_of(b))
+            service = LiveService(ledger, settings, pool.solve, [inbox, LedgerSource()], bindings=bindings,
+                                  reporter=reporter, threads=settings.solver_pool_size)
             previous = {sig: signal.signal(sig, lambda *_: service.request_stop())
                         for sig in (signal.SIGTERM, signal.SIGINT)}
             try:

@@ -80,6 +80,26 @@ class Served:
         return newest is not None and (self.solved_t is None or
                                        newest > self.solved_t + self.stored.spec.sample_period_s / 2)
 
+    def add(self, frames: list[pd.DataFrame]) -> int:
+        """Put samples just stored (validated frames, as a source stored them) into the window; returns
+        how many rows were added. A frame of a newer run starts the window anew (the live run now); rows
+        of an older run, or not after the window's newest, are left out (a re-sent file adds nothing)."""
+        added = 0
+        for frame in frames:
+            frame = frame.sort_values("timestamp", kind="stable")
+            current = None if self.window.empty else self.window["run_id"].iloc[-1]
+            newest_run = frame.loc[frame["timestamp"].idxmax(), "run_id"]
+            newest = self.newest_t
+            if newest_run != current and (newest is None or float(frame["timestamp"].max()) > newest):
+                self.window = frame[frame["run_id"] == newest_run].tail(self.rows).reset_index(drop=True)
+                added += len(self.window)
+                continue
+            fresh = frame[(frame["run_id"] == current) & (frame["timestamp"] > newest)]
+            if len(fresh):
+                self.window = pd.concat([self.window, fresh], ignore_index=True).tail(self.rows).reset_index(drop=True)
+                added += len(fresh)
+        return added
+
     def extend(self, ledger: Ledger) -> int:
         """Read the samples stored after the window's newest into it (a newer run replaces the window:
         it is the live run now); returns how many rows were added."""

@@ -35,8 +35,8 @@ from enum import Enum
 from typing import Callable, Protocol, Sequence
 
 from optimizer_pipeline import pipeline
-from optimizer_pipeline.contracts import HistorySplit, SolveResult, utc_now
-from optimizer_pipeline.ledger import Ledger, LedgerError, Publication, new_id
+from optimizer_pipeline.contracts import BindingSpec, HistorySplit, SolveResult, utc_now
+from optimizer_pipeline.ledger import Ledger, LedgerError, NotFoundError, Publication, new_id
 from optimizer_pipeline.ledger.live_rows import Fingerprint
 from optimizer_pipeline.data import with_live_run
 from optimizer_pipeline.live.served import Served, load, resolve
@@ -102,7 +102,8 @@ class LiveService:
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="live-solve")
         self._in_flight: dict[str, tuple[Future, float]] = {}  # binding -> (solve, arrival time)
         self._arrived: dict[str, float] = {}  # binding -> monotonic time its unsolved samples were noticed
-        self._dirty: set[str] = set()  # bindings with stored samples not yet read into their window
+        self._dirty: set[str] = set()  # bindings with stored samples to read from the ledger into their window
+        self._pending: dict[str, list] = {}  # binding -> frames a source stored, not yet in its window (solving)
         # solved, not yet written (the ledger failed): (served, publication, solve, split, arrival time)
         self._unpublished: list[tuple[Served, Publication, pipeline.Solved, HistorySplit, float]] = []
         self._next_heartbeat = 0.0
@@ -118,6 +119,16 @@ class LiveService:
         given none (the samples go to the ledger, where the service holding the lease finds them; an
         unknown binding's file is refused, moved aside with its reason), else the ones it was given."""
         return self.wanted is None or binding_id in self.wanted
+
+    def spec_of(self, binding_id: str) -> BindingSpec | None:
+        """The binding's spec: the one served, else the ledger's (None: not in the ledger)."""
+        served = self.served.get(binding_id)
+        if served is not None:
+            return served.stored.spec
+        try:
+            return self.ledger.get_binding(binding_id).spec
+        except NotFoundError:
+            return None
 
     def request_stop(self) -> None:
         """Stop taking work (safe from a signal handler)."""
@@ -159,17 +170,30 @@ class LiveService:
         now_m = time.monotonic()
         due = [source for source in self.sources if source.ready(now_m)]
         done = any(future.done() for future, _ in self._in_flight.values()) or bool(self._unpublished)
-        if not (due or done or self._dirty or now_m >= self._next_heartbeat):
+        if not (due or done or self._dirty or self._pending or now_m >= self._next_heartbeat):
             return False
         with self.ledger.session():
             if now_m >= self._next_heartbeat:
                 self._heartbeat()
             for source in due:
-                self._dirty |= {b for b in source.poll(self.ledger) if b in self.served}
-            for binding_id in sorted(self._dirty - set(self._in_flight)):
-                self._dirty.discard(binding_id)
+                for binding_id, arrived in source.poll(self.ledger).items():
+                    served = self.served.get(binding_id)
+                    if served is None:
+                        continue
+                    if isinstance(arrived, list):  # stored by the source: straight into the window
+                        self._pending.setdefault(binding_id, []).extend(arrived)
+                    elif served.newest_t is None or arrived > served.newest_t:
+                        self._dirty.add(binding_id)
+            for binding_id in sorted((self._dirty | set(self._pending)) - set(self._in_flight)):
                 served = self.served.get(binding_id)
-                if served is not None and served.extend(self.ledger):
+                frames = self._pending.pop(binding_id, [])
+                if served is None:
+                    continue
+                added = served.add(frames) if frames else 0
+                if binding_id in self._dirty:
+                    self._dirty.discard(binding_id)
+                    added += served.extend(self.ledger)
+                if added:
                     self._arrived.setdefault(binding_id, now_m)
             for binding_id, served in self.served.items():
                 if binding_id not in self._in_flight and served.wants_solve():

@@ -15,56 +15,60 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable, Protocol
 
-from optimizer_pipeline.inbox import ingest_inbox_file, waiting_files
+import pandas as pd
+
+from optimizer_pipeline.contracts import BindingSpec
+from optimizer_pipeline.inbox import ingest_inbox_batch, waiting_files
 from optimizer_pipeline.ledger import Ledger
 
 log = logging.getLogger(__name__)
 
+MAX_BATCH_FILES = 500  # inbox files ingested per transaction (a backlog is worked off in several)
+
 
 class SampleSource(Protocol):
     """A source of samples: `ready` says (cheaply, without the ledger) whether a poll is due; `poll`
-    stores what arrived and returns the bindings with new samples."""
+    stores what arrived and returns the bindings with new samples, each with the frames it stored
+    (validated: run_id, timestamp, the binding's tags), or with the newest sample time stored when the
+    service must read them from the ledger."""
 
     name: str
 
     def ready(self, now_m: float) -> bool:
         ...
 
-    def poll(self, ledger: Ledger) -> set[str]:
+    def poll(self, ledger: Ledger) -> dict[str, list[pd.DataFrame] | float]:
         ...
 
 
 class InboxSource:
-    """History files in the home's inbox folders of the bindings the service serves."""
+    """History files in the home's inbox folders of the bindings the service takes (`takes`), ingested
+    together in one transaction per poll (inbox.ingest_inbox_batch); `spec_of` gives a binding's spec."""
 
     name = "inbox"
 
-    def __init__(self, home: Path, serves: Callable[[str], bool]):
-        self.home, self.serves = Path(home), serves
+    def __init__(self, home: Path, takes: Callable[[str], bool], spec_of: Callable[[str], BindingSpec | None]):
+        self.home, self.takes, self.spec_of = Path(home), takes, spec_of
+
+    def _files(self) -> list[Path]:
+        return [path for path in waiting_files(self.home) if self.takes(path.parent.name)]
 
     def ready(self, now_m: float) -> bool:
-        return any(self.serves(path.parent.name) for path in waiting_files(self.home))
+        return bool(self._files())
 
-    def poll(self, ledger: Ledger) -> set[str]:
-        ingested = set()
-        for path in waiting_files(self.home):
-            if not self.serves(path.parent.name):
-                continue
-            result = ingest_inbox_file(ledger, path)
+    def poll(self, ledger: Ledger) -> dict[str, list[pd.DataFrame] | float]:
+        results, frames = ingest_inbox_batch(ledger, self._files()[:MAX_BATCH_FILES], self.spec_of)
+        for result in results:
             if result.waiting:
                 log.warning("inbox %s/%s: %s", result.binding_id, result.file, result.detail)
-                break  # the ledger is busy: the files after it wait too
-            if result.ingested:
-                ingested.add(result.binding_id)
-                log.info("inbox %s/%s: %s", result.binding_id, result.file, result.detail)
-            else:
+            elif not result.ingested:
                 log.warning("inbox %s/%s refused: %s", result.binding_id, result.file, result.detail)
-        return ingested
+        return dict(frames)
 
 
 class LedgerSource:
     """Samples stored in the ledger since the last poll (by their ingestion time), looked for every
-    `interval_s`."""
+    `interval_s`; the service reads them (a binding whose window already holds them is skipped)."""
 
     name = "ledger"
 
@@ -76,7 +80,7 @@ class LedgerSource:
     def ready(self, now_m: float) -> bool:
         return now_m >= self._next
 
-    def poll(self, ledger: Ledger) -> set[str]:
+    def poll(self, ledger: Ledger) -> dict[str, list[pd.DataFrame] | float]:
         self._next = time.monotonic() + self.interval_s
         newest, self.since = ledger.samples_ingested_since(self.since)
-        return set(newest)
+        return dict(newest)
