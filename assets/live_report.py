@@ -6,6 +6,8 @@ checks, the Plots tab and the lineage show one history whichever loop solved.
 The ledger keeps every publication; Dagster gets a binding's status change at once and otherwise at
 most one publication per binding per `live.report_interval_s` (0: every one), the newest: 1000
 bindings re-solved every minute are 1.4 M publications a day, more than an event log should hold.
+The plan figure (a PNG in the metadata, most of a report's size) goes with a status change (and a
+binding's first report) only; the reports in between carry the tables and numbers.
 Between two reports the asset page shows the last one reported (its metadata names its recommendation
 and run; `optimizer-pipeline recommendation` and the ledger have the newest). The plan figure is drawn
 for what is reported only, in background processes (plots.FigureQueue), so drawing takes no time
@@ -38,7 +40,7 @@ class DagsterReporter:
         self.instance, self.interval_s = instance, float(interval_s)
         self.reported = 0
         self._last: dict[str, tuple[float, str]] = {}  # binding -> (monotonic time, status) last reported
-        self._pending: dict[str, Published] = {}  # binding -> the newest publication not yet reported
+        self._pending: dict[str, tuple[Published, bool]] = {}  # binding -> newest publication due, with its figure?
         self._lock = threading.Lock()
         self._wake = queue.SimpleQueue()
         self._figures = plots.FigureQueue(plots.BACKGROUND_MIN_FIGURES)  # drawn in background processes
@@ -52,8 +54,10 @@ class DagsterReporter:
             for item in published:
                 binding_id, status = item.served.binding_id, item.solved.decision.recommendation.status.value
                 last = self._last.get(binding_id)
-                if last is None or last[1] != status or now - last[0] >= self.interval_s:
-                    self._pending[binding_id] = item
+                changed = last is None or last[1] != status
+                if changed or now - last[0] >= self.interval_s:
+                    figure = changed or self._pending.get(binding_id, (None, False))[1]
+                    self._pending[binding_id] = (item, figure)
                     self._last[binding_id] = (now, status)
         self._wake.put(True)
 
@@ -68,7 +72,7 @@ class DagsterReporter:
             more = self._wake.get()
             with self._lock:
                 batch, self._pending = list(self._pending.values()), {}
-            described = [(item, self._describe(item)) for item in batch]  # every figure queued at once
+            described = [(item, self._describe(item, figure)) for item, figure in batch]  # figures queued at once
             for item, (metadata, check) in described:
                 try:
                     self._report_one(item, metadata, check)
@@ -77,11 +81,11 @@ class DagsterReporter:
             if more is None:
                 return
 
-    def _describe(self, item: Published):
+    def _describe(self, item: Published, figure: bool):
         served, solved = item.served, item.solved
         return recommendation_report(
             served.stored.spec, item.split, served.artifact, served.calibration, solved.decision.recommendation,
-            solved.decision.conditions, solved.result, solved.decision.chosen, self._figures,
+            solved.decision.conditions, solved.result, solved.decision.chosen, self._figures if figure else None,
             extra={"published_by": "live service", "latency_ms": round(item.latency_s * 1000, 1)})
 
     def _report_one(self, item: Published, metadata: dict, check) -> None:

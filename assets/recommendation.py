@@ -78,13 +78,14 @@ def recommendation(env: StageEnv, inputs: BindingInputs) -> StageResult:
 
 def recommendation_report(spec: BindingSpec, split: HistorySplit, artifact, calibration, rec: Recommendation,
                           conditions: tuple[Condition, ...], result, chosen: SolveCandidate | None,
-                          figures: plots.FigureQueue, *, expired_before: int | None = None,
+                          figures: plots.FigureQueue | None, *, expired_before: int | None = None,
                           extra: dict | None = None) -> tuple[dict, Check]:
     """The recommendation asset's materialization metadata and its check, for a publication by a run
-    (the asset above) or by the live service (assets/live_report.py): one description of both."""
+    (the asset above) or by the live service (assets/live_report.py): one description of both.
+    `figures` None: no plan figure (the live service's reports between status changes)."""
     metadata = {
         "status": rec.status.value, "status_label": rec.status_label,
-        "plot": plan_plot(figures, spec, split, rec, artifact.horizon),
+        **({} if figures is None else {"plot": plan_plot(figures, spec, split, rec, artifact.horizon)}),
         "reasons": MetadataValue.json(list(rec.reasons)),
         "conditions": _conditions_table(conditions),
         "recommendation_id": rec.id, "run_id": rec.run_id, "valid_until": rec.valid_until,
