@@ -53,7 +53,7 @@ MUT_verify_TESTS := tests/test_verify.py tests/test_boundaries.py
 MUT_ledger := optimizer_pipeline/ledger/repository.py
 MUT_ledger_TESTS := tests/test_ledger.py tests/test_ledger_candidates.py tests/test_ledger_race.py
 # record_solve / finish_run are @retried wrappers of _record_solve / _finish_run (mutmut skips decorated functions)
-MUT_ledger_ONLY := *record_solve__mutmut_* *_publish__mutmut_* *_expire__mutmut_* *finish_run__mutmut_*
+MUT_ledger_ONLY := *record_solve__mutmut_* *_solve_write__mutmut_* *_publish__mutmut_* *_expire__mutmut_* *finish_run__mutmut_*
 MUT_local := optimizer_pipeline/model/local.py
 MUT_local_TESTS := tests/test_model_local.py
 # the model's block-scoring path (stacked runs, one-step residuals, the held disturbance's filter, the

@@ -210,6 +210,26 @@ def test_a_recalibration_and_a_new_revision_are_picked_up_without_a_restart(home
     assert "no model artifact" in service.unservable["tanks-1"] or "no plant_history" in service.unservable["tanks-1"]
 
 
+def test_a_new_run_too_short_for_a_state_is_solved_from_the_whole_history_as_a_dagster_solve_would(home):
+    """The first sample of a new run: its window is too short to clean into a piece, so the service
+    prepares the whole history (the live state is then the previous run's end) and says why it is
+    not verified, as a Dagster solve of the same samples would."""
+    ledger, settings = Ledger(home / "optimizer.duckdb"), load_settings(home)
+    tags = ledger.get_binding("tanks-1").spec.tags
+    first = _continue_live_run(ledger, "tanks-1", 1).assign(run_id="a-new-run")
+    with SolverPool(size=1) as pool:
+        service = LiveService(ledger, settings, pool.solve, [LedgerSource(interval_s=0.05)], bindings=["tanks-1"])
+        thread = threading.Thread(target=service.run, kwargs={"until": lambda: service.published >= 1})
+        thread.start()
+        ledger.append_samples("tanks-1", first, tags, "simulation")
+        thread.join(WAIT_S)
+        assert not thread.is_alive()
+    rec = ledger.latest_recommendation("tanks-1")
+    assert rec.status == "unverified"
+    assert any("newest samples were dropped in cleaning" in reason for reason in rec.document()["reasons"])
+    assert ledger.get_run(rec.run_id).context["live_run"] != "a-new-run"
+
+
 # ---------------------------------------------------------------------------- the command, real processes
 
 

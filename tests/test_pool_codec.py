@@ -51,6 +51,15 @@ def test_problem_read_back_by_the_worker_equals_the_original_and_hashes_alike():
     assert _bits(again.x0 + again.bias) == _bits(problem.x0 + problem.bias)
 
 
+def test_a_problem_whose_hash_was_read_is_sent_as_before():
+    """The hash is kept on the instance once computed, under a private name the frame leaves out."""
+    problem = _problem()
+    before = codec.encode(problem)
+    assert problem.hash == problem.hash
+    sent = codec.encode(problem)
+    assert sent == before and b'"_hash"' not in sent and b'"hash"' not in sent
+
+
 def test_an_economic_and_a_steered_problem_read_back_equal_and_hash_alike():
     steady = replace(_problem(), template=Template.STEADY_RESPONSE, steady_gain=((0.5, 0.25), (0.1, 1 / 3)),
                      steady_dv_gain=((), ()), steady_offset=(0.0, 0.2), econ_u=(-1 / 3, 0.5), econ_uu=(0.0, 0.1),

@@ -117,8 +117,7 @@ def receding_horizon(first, steps, rng):
         u_now = nominal.controls[0] if nominal.controls else problem.u_prev
         u_norm = (np.asarray(u_now) - np.asarray(problem.u_mean)) / np.asarray(problem.u_std)
         x = A @ x + B @ u_norm + rng.normal(0.0, 0.05, x.shape)
-        problem = type(problem)(**{**problem.__dict__, "x0": tuple(map(float, x)),
-                                   "u_prev": tuple(map(float, u_norm))})
+        problem = replace(problem, x0=tuple(map(float, x)), u_prev=tuple(map(float, u_norm)))
     return problems
 
 

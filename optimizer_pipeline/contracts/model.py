@@ -3,7 +3,6 @@ the ModelArtifact that records them (normalised units z = (x - mean) / std)."""
 
 import json
 from dataclasses import dataclass, field, fields
-from functools import cached_property
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -138,11 +137,16 @@ class ModelArtifact:
     def to_dict(self) -> dict[str, Any]:
         return json.loads(canonical_json(self._doc()))
 
-    @cached_property
+    @property
     def artifact_hash(self) -> str:
         """The content hash, computed once per instance (the fields are not changed after it is made:
-        a changed artifact is a new instance, dataclasses.replace); a solve reads it a dozen times."""
-        return content_hash(self._doc())
+        a changed artifact is a new instance, dataclasses.replace) and kept as `_artifact_hash` (a
+        private name: orjson leaves it out of a dataclass it writes); a solve reads it a dozen times."""
+        cached = self.__dict__.get("_artifact_hash")
+        if cached is None:
+            cached = content_hash(self._doc())
+            object.__setattr__(self, "_artifact_hash", cached)
+        return cached
 
     @property
     def gates_passed(self) -> bool:

@@ -2,7 +2,6 @@
 
 import json
 from dataclasses import dataclass, fields
-from functools import cached_property
 from typing import Any, Mapping
 
 import numpy as np
@@ -108,10 +107,16 @@ class ProblemIR:
             return canonical_json(self)
         return canonical_json({f.name: getattr(self, f.name) for f in fields(self) if f.name not in left_out})
 
-    @cached_property
+    @property
     def hash(self) -> str:
-        """problem_ir_hash, computed once per instance (a changed problem is a new one: dataclasses.replace)."""
-        return sha256_hex(self.canonical_json())
+        """problem_ir_hash, computed once per instance (a changed problem is a new one: dataclasses.replace)
+        and kept as `_hash`: orjson, which writes a problem for the worker (solver/codec.py), skips
+        attributes whose names start with "_"."""
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = sha256_hex(self.canonical_json())
+            object.__setattr__(self, "_hash", cached)
+        return cached
 
     @staticmethod
     def from_dict(doc: Mapping[str, Any]) -> "ProblemIR":

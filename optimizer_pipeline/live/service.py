@@ -234,8 +234,13 @@ class LiveService:
                 publication, solved, split = future.result()
             except _NeedsFullSplit:
                 if served is not None:
+                    try:
+                        split = pipeline.current_split(self.ledger, served.stored)
+                    except Exception as exc:  # noqa: BLE001 - as a failed solve of this binding
+                        self._record_failure(binding_id, served, exc)
+                        continue
                     self._arrived[binding_id] = arrived
-                    self._submit(served, pipeline.current_split(self.ledger, served.stored))
+                    self._submit(served, split)
                 continue
             except Exception as exc:  # noqa: BLE001 - recorded for the binding, the others go on
                 self._record_failure(binding_id, served, exc)
