@@ -8,7 +8,6 @@ sample changes the current state only (data.with_live_run), and a re-solve goes 
 `pipeline.solve_and_decide` as a Dagster solve.
 """
 
-import logging
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Callable
@@ -25,12 +24,10 @@ from optimizer_pipeline.contracts import (
     SolveResult,
     StoredBinding,
 )
-from optimizer_pipeline.data import default_min_length, with_live_run
+from optimizer_pipeline.data import default_min_length
 from optimizer_pipeline.ledger import Ledger, OutcomeRecord, Publication
 from optimizer_pipeline.ledger.live_rows import Fingerprint
 from optimizer_pipeline.settings import Settings
-
-log = logging.getLogger(__name__)
 
 # Raw samples of the live run kept per binding, at least: the live state is cleaned from them. The
 # model's own need (its lags + the held disturbance's window + the outlier filter's half window) is
@@ -130,14 +127,6 @@ def load(ledger: Ledger, binding_id: str, fingerprint: Fingerprint, settings: Se
     window = ledger.recent_samples(binding_id, stored.spec.tags, run_id=run, rows=rows)
     return Served(stored, fingerprint, artifact, calibration, split, settled, ledger.list_verdicts(binding_id),
                   ledger.sample_source(binding_id) or EvidenceSource.REAL.value, window, rows)
-
-
-def live_split(served: Served, ledger: Ledger) -> HistorySplit:
-    """The split with the live run cleaned from the window; when cleaning leaves no piece of it long
-    enough, the whole stored history prepared again (its live run is then an older one, and the
-    split says the newest samples were dropped), as a Dagster solve would see it."""
-    split = with_live_run(served.split, served.window, served.stored.spec)
-    return split if split is not None else pipeline.current_split(ledger, served.stored)
 
 
 def resolve(served: Served, split: HistorySplit, solve: Callable[[ProblemIR], SolveResult], settings: Settings,
