@@ -98,20 +98,16 @@ class Served:
         return added
 
     def extend(self, ledger: Ledger) -> int:
-        """Read the samples stored after the window's newest into it (a newer run replaces the window:
-        it is the live run now); returns how many rows were added."""
+        """Read the samples stored after the window's newest into it (`add`; of a newer run, that run's
+        newest stored samples: it is the live run now); returns how many rows were added."""
         spec = self.stored.spec
         fresh = ledger.recent_samples(spec.id, spec.tags, after_ts=self.newest_t)
         if fresh.empty:
             return 0
         newest_run = fresh.loc[fresh["timestamp"].idxmax(), "run_id"]
-        current = None if self.window.empty else self.window["run_id"].iloc[-1]
-        if newest_run != current:  # a new live run: its stored samples are the window
-            self.window = ledger.recent_samples(spec.id, spec.tags, run_id=newest_run, rows=self.rows)
-            return len(self.window)
-        fresh = fresh[fresh["run_id"] == current]
-        self.window = pd.concat([self.window, fresh], ignore_index=True).tail(self.rows).reset_index(drop=True)
-        return len(fresh)
+        if self.window.empty or newest_run != self.window["run_id"].iloc[-1]:
+            fresh = ledger.recent_samples(spec.id, spec.tags, run_id=newest_run, rows=self.rows)
+        return self.add([fresh])
 
 
 def load(ledger: Ledger, binding_id: str, fingerprint: Fingerprint, settings: Settings, now: datetime) -> Served:
