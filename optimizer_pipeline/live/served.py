@@ -58,8 +58,6 @@ class Served:
     window: pd.DataFrame  # raw samples of the live run, time order: run_id, timestamp, tags
     rows: int  # the window's length bound
     solved_t: float | None = None  # the newest sample time it was last solved from
-    pending_t: float | None = None  # the newest sample time known to be stored
-    last_status: str | None = None  # the status of its last publication
 
     @property
     def binding_id(self) -> str:

@@ -110,10 +110,6 @@ class LiveService:
         self.held: set[str] = set()  # the bindings whose lease this service holds
         self.published = 0
 
-    def serves(self, binding_id: str) -> bool:
-        """Whether this service holds the binding's lease."""
-        return binding_id in self.held
-
     def ingests(self, binding_id: str) -> bool:
         """Whether this service takes the inbox files of a binding in its home: any binding when it was
         given none (the samples go to the ledger, where the service holding the lease finds them; an
@@ -269,7 +265,6 @@ class LiveService:
                      float(item.split.live.t[-1]))
             return
         self.published += 1
-        item.served.last_status = rec.status.value
         log.info("binding %s: %s %s, latency %.0f ms%s", item.served.binding_id, rec.id, rec.status.value,
                  item.latency_s * 1000, "" if not rec.reasons else f" ({rec.reasons[0]})")
 
@@ -308,7 +303,7 @@ class LiveService:
                 continue
             self.unservable.pop(binding_id, None)
             if current is not None:
-                served.solved_t, served.last_status = current.solved_t, current.last_status
+                served.solved_t = current.solved_t
                 if fingerprint.calibration_id != current.fingerprint.calibration_id or \
                         fingerprint.revision != current.fingerprint.revision:
                     served.solved_t = None  # a recalibration (or a new revision) ends with a re-solve
