@@ -6,8 +6,9 @@ checks, the Plots tab and the lineage show one history whichever loop solved.
 The ledger keeps every publication; Dagster gets a binding's status change at once and otherwise at
 most one publication per binding per `live.report_interval_s` (0: every one), the newest: 1000
 bindings re-solved every minute are 1.4 M publications a day, more than an event log should hold.
-The plan figure (a PNG in the metadata, most of a report's size) goes with a status change (and a
-binding's first report) only; the reports in between carry the tables and numbers.
+The plan figure (a PNG in the metadata, most of a report's size, ~0.3 s of matplotlib) goes with a status
+change only (against the binding's recommendation before, so a restart of the service does not draw
+every binding again); the reports in between carry the tables and numbers.
 Between two reports the asset page shows the last one reported (its metadata names its recommendation
 and run; `optimizer-pipeline recommendation` and the ledger have the newest). The plan figure is drawn
 for what is reported only, in background processes (plots.FigureQueue), so drawing takes no time
@@ -21,7 +22,7 @@ import threading
 import time
 from typing import Sequence
 
-from dagster import AssetCheckEvaluation, AssetKey, AssetMaterialization, DagsterInstance
+from dagster import AssetCheckEvaluation, AssetKey, AssetMaterialization, DagsterEvent, DagsterEventType, DagsterInstance
 
 from optimizer_pipeline import plots
 from optimizer_pipeline.assets.batch import shown
@@ -31,6 +32,7 @@ from optimizer_pipeline.live import Published
 log = logging.getLogger(__name__)
 
 RECOMMENDATION = AssetKey("recommendation")
+LIVE_JOB = "optimizer_live"  # the job name the check evaluations are filed under (no Dagster job runs them)
 
 
 class DagsterReporter:
@@ -39,8 +41,10 @@ class DagsterReporter:
     def __init__(self, instance: DagsterInstance, interval_s: float):
         self.instance, self.interval_s = instance, float(interval_s)
         self.reported = 0
-        self._last: dict[str, tuple[float, str]] = {}  # binding -> (monotonic time, status) last reported
-        self._pending: dict[str, tuple[Published, bool]] = {}  # binding -> newest publication due, with its figure?
+        self._last: dict[str, float] = {}  # binding -> monotonic time last reported
+        # binding -> the publications due, each with its figure or not: the newest only (a figure due for one
+        # it replaces goes with it), or every one when the interval is 0
+        self._pending: dict[str, list[tuple[Published, bool]]] = {}
         self._lock = threading.Lock()
         self._wake = queue.SimpleQueue()
         self._figures = plots.FigureQueue(plots.BACKGROUND_MIN_FIGURES)  # drawn in background processes
@@ -52,13 +56,16 @@ class DagsterReporter:
         now = time.monotonic()
         with self._lock:
             for item in published:
-                binding_id, status = item.served.binding_id, item.solved.decision.recommendation.status.value
+                binding_id = item.served.binding_id
                 last = self._last.get(binding_id)
-                changed = last is None or last[1] != status
-                if changed or now - last[0] >= self.interval_s:
-                    figure = changed or self._pending.get(binding_id, (None, False))[1]
-                    self._pending[binding_id] = (item, figure)
-                    self._last[binding_id] = (now, status)
+                if item.status_changed or last is None or now - last >= self.interval_s:
+                    due = self._pending.setdefault(binding_id, [])
+                    if self.interval_s > 0 and due:
+                        figure = item.status_changed or due[-1][1]
+                        due[-1] = (item, figure)
+                    else:
+                        due.append((item, item.status_changed))
+                    self._last[binding_id] = now
         self._wake.put(True)
 
     def close(self, timeout_s: float = 30.0) -> None:
@@ -71,7 +78,7 @@ class DagsterReporter:
         while True:
             more = self._wake.get()
             with self._lock:
-                batch, self._pending = list(self._pending.values()), {}
+                batch, self._pending = [due for each in self._pending.values() for due in each], {}
             described = [(item, self._describe(item, figure)) for item, figure in batch]  # figures queued at once
             for item, (metadata, check) in described:
                 try:
@@ -93,7 +100,14 @@ class DagsterReporter:
         metadata = shown(metadata)  # waits for the figure
         self.instance.report_runless_asset_event(
             AssetMaterialization(asset_key=RECOMMENDATION, partition=served.binding_id, metadata=metadata))
-        self.instance.report_runless_asset_event(AssetCheckEvaluation(
+        # Not report_runless_asset_event: Dagster files a runless check evaluation under run id "" and its
+        # unique index (asset key, check, run id, partition) refuses the second one of a partition
+        # (dagster 1.13 sql_event_log._store_runless_asset_check_evaluation). Each evaluation is filed
+        # under the publication's ledger run id instead (`optimizer-pipeline ledger` shows that run).
+        evaluation = AssetCheckEvaluation(
             asset_key=RECOMMENDATION, check_name=check.name, passed=check.passed, metadata=dict(check.metadata),
-            severity=check.severity, partition=served.binding_id))
+            severity=check.severity, partition=served.binding_id)
+        self.instance.report_dagster_event(
+            DagsterEvent(event_type_value=DagsterEventType.ASSET_CHECK_EVALUATION.value,
+                         event_specific_data=evaluation, job_name=LIVE_JOB), run_id=item.run_id)
         self.reported += 1

@@ -2,6 +2,7 @@
 Dagster calibrated, the real solver pool, the real Dagster instance it reports to; and the service
 loop in process against a Dagster solve of the same samples."""
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from dagster import AssetKey, AssetRecordsFilter, DagsterInstance, instance_for_test
+from dagster import AssetCheckKey, AssetKey, AssetRecordsFilter, DagsterInstance, instance_for_test
 
 from optimizer_pipeline.ledger import Ledger
 from optimizer_pipeline.live import InboxSource, LedgerSource, LiveService
@@ -141,6 +142,60 @@ def test_samples_arriving_during_a_solve_are_coalesced_into_the_next_one(home):
         assert not thread.is_alive()
     published = _publications(ledger, "tanks-1")
     assert published["live_t"].tolist() == pytest.approx([frame["timestamp"].iloc[0], frame["timestamp"].iloc[3]])
+
+
+class RecordingReporter:
+    """A stand-in Reporter that keeps what the service hands over (the Dagster reporter is fed below)."""
+
+    def __init__(self):
+        self.published = []
+
+    def report(self, published):
+        self.published.extend(published)
+
+
+def test_a_status_change_is_flagged_against_the_ledger_and_only_it_gets_the_plan_figure_in_dagster(home, tmp_path):
+    from optimizer_pipeline.assets.live_report import DagsterReporter
+
+    ledger, settings = Ledger(home / "optimizer.duckdb"), load_settings(home)
+    before = ledger.latest_recommendation("tanks-1").status  # the Dagster refresh's recommendation
+    recorder = RecordingReporter()
+    tags = ledger.get_binding("tanks-1").spec.tags
+    frame = _continue_live_run(ledger, "tanks-1", 2)
+    with SolverPool(size=1) as pool:
+        service = LiveService(ledger, settings, pool.solve, [LedgerSource(interval_s=0.05)], bindings=["tanks-1"],
+                              reporter=recorder)
+        thread = threading.Thread(target=service.run, kwargs={"until": lambda: service.published >= 2})
+        thread.start()
+        ledger.append_samples("tanks-1", frame.iloc[[0]], tags, "simulation")
+        _wait(lambda: service.published >= 1, "the first publication")
+        ledger.append_samples("tanks-1", frame.iloc[[1]], tags, "simulation")
+        thread.join(WAIT_S)
+        assert not thread.is_alive()
+    first, second = recorder.published
+    statuses = [p.solved.decision.recommendation.status.value for p in (first, second)]
+    assert first.status_changed == (statuses[0] != before)
+    assert second.status_changed == (statuses[1] != statuses[0])
+
+    # the Dagster side: every publication reported (interval 0), the figure only with a status change
+    changed = dataclasses.replace(second, status_changed=True)
+    (tmp_path / "dagster").mkdir()
+    with instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
+        reporter = DagsterReporter(instance, interval_s=0)
+        reporter.report([dataclasses.replace(first, status_changed=False)])
+        reporter.report([changed])
+        reporter.close()
+        records = instance.fetch_materializations(
+            AssetRecordsFilter(asset_key=AssetKey("recommendation"), asset_partitions=["tanks-1"]), limit=10).records
+        checks = instance.event_log_storage.get_asset_check_execution_history(
+            AssetCheckKey(AssetKey("recommendation"), "candidate_verified"), limit=10)
+    assert reporter.reported == 2
+    # both check evaluations of the partition are kept (Dagster refuses a second *runless* one)
+    assert sorted(c.run_id for c in checks) == sorted([first.run_id, second.run_id])
+    assert {c.partition for c in checks} == {"tanks-1"}
+    newest, oldest = [r.asset_materialization.metadata for r in records]  # newest first
+    assert "plot" in newest and "plot" not in oldest
+    assert newest["recommendation_id"].value == second.solved.decision.recommendation.id
 
 
 def test_a_failed_re_solve_is_recorded_for_its_binding_which_stays_served(home):

@@ -156,18 +156,28 @@ class PostgresBackend:
 
     @contextmanager
     def connection(self) -> Iterator[_Transaction]:
-        """The session's connection, else a pooled one; reads run in their own short transaction."""
+        """The session's connection, else a pooled one; reads run in their own short transaction.
+        A driver error comes out translated (a lost connection as RetryableError; the session takes
+        a new connection on its next use)."""
         session = self._session()
         if session is not None:
             if session.conn.broken and not session.in_transaction:
                 self._renewed(session)
-            yield _Transaction(session.conn)
-            if not session.in_transaction:
-                session.conn.commit()
+            try:
+                yield _Transaction(session.conn)
+                if not session.in_transaction:
+                    session.conn.commit()
+            except psycopg.Error as exc:
+                if not session.in_transaction and not session.conn.broken:
+                    session.conn.rollback()  # the session's next read starts clean
+                raise _translated(exc, self.location) from None
             return
         with self._pooled() as conn:
-            yield _Transaction(conn)
-            conn.commit()
+            try:
+                yield _Transaction(conn)
+                conn.commit()
+            except psycopg.Error as exc:
+                raise _translated(exc, self.location) from None
 
     @contextmanager
     def transaction(self) -> Iterator[_Transaction]:

@@ -29,7 +29,7 @@ import os
 import socket
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from enum import Enum
 from typing import Callable, Protocol, Sequence
@@ -46,6 +46,7 @@ from optimizer_pipeline.settings import Settings
 log = logging.getLogger(__name__)
 
 TICK_S = 0.05  # the loop's pause when it has nothing to do
+HOLD_S = 1.0  # the longest the loop keeps the ledger while it has work (LiveService._work)
 # how often the service touches its row, renews (and rebalances) its leases and compares the bindings'
 # model fingerprints
 HEARTBEAT_S = 5.0
@@ -65,14 +66,16 @@ class State(str, Enum):
 @dataclass(frozen=True)
 class Published:
     """One publication, as the reporter gets it: the binding as served, the solve, the split it was
-    solved from, the run id written (None: another service had published those samples) and the
-    latency from the samples' arrival to the commit (s)."""
+    solved from, the run id written (None: another service had published those samples), the
+    latency from the samples' arrival to the commit (s), and whether its status differs from the
+    binding's recommendation before it (a restart compares with the ledger's latest)."""
 
     served: Served
     solved: pipeline.Solved
     split: HistorySplit
     run_id: str | None
     latency_s: float
+    status_changed: bool
 
 
 class Reporter(Protocol):
@@ -108,6 +111,7 @@ class LiveService:
         self._unpublished: list[tuple[Served, Publication, pipeline.Solved, HistorySplit, float]] = []
         self._next_heartbeat = 0.0
         self.held: set[str] = set()  # the bindings whose lease this service holds
+        self._status: dict[str, str] = {}  # binding -> status of its latest recommendation (ledger, then published)
         self.published = 0
 
     def ingests(self, binding_id: str) -> bool:
@@ -139,7 +143,8 @@ class LiveService:
         self.ledger.live_register(self.id, socket.gethostname(), os.getpid(),
                                   None if self.wanted is None else sorted(self.wanted))
         try:
-            self._heartbeat()
+            with self.ledger.session():  # the bindings' first load: one connection (DuckDB: one lock)
+                self._heartbeat()
             self._set_state(State.SERVING)
             log.info("live %s: serving %d binding(s): %s", self.id, len(self.served), ", ".join(sorted(self.served)))
             if on_serving is not None:
@@ -147,7 +152,7 @@ class LiveService:
             backoff = 0.0
             while not self._stop.is_set() and not (until is not None and until()):
                 try:
-                    busy = self.tick()
+                    busy = self._work()
                     backoff = 0.0
                 except LedgerError as exc:  # unreachable or busy: retried; nothing solved is dropped
                     backoff = min(MAX_BACKOFF_S, max(TICK_S, 2 * backoff))
@@ -159,6 +164,21 @@ class LiveService:
                     self._stop.wait(TICK_S)
         finally:
             self._shutdown()
+
+    def _work(self) -> bool:
+        """A tick; when it had work, more ticks in ONE ledger session (DuckDB: one connection and its
+        lock, instead of an open, a checkpoint and a close per tick) while there is work, for up to
+        HOLD_S, so the Dagster runs and sensors of the home get the ledger between two holds."""
+        if not self.tick():
+            return False
+        end = time.monotonic() + HOLD_S
+        with self.ledger.session():
+            while time.monotonic() < end and not self._stop.is_set():
+                if not self.tick():
+                    if not self._in_flight:
+                        break
+                    wait([f for f, _ in self._in_flight.values()], timeout=TICK_S, return_when=FIRST_COMPLETED)
+        return True
 
     def tick(self) -> bool:
         """One pass of the loop; True when it did something (so the loop does not pause). The ledger
@@ -250,8 +270,13 @@ class LiveService:
                 self._unpublished = ready  # written with the next batch, once the ledger is back
                 raise
             end = time.monotonic()
-            published = [Published(s, solved, split, run_id, end - arrived)
-                         for (s, _, solved, split, arrived), run_id in zip(ready, run_ids)]
+            published = []
+            for (served, _, solved, split, arrived), run_id in zip(ready, run_ids):
+                status = solved.decision.recommendation.status.value
+                changed = self._status.get(served.binding_id) != status
+                if run_id is not None:
+                    self._status[served.binding_id] = status
+                published.append(Published(served, solved, split, run_id, end - arrived, changed))
             for item in published:
                 self._log(item)
             if self.reporter is not None:
@@ -345,6 +370,7 @@ class LiveService:
         rec = self.ledger.latest_recommendation(binding_id)
         if rec is None:
             return None
+        self._status[binding_id] = rec.status
         context = self.ledger.get_run(rec.run_id).context
         if rec.binding_revision != fingerprint.revision or \
                 context.get("calibration_id") != fingerprint.calibration_id or context.get("live_t") is None:
