@@ -166,7 +166,9 @@ def re_solve_requests(context: SensorEvaluationContext, store, only: set[str] | 
                 or rec.binding_revision != stored[binding_id].revision):
             continue
         solved = store.get_run(rec.run_id).context
-        solved_from = solved.get("live_t")
+        # a live service's summarised publications follow that run: the newest of them is what was solved
+        solved_from = max((float(t) for t in (solved.get("live_t"), store.live_published_up_to(
+            binding_id, rec.binding_revision, solved.get("calibration_id"))) if t is not None), default=None)
         # the solve's live time is on the sample grid: a raw time up to half a period later is the same sample
         if solved_from is None or newest > float(solved_from) + stored[binding_id].spec.sample_period_s / 2:
             requests.append(RunRequest(partition_key=binding_id, run_key=f"{binding_id}@t{newest:.3f}",

@@ -66,6 +66,10 @@ class Settings:
     # the live service reports a binding's publication to Dagster at most this often, a status change at
     # once; 0 reports every publication (optimizer_pipeline/live/service.py)
     live_report_interval_s: float = 300.0
+    # a live publication with the status of the binding's open recommendation is summarised (its status,
+    # reasons and advice kept in live_publications) unless that one is older than this (or than 0.9 x
+    # the binding's valid_for_s): then it is written whole (optimizer_pipeline/ledger/live_rows.py)
+    live_whole_every_s: float = 3600.0
     ledger_url: str | None = None  # postgresql://... ; unset: the DuckDB file <home>/optimizer.duckdb
     dagster_postgres_url: str | None = None  # the Dagster instance's storage; unset: SQLite under <home>/dagster
     dagster_run_launcher: str = "in_process"  # in_process | celery
@@ -145,6 +149,7 @@ _SPEC: dict[str, tuple[str, Rule]] = {
     "schedule.timezone": ("schedule_timezone", Rule(_timezone, "an IANA time zone such as 'Europe/Berlin'")),
     "live.max_age_s": ("live_max_age_s", number_rule(float, POSITIVE)),
     "live.report_interval_s": ("live_report_interval_s", number_rule(float, NON_NEGATIVE)),
+    "live.whole_every_s": ("live_whole_every_s", number_rule(float, NON_NEGATIVE)),
     "ledger.url": ("ledger_url", Rule(_postgres_url, "a URL such as 'postgresql://user@host:5432/optimizer'")),
     "dagster.postgres_url": ("dagster_postgres_url",
                              Rule(_postgres_url, "a URL such as 'postgresql://user@host:5432/dagster'")),

@@ -3,6 +3,7 @@ Dagster calibrated, the real solver pool, the real Dagster instance it reports t
 loop in process against a Dagster solve of the same samples."""
 
 import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from dagster import AssetCheckKey, AssetKey, AssetRecordsFilter, DagsterInstance, instance_for_test
+from dagster import AssetCheckKey, AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInstance, instance_for_test
 
 from optimizer_pipeline.ledger import Ledger
 from optimizer_pipeline.live import InboxSource, LedgerSource, LiveService
@@ -176,6 +177,8 @@ def test_a_status_change_is_flagged_against_the_ledger_and_only_it_gets_the_plan
     statuses = [p.solved.decision.recommendation.status.value for p in (first, second)]
     assert first.status_changed == (statuses[0] != before)
     assert second.status_changed == (statuses[1] != statuses[0])
+    # a service's first publication of a binding is whole; the next is summarised unless its status changed
+    assert first.whole and second.whole == second.status_changed
 
     # the Dagster side: every publication reported (interval 0), the figure only with a status change
     changed = dataclasses.replace(second, status_changed=True)
@@ -189,13 +192,82 @@ def test_a_status_change_is_flagged_against_the_ledger_and_only_it_gets_the_plan
             AssetRecordsFilter(asset_key=AssetKey("recommendation"), asset_partitions=["tanks-1"]), limit=10).records
         checks = instance.event_log_storage.get_asset_check_execution_history(
             AssetCheckKey(AssetKey("recommendation"), "candidate_verified"), limit=10)
+        evaluations = instance.all_logs(first.service_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION)
     assert reporter.reported == 2
-    # both check evaluations of the partition are kept (Dagster refuses a second *runless* one)
-    assert sorted(c.run_id for c in checks) == sorted([first.run_id, second.run_id])
-    assert {c.partition for c in checks} == {"tanks-1"}
+    # both check evaluations are in the event log, under the service's id (Dagster refuses a second
+    # *runless* one of a partition); the partition's check shows the newest
+    assert [e.dagster_event.event_specific_data.partition for e in evaluations] == ["tanks-1", "tanks-1"]
+    assert [(c.run_id, c.partition) for c in checks] == [(first.service_id, "tanks-1")]
+    assert checks[0].event.timestamp == evaluations[-1].timestamp
     newest, oldest = [r.asset_materialization.metadata for r in records]  # newest first
     assert "plot" in newest and "plot" not in oldest
     assert newest["recommendation_id"].value == second.solved.decision.recommendation.id
+
+
+def test_publications_with_an_unchanged_status_are_summarised_with_their_advice_and_a_lapse_writes_one_whole(
+        home, capsys):
+    """The ledger keeps every publication's status, reasons and advice; only the first (and one whose
+    recommendation is no longer open, or past live.whole_every_s) is written whole; `recommendation`
+    shows the newest summarised advice beside the open recommendation."""
+    from optimizer_pipeline import cli
+
+    ledger, settings = Ledger(home / "optimizer.duckdb"), load_settings(home)
+    recorder = RecordingReporter()
+    tags = ledger.get_binding("tanks-1").spec.tags
+    frame = _continue_live_run(ledger, "tanks-1", 4)
+    runs_before = ledger.counts()["optimizer_runs"]
+    with SolverPool(size=1) as pool:
+        service = LiveService(ledger, settings, pool.solve, [LedgerSource(interval_s=0.05)], bindings=["tanks-1"],
+                              reporter=recorder)
+        thread = threading.Thread(target=service.run, kwargs={"until": lambda: service.published >= 4})
+        thread.start()
+        for k in range(4):
+            if k == 3:  # the whole one it would follow expires (as past its valid_until): written whole again
+                ledger.expire_past_valid_until(now=pd.Timestamp.now("UTC") + pd.Timedelta(days=1))
+            ledger.append_samples("tanks-1", frame.iloc[[k]], tags, "simulation")
+            _wait(lambda: service.published >= k + 1, f"publication {k + 1}")
+            if k == 2:
+                capsys.readouterr()
+                assert cli.main(["--home", str(home), "recommendation", "tanks-1", "--json"]) == 0
+                shown = json.loads(capsys.readouterr().out)
+        thread.join(WAIT_S)
+        assert not thread.is_alive()
+    published = recorder.published
+    newest = published[2].solved.decision.recommendation
+    assert shown["run_id"] == published[0].run_id
+    assert shown["live_advice"]["advice"] == dict(zip(newest.mv_tags, newest.controls[0]))
+    statuses = [p.solved.decision.recommendation.status.value for p in published]
+    assert len(set(statuses)) == 1, statuses  # the same samples held: the same status throughout
+    rows = _publications(ledger, "tanks-1")
+    assert rows["whole"].tolist() == [True, False, False, True]
+    assert [p.whole for p in published] == [True, False, False, True]
+    # summarised: they follow the first one's run, which stays the open recommendation
+    assert rows["run_id"].tolist()[1:3] == [published[0].run_id] * 2
+    assert ledger.counts()["optimizer_runs"] == runs_before + 2
+    assert ledger.latest_recommendation("tanks-1").run_id == published[3].run_id
+    # every publication's advice (the MVs' first move), status and reasons kept exactly
+    for row, item in zip(rows.itertuples(), published):
+        rec = item.solved.decision.recommendation
+        assert json.loads(row.advice_json) == dict(zip(rec.mv_tags, rec.controls[0]))
+        assert row.status == rec.status.value and json.loads(row.reasons_json) == list(rec.reasons)
+        assert row.live_t == pytest.approx(float(item.split.live.t[-1]))
+
+
+def test_with_whole_every_0_every_live_publication_is_written_whole(home):
+    (home / "settings.yaml").write_text("live:\n  whole_every_s: 0\n")
+    ledger, settings = Ledger(home / "optimizer.duckdb"), load_settings(home)
+    tags = ledger.get_binding("tanks-1").spec.tags
+    frame = _continue_live_run(ledger, "tanks-1", 2)
+    with SolverPool(size=1) as pool:
+        service = LiveService(ledger, settings, pool.solve, [LedgerSource(interval_s=0.05)], bindings=["tanks-1"])
+        thread = threading.Thread(target=service.run, kwargs={"until": lambda: service.published >= 2})
+        thread.start()
+        for k in range(2):
+            ledger.append_samples("tanks-1", frame.iloc[[k]], tags, "simulation")
+            _wait(lambda: service.published >= k + 1, f"publication {k + 1}")
+        thread.join(WAIT_S)
+    rows = _publications(ledger, "tanks-1")
+    assert rows["whole"].tolist() == [True, True] and rows["run_id"].nunique() == 2
 
 
 def test_a_failed_re_solve_is_recorded_for_its_binding_which_stays_served(home):

@@ -15,11 +15,11 @@ from optimizer_pipeline.ledger.records import (
     candidate_id,
     new_id,
 )
-from optimizer_pipeline.ledger.live_rows import LiveService, Publication
+from optimizer_pipeline.ledger.live_rows import LivePublication, LiveService, Publication, Written
 from optimizer_pipeline.ledger.repository import Ledger, open_ledger
 from optimizer_pipeline.ledger.schema import SCHEMA_VERSION
 
 __all__ = ["SCHEMA_VERSION", "BindingFailure", "BindingUpsert", "CalibrationRecord", "CandidateRecord",
-           "HistorySplitRecord", "Ledger", "LedgerBusyError", "LedgerError", "LiveService", "NotFoundError", "OutcomeRecord",
-           "Publication", "RecommendationRecord", "RunRecord", "RunStateError", "StoredBinding", "WhatIfRecord", "candidate_id", "new_id",
-           "open_ledger"]
+           "HistorySplitRecord", "Ledger", "LedgerBusyError", "LedgerError", "LivePublication", "LiveService",
+           "NotFoundError", "OutcomeRecord", "Publication", "RecommendationRecord", "RunRecord", "RunStateError",
+           "StoredBinding", "WhatIfRecord", "Written", "candidate_id", "new_id", "open_ledger"]

@@ -5,8 +5,9 @@ polls for, and its publications, several per transaction, each under a unique pu
 import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
+import orjson
 import pandas as pd
 
 from optimizer_pipeline.contracts import Recommendation, SolveCandidate
@@ -33,6 +34,35 @@ class Publication:
     independent_cost: float | None
     diagnostics: Mapping[str, Any]
     evidence_source: str
+    # the recommendation this one may be summarised against (LiveRows.publish_live): the binding's
+    # latest, when the service judged it current (same status, revision and calibration, young enough)
+    follows: str | None = None
+
+
+class Written(NamedTuple):
+    """What publish_live wrote of a publication: the run it is (whole) or follows (summarised)."""
+
+    run_id: str
+    whole: bool
+
+
+@dataclass(frozen=True)
+class LivePublication:
+    """A live_publications row: the publication's key, the run it is or follows, who published it
+    when, and what it said (status, reasons, advice: MV -> the value to set now; cost)."""
+
+    binding_id: str
+    binding_revision: int
+    calibration_id: str
+    live_t: float
+    run_id: str
+    service_id: str
+    published_at: datetime
+    whole: bool
+    status: str | None
+    reasons: tuple[str, ...]
+    advice: Mapping[str, float]
+    cost: float | None
 
 
 @dataclass(frozen=True)
@@ -207,18 +237,25 @@ class LiveRows:
     # ------------------------------------------------------------------ publications
 
     @retried
-    def publish_live(self, service_id: str, publications: Sequence[Publication]) -> list[str | None]:
-        """Every publication (run + candidates + recommendation, as `record_solve` writes them) in ONE
-        transaction, each with its key in `live_publications`; a publication whose key is already
-        there (another service published those samples) is skipped: None in its place, else its run
-        id. Keys written by a concurrent transaction make the primary key refuse this one, and the
-        retry (PostgreSQL's unique violation is retried) then skips them."""
-        writes = [self._solve_write(p.run, p.candidates, p.model_id, p.recommendation, p.run_status,
-                                    p.independent_cost, p.diagnostics, p.evidence_source, True) for p in publications]
+    def publish_live(self, service_id: str, publications: Sequence[Publication]) -> list[Written | None]:
+        """Every publication in ONE transaction, each with its key, status, reasons and advice in
+        `live_publications`. A publication whose key is already there (another service published those
+        samples) is skipped: None in its place. One that `follows` a recommendation still open with
+        the same status is summarised (its row only, naming that recommendation's run); any other is
+        written whole (run + candidates + recommendation, as `record_solve` writes them). Keys written
+        by a concurrent transaction make the primary key refuse this one, and the retry (PostgreSQL's
+        unique violation is retried) then skips them."""
+        def whole(p: Publication):
+            return self._solve_write(p.run, p.candidates, p.model_id, p.recommendation, p.run_status,
+                                     p.independent_cost, p.diagnostics, p.evidence_source, True)
+
+        # prepared (and checked) before the transaction, but for those likely summarised
+        writes = [whole(p) if p.follows is None else None for p in publications]
         now = naive_now()
         with self.backend.transaction() as tx:
-            done = []
+            done: list[Written | None] = []
             for publication, write in zip(publications, writes):
+                rec = publication.recommendation
                 key = [publication.binding_id, publication.binding_revision, publication.calibration_id,
                        float(publication.live_t)]
                 _, rows = self.backend.fetch(tx, "SELECT run_id FROM live_publications WHERE binding_id = ? AND "
@@ -226,7 +263,46 @@ class LiveRows:
                 if rows:
                     done.append(None)
                     continue
-                run_id = write(tx)
-                tx.execute("INSERT INTO live_publications VALUES (?, ?, ?, ?, ?, ?, ?)", key + [run_id, service_id, now])
-                done.append(run_id)
+                followed = self._still_open(tx, publication)
+                written = Written(followed, False) if followed is not None else \
+                    Written((write or whole(publication))(tx), True)
+                advice = dict(zip(rec.mv_tags, rec.controls[0])) if rec.controls else {}
+                tx.execute("INSERT INTO live_publications VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                           key + [written.run_id, service_id, now, written.whole, rec.status.value,
+                                  orjson.dumps(list(rec.reasons)).decode(), orjson.dumps(advice).decode(), rec.cost])
+                done.append(written)
             return done
+
+    def _still_open(self, tx: Any, publication: Publication) -> str | None:
+        """The run of the recommendation `publication` follows, when that one is still open (nothing
+        expired or superseded it) with the same status and revision; else None."""
+        if publication.follows is None:
+            return None
+        rec = publication.recommendation
+        _, rows = self.backend.fetch(tx, "SELECT run_id FROM optimizer_recommendations WHERE id = ? AND binding_id = ? "
+                                         "AND binding_revision = ? AND status = ? AND expired_at IS NULL",
+                                     [publication.follows, rec.binding_id, rec.binding_revision, rec.status.value])
+        return rows[0][0] if rows else None
+
+    def live_published_up_to(self, binding_id: str, revision: int, calibration_id: str) -> float | None:
+        """The newest sample time (s) a live publication of the binding's revision and calibration was
+        solved from (whole or summarised); None when there is none."""
+        with self.backend.connection() as conn:
+            _, rows = self.backend.fetch(conn, "SELECT max(live_t) FROM live_publications WHERE binding_id = ? AND "
+                                               "binding_revision = ? AND calibration_id = ?",
+                                         [binding_id, revision, calibration_id])
+        return None if rows[0][0] is None else float(rows[0][0])
+
+    def latest_live_publication(self, binding_id: str) -> LivePublication | None:
+        """The binding's newest live publication (whole or summarised), None when it has none."""
+        with self.backend.connection() as conn:
+            columns, rows = self.backend.fetch(conn, "SELECT * FROM live_publications WHERE binding_id = ? "
+                                                     "ORDER BY published_at DESC, live_t DESC LIMIT 1", [binding_id])
+        if not rows:
+            return None
+        doc = dict(zip(columns, rows[0]))
+        return LivePublication(doc["binding_id"], int(doc["binding_revision"]), doc["calibration_id"],
+                               float(doc["live_t"]), doc["run_id"], doc["service_id"], doc["published_at"],
+                               bool(doc["whole"]), doc["status"],
+                               tuple(json.loads(doc["reasons_json"] or "[]")), json.loads(doc["advice_json"] or "{}"),
+                               doc["cost"])

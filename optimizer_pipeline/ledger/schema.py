@@ -286,6 +286,18 @@ MIGRATIONS: list[tuple[int, str, list[Statement]]] = [
         # already skip the old samples (an ART index would slow every insert)
         {DUCKDB: "SELECT 1", POSTGRES: "CREATE INDEX plant_samples_ingested_at ON plant_samples (ingested_at)"},
     ]),
+    # Summarised live publications (docs/ARCHITECTURE.md, "What the ledger keeps of a live
+    # publication"): every publication's status, reasons and advice (the MVs' values to set now, exact)
+    # in its live_publications row; only a status change, a new revision or calibration, and one
+    # publication per `live.whole_every_s` write the whole run, candidates and recommendation (`whole`);
+    # the others name the whole publication they follow (run_id). Rows before this version were whole.
+    (8, "live publications: whole or summarised, with status, reasons and advice", [
+        "ALTER TABLE live_publications ADD COLUMN whole BOOLEAN DEFAULT TRUE",
+        "ALTER TABLE live_publications ADD COLUMN status VARCHAR",
+        "ALTER TABLE live_publications ADD COLUMN reasons_json VARCHAR",
+        "ALTER TABLE live_publications ADD COLUMN advice_json VARCHAR",
+        "ALTER TABLE live_publications ADD COLUMN cost DOUBLE",
+    ]),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]

@@ -30,12 +30,12 @@ import socket
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Callable, Protocol, Sequence
 
 from optimizer_pipeline import pipeline
-from optimizer_pipeline.contracts import BindingSpec, HistorySplit, SolveResult, utc_now
+from optimizer_pipeline.contracts import BindingSpec, HistorySplit, SolveResult, parse_iso_utc, utc_now
 from optimizer_pipeline.ledger import Ledger, LedgerError, NotFoundError, Publication, new_id
 from optimizer_pipeline.ledger.live_rows import Fingerprint
 from optimizer_pipeline.data import with_live_run
@@ -65,17 +65,34 @@ class State(str, Enum):
 
 @dataclass(frozen=True)
 class Published:
-    """One publication, as the reporter gets it: the binding as served, the solve, the split it was
-    solved from, the run id written (None: another service had published those samples), the
-    latency from the samples' arrival to the commit (s), and whether its status differs from the
-    binding's recommendation before it (a restart compares with the ledger's latest)."""
+    """One publication, as the reporter gets it: the service that published it, the binding as
+    served, the solve, the split it was solved from, the run it was written as (whole) or follows (summarised; None: another service had
+    published those samples), the latency from the samples' arrival to the commit (s), and whether
+    its status differs from the binding's recommendation before it (a restart compares with the
+    ledger's latest)."""
 
+    service_id: str
     served: Served
     solved: pipeline.Solved
     split: HistorySplit
     run_id: str | None
+    whole: bool
     latency_s: float
     status_changed: bool
+
+
+@dataclass(frozen=True)
+class _Latest:
+    """A binding's latest recommendation as the service knows it: the status a publication is compared
+    with and, when this service wrote it, what a publication may be summarised against
+    (LiveService._follows)."""
+
+    rec_id: str
+    status: str
+    revision: int
+    calibration_id: str | None
+    created: float  # s since epoch
+    ours: bool  # written whole by this service (a service's first publication of a binding is whole)
 
 
 class Reporter(Protocol):
@@ -111,7 +128,7 @@ class LiveService:
         self._unpublished: list[tuple[Served, Publication, pipeline.Solved, HistorySplit, float]] = []
         self._next_heartbeat = 0.0
         self.held: set[str] = set()  # the bindings whose lease this service holds
-        self._status: dict[str, str] = {}  # binding -> status of its latest recommendation (ledger, then published)
+        self._latest: dict[str, _Latest] = {}  # binding -> its latest recommendation (ledger, then published)
         self.published = 0
 
     def ingests(self, binding_id: str) -> bool:
@@ -264,24 +281,42 @@ class LiveService:
             if served is not None:
                 ready.append((served, publication, solved, split, arrived))
         if ready:
+            now = time.time()
             try:
-                run_ids = self.ledger.publish_live(self.id, [p for _, p, _, _, _ in ready])
+                written = self.ledger.publish_live(
+                    self.id, [replace(p, follows=self._follows(s, p, now)) for s, p, _, _, _ in ready])
             except LedgerError:
                 self._unpublished = ready  # written with the next batch, once the ledger is back
                 raise
             end = time.monotonic()
             published = []
-            for (served, _, solved, split, arrived), run_id in zip(ready, run_ids):
-                status = solved.decision.recommendation.status.value
-                changed = self._status.get(served.binding_id) != status
-                if run_id is not None:
-                    self._status[served.binding_id] = status
-                published.append(Published(served, solved, split, run_id, end - arrived, changed))
+            for (served, publication, solved, split, arrived), done in zip(ready, written):
+                rec = solved.decision.recommendation
+                latest = self._latest.get(served.binding_id)
+                changed = latest is None or latest.status != rec.status.value
+                if done is not None and done.whole:
+                    self._latest[served.binding_id] = _Latest(rec.id, rec.status.value, rec.binding_revision,
+                                                              publication.calibration_id, now, True)
+                published.append(Published(self.id, served, solved, split, None if done is None else done.run_id,
+                                           done is not None and done.whole, end - arrived, changed))
             for item in published:
                 self._log(item)
             if self.reporter is not None:
                 self.reporter.report([p for p in published if p.run_id is not None])
         return True
+
+    def _follows(self, served: Served, publication: Publication, now: float) -> str | None:
+        """The recommendation `publication` may be summarised against: the binding's latest, when this
+        service wrote it whole with the same status, revision and calibration, younger than
+        `live.whole_every_s` and 0.9 x the binding's valid_for_s (so a served binding's open
+        recommendation never lapses); the ledger still checks that it is open (LiveRows.publish_live)."""
+        latest = self._latest.get(served.binding_id)
+        rec = publication.recommendation
+        if latest is None or not latest.ours or (latest.status, latest.revision, latest.calibration_id) != \
+                (rec.status.value, rec.binding_revision, publication.calibration_id):
+            return None
+        whole_every_s = min(self.settings.live_whole_every_s, 0.9 * served.stored.spec.profile.valid_for_s)
+        return latest.rec_id if now - latest.created < whole_every_s else None
 
     def _log(self, item: Published) -> None:
         rec = item.solved.decision.recommendation
@@ -290,8 +325,9 @@ class LiveService:
                      float(item.split.live.t[-1]))
             return
         self.published += 1
-        log.info("binding %s: %s %s, latency %.0f ms%s", item.served.binding_id, rec.id, rec.status.value,
-                 item.latency_s * 1000, "" if not rec.reasons else f" ({rec.reasons[0]})")
+        log.info("binding %s: %s %s%s, latency %.0f ms%s", item.served.binding_id, rec.id, rec.status.value,
+                 "" if item.whole else f" (summarised, follows run {item.run_id})", item.latency_s * 1000,
+                 "" if not rec.reasons else f" ({rec.reasons[0]})")
 
     def _record_failure(self, binding_id: str, served: Served | None, exc: Exception) -> None:
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -365,17 +401,19 @@ class LiveService:
         self.held = held
 
     def _solved_from(self, binding_id: str, fingerprint: Fingerprint) -> float | None:
-        """The newest sample the binding's latest recommendation was solved from, when that was for its
-        current revision and calibration (a restart does not solve the same samples again)."""
+        """The newest sample the binding's current revision and calibration were solved from, by a
+        live publication (whole or summarised) or the latest recommendation (a restart does not solve
+        the same samples again); the latest recommendation is remembered (_latest)."""
         rec = self.ledger.latest_recommendation(binding_id)
         if rec is None:
             return None
-        self._status[binding_id] = rec.status
         context = self.ledger.get_run(rec.run_id).context
-        if rec.binding_revision != fingerprint.revision or \
-                context.get("calibration_id") != fingerprint.calibration_id or context.get("live_t") is None:
-            return None
-        return float(context["live_t"])
+        self._latest[binding_id] = _Latest(rec.id, rec.status, rec.binding_revision, context.get("calibration_id"),
+                                           parse_iso_utc(rec.created_at).timestamp(), False)
+        solved = [self.ledger.live_published_up_to(binding_id, fingerprint.revision, fingerprint.calibration_id)]
+        if rec.binding_revision == fingerprint.revision and context.get("calibration_id") == fingerprint.calibration_id:
+            solved.append(context.get("live_t"))
+        return max((float(t) for t in solved if t is not None), default=None)
 
     # ------------------------------------------------------------------ states
 
