@@ -107,7 +107,7 @@ class DagsterReporter:
         # (dagster 1.13 sql_event_log._store_runless_asset_check_evaluation). Filed under the service's id
         # as its run id instead: Dagster updates the partition's execution row of that run in place (the
         # check shows the newest evaluation; the event log keeps each), and the SQLite event log keeps one
-        # file per run id, so one id per service (a run id per publication: ~125 kB and 0.5 s a report,
+        # file per run id, so one id per service (a run id per publication: ~125 kB and 0.3 s a report,
         # bench/bench_live_eventlog.py).
         evaluation = AssetCheckEvaluation(
             asset_key=RECOMMENDATION, check_name=check.name, passed=check.passed, metadata=dict(check.metadata),

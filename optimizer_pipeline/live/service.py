@@ -66,8 +66,8 @@ class State(str, Enum):
 @dataclass(frozen=True)
 class Published:
     """One publication, as the reporter gets it: the service that published it, the binding as
-    served, the solve, the split it was solved from, the run it was written as (whole) or follows (summarised; None: another service had
-    published those samples), the latency from the samples' arrival to the commit (s), and whether
+    served, the solve, the split it was solved from, the run it was written as (whole) or follows
+    (summarised; None: another service had published those samples), the latency from the samples' arrival to the commit (s), and whether
     its status differs from the binding's recommendation before it (a restart compares with the
     ledger's latest)."""
 
