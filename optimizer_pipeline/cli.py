@@ -8,11 +8,10 @@ import json
 import os
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, Sequence
 
-from optimizer_pipeline.contracts import ContractError, EvidenceSource, iso_utc, load_binding_file
+from optimizer_pipeline.contracts import ContractError, EvidenceSource, load_binding_file
 from optimizer_pipeline.economics import economic_value
 from optimizer_pipeline.settings import dagster_home, disk_full, ledger_path, load_settings, resolve_home
 
@@ -183,22 +182,15 @@ def cmd_recommendation(args: argparse.Namespace, home: Path) -> int:
         raise UserError(f"binding {args.binding_id!r} has no recommendation yet; run "
                         f"`optimizer-pipeline materialize {args.binding_id}`")
     doc = row.document()
-    # the live service's newer publications with the same status are summarised: their advice is newer
-    live = ledger.latest_live_publication(args.binding_id)
-    if live is not None and not live.whole and live.run_id == row.run_id and row.status == live.status:
-        doc["live_advice"] = {"live_t": iso_utc(datetime.fromtimestamp(live.live_t, timezone.utc)),
-                              "published_at": iso_utc(live.published_at.replace(tzinfo=timezone.utc)),
-                              "advice": dict(live.advice), "reasons": list(live.reasons), "cost": live.cost}
+    advice = ledger.live_advice(row)  # the live service's newer summarised publications: their advice is newer
+    doc.update({"live_advice": advice} if advice else {})
     if args.json:
-        print(json.dumps(doc, indent=2))
-    else:
-        spec = ledger.get_binding(args.binding_id, revision=doc["binding_revision"]).spec
-        value = economic_value(spec, doc["controls"][-1], doc["predicted"][-1]) if doc["controls"] else None
-        print(_describe(doc) + ("" if value is None else f"\neconomic cost J at the plan's end: {value:.6g}"))
-        if "live_advice" in doc:
-            newest = doc["live_advice"]
-            print(f"newest advice of the live service (samples up to {newest['live_t']}, same status, summarised): "
-                  + ", ".join(f"{tag} = {value:.6g}" for tag, value in newest["advice"].items()))
+        return print(json.dumps(doc, indent=2)) or 0
+    spec = ledger.get_binding(args.binding_id, revision=doc["binding_revision"]).spec
+    value = economic_value(spec, doc["controls"][-1], doc["predicted"][-1]) if doc["controls"] else None
+    print(_describe(doc) + ("" if value is None else f"\neconomic cost J at the plan's end: {value:.6g}") + (
+        "" if not advice else "\nnewest advice of the live service (samples up to " + advice["live_t"] + ", same "
+        "status, summarised): " + ", ".join(f"{tag} = {v:.6g}" for tag, v in advice["advice"].items())))
     return 0
 
 

@@ -4,13 +4,13 @@ polls for, and its publications, several per transaction, each under a unique pu
 
 import json
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any, Mapping, NamedTuple, Sequence
 
 import orjson
 import pandas as pd
 
-from optimizer_pipeline.contracts import Recommendation, SolveCandidate
+from optimizer_pipeline.contracts import Recommendation, SolveCandidate, iso_utc
 from optimizer_pipeline.ledger.records import naive, naive_now
 from optimizer_pipeline.ledger.writes import retried
 
@@ -292,6 +292,16 @@ class LiveRows:
                                                "binding_revision = ? AND calibration_id = ?",
                                          [binding_id, revision, calibration_id])
         return None if rows[0][0] is None else float(rows[0][0])
+
+    def live_advice(self, rec: Any) -> dict[str, Any] | None:
+        """The newest summarised advice following recommendation record `rec` (same run and status),
+        as `recommendation --json` shows it; None when there is none."""
+        live = self.latest_live_publication(rec.binding_id)
+        if live is None or live.whole or live.run_id != rec.run_id or live.status != rec.status:
+            return None
+        return {"live_t": iso_utc(datetime.fromtimestamp(live.live_t, timezone.utc)),
+                "published_at": iso_utc(live.published_at.replace(tzinfo=timezone.utc)),
+                "advice": dict(live.advice), "reasons": list(live.reasons), "cost": live.cost}
 
     def latest_live_publication(self, binding_id: str) -> LivePublication | None:
         """The binding's newest live publication (whole or summarised), None when it has none."""
