@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, Sequence
 
 from optimizer_pipeline.contracts import ContractError, EvidenceSource, load_binding_file
-from optimizer_pipeline.economics import economic_value
+from optimizer_pipeline.recommendation_text import demo_table, num, recommendation_text
 from optimizer_pipeline.settings import dagster_home, disk_full, ledger_path, load_settings, resolve_home
 
 if TYPE_CHECKING:  # the ledger pulls in pandas and duckdb (~0.5 s): imported by the commands that use it
@@ -183,14 +183,12 @@ def cmd_recommendation(args: argparse.Namespace, home: Path) -> int:
                         f"`optimizer-pipeline materialize {args.binding_id}`")
     doc = row.document()
     advice = ledger.live_advice(row)  # the live service's newer summarised publications: their advice is newer
-    doc.update({"live_advice": advice} if advice else {})
+    if advice is not None:
+        doc["live_advice"] = advice
     if args.json:
-        return print(json.dumps(doc, indent=2)) or 0
-    spec = ledger.get_binding(args.binding_id, revision=doc["binding_revision"]).spec
-    value = economic_value(spec, doc["controls"][-1], doc["predicted"][-1]) if doc["controls"] else None
-    print(_describe(doc) + ("" if value is None else f"\neconomic cost J at the plan's end: {value:.6g}") + (
-        "" if not advice else "\nnewest advice of the live service (samples up to " + advice["live_t"] + ", same "
-        "status, summarised): " + ", ".join(f"{tag} = {v:.6g}" for tag, v in advice["advice"].items())))
+        print(json.dumps(doc, indent=2))
+    else:
+        print(recommendation_text(doc, ledger.get_binding(args.binding_id, revision=doc["binding_revision"]).spec))
     return 0
 
 
@@ -267,7 +265,7 @@ def cmd_ledger(args: argparse.Namespace, home: Path) -> int:
                               f"{' '.join(_override_text(o) for o in w.overrides)}  "
                               f"beside {w.compared_recommendation_id or '(no recommendation)'}"),
         "candidates": (ledger.list_candidates(binding_id=args.binding),
-                       lambda c: f"{c.id}  {c.kind:<7}  {c.solver_status:<10}  cost {_num(c.cost)}  "
+                       lambda c: f"{c.id}  {c.kind:<7}  {c.solver_status:<10}  cost {num(c.cost)}  "
                                  f"verified {c.verified}" + ("  what-if" if c.run_id in whatif_runs else "")),
         "recommendations": (ledger.list_recommendations(args.binding),
                             lambda r: f"{r.id}  {r.binding_id}@r{r.binding_revision}  {r.status:<10}  "
@@ -313,7 +311,7 @@ def cmd_demo(args: argparse.Namespace, home: Path) -> int:
     failed = [f"{run.binding_id} ({run.detail})" for run in results if not run.ok]
     latest = [ledger.latest_recommendation(run.binding_id) for run in results if run.ok]
     print()
-    print(_demo_table([rec.document() for rec in latest if rec is not None], plants))
+    print(demo_table([rec.document() for rec in latest if rec is not None], plants))
     print()
     exe = _command_name()
     print(f"Open the Dagster UI on this home:  {exe} --home {home} ui   (then http://127.0.0.1:3000)")
@@ -418,7 +416,7 @@ def _fail_runs_of_dead_worker(settings: Any, name: str, code: int) -> None:
                 print(f"run {run.run_id} reported failed: its worker {name} died", file=sys.stderr)
 
 
-# ------------------------------------------------------------------ formatting
+# ------------------------------------------------------------------ the command itself
 
 
 def _command_name() -> str:
@@ -429,53 +427,6 @@ def _command_name() -> str:
         return "optimizer-pipeline"
     script = Path(sys.argv[0])
     return str(script) if script.name == "optimizer-pipeline" else f"{sys.executable} -m optimizer_pipeline.cli"
-
-
-def _num(value: Any, digits: int = 3) -> str:
-    return "-" if value is None else f"{value:.{digits}g}" if isinstance(value, float) else str(value)
-
-
-def _describe(doc: dict[str, Any]) -> str:
-    lines = [f"{doc['id']}  binding {doc['binding_id']}@r{doc['binding_revision']}  {doc['template']}",
-             f"status: {doc['status']} — {doc['status_label']}"]
-    lines += [f"  - {reason}" for reason in doc["reasons"]]
-    lines.append(f"valid until {doc['valid_until']}; created {doc['created_at']}")
-    if doc["controls"]:
-        first = ", ".join(f"{t}={v:.4g}" for t, v in zip(doc["mv_tags"], doc["controls"][0]))
-        end = ", ".join(f"{t}={v:.4g}±{_num(b)}" for t, v, b in zip(doc["cv_tags"], doc["predicted"][-1], doc["band"]))
-        calibrated = doc.get("band_steps")  # a move plan's band is a calibrated claim for its first P steps only
-        beyond = calibrated is not None and calibrated < len(doc["predicted"])
-        lines.append(f"first move: {first}")
-        lines.append(f"predicted at the end of the horizon ({len(doc['predicted'])} steps): {end}"
-                     + (f" (the band is calibrated for the first {calibrated} steps only)" if beyond else ""))
-    lines.append(f"evidence: source {doc['evidence']['source']}, input distance "
-                 f"{_num(doc['evidence']['input_distance'])}, calibration fresh {doc['evidence']['calibration_fresh']}")
-    return "\n".join(lines)
-
-
-def _target_text(cv: Any) -> str:
-    """A CV's target, or its limits when it has none (kept inside them only)."""
-    return f"[{cv.lo:g}, {cv.hi:g}]" if cv.target is None else f"{cv.target:g}"
-
-
-def _demo_table(docs: list[dict[str, Any]], plants: list[Any]) -> str:
-    specs = {p.spec.id: p.spec for p in plants}
-    header = (f"{'binding':<13} {'template':<24} {'status':<11} {'first move (MV values)':<30} "
-              f"{'CV end vs target or [limits] (± band)'}")
-    rows = [header, "-" * len(header)]
-    for doc in docs:
-        spec = specs[doc["binding_id"]]
-        if doc["controls"]:
-            moves = ", ".join(f"{t} {v:.3g}" for t, v in zip(doc["mv_tags"], doc["controls"][0]))
-            cvs = ", ".join(f"{c.tag} {v:.3g}/{_target_text(c)} (±{_num(b, 2)})"
-                            for c, v, b in zip(spec.cvs, doc["predicted"][-1], doc["band"]))
-            value = economic_value(spec, doc["controls"][-1], doc["predicted"][-1])
-            if value is not None:
-                cvs += f"; economic cost {value:.4g}"
-        else:
-            moves, cvs = "(no plan)", "-"
-        rows.append(f"{doc['binding_id']:<13} {doc['template']:<24} {doc['status']:<11} {moves:<30} {cvs}")
-    return "\n".join(rows)
 
 
 # ------------------------------------------------------------------ entry point
