@@ -168,7 +168,8 @@ def re_solve_requests(context: SensorEvaluationContext, store, only: set[str] | 
         solved = store.get_run(rec.run_id).context
         # a live service's summarised publications follow that run: the newest of them is what was solved
         solved_from = max((float(t) for t in (solved.get("live_t"), store.live_published_up_to(
-            binding_id, rec.binding_revision, solved.get("calibration_id"))) if t is not None), default=None)
+            binding_id, rec.binding_revision, solved.get("calibration_id"), parse_iso_utc(rec.created_at)))
+            if t is not None), default=None)
         # the solve's live time is on the sample grid: a raw time up to half a period later is the same sample
         if solved_from is None or newest > float(solved_from) + stored[binding_id].spec.sample_period_s / 2:
             requests.append(RunRequest(partition_key=binding_id, run_key=f"{binding_id}@t{newest:.3f}",

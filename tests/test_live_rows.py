@@ -122,7 +122,9 @@ def test_a_publication_following_an_open_recommendation_is_summarised_and_one_fo
     rec = summarised.recommendation
     assert (row.whole, row.run_id, row.status, row.live_t) == (False, first.run["id"], rec.status.value, 105.0)
     assert row.advice == dict(zip(rec.mv_tags, rec.controls[0]))
-    assert any_ledger.live_published_up_to("tanks-1", 1, "cal-1") == 105.0
+    hour = timedelta(hours=1)
+    assert any_ledger.live_published_up_to("tanks-1", 1, "cal-1", naive_now() - hour) == 105.0
+    assert any_ledger.live_published_up_to("tanks-1", 1, "cal-1", naive_now() + hour) is None  # none since
     # the followed recommendation closed (its valid_until passed): the next is written whole
     any_ledger.expire_past_valid_until(now=naive_now() + timedelta(days=30))
     lapsed = replace(_new(live_t=110.0), follows=follows)

@@ -11,7 +11,7 @@ import orjson
 import pandas as pd
 
 from optimizer_pipeline.contracts import Recommendation, SolveCandidate, iso_utc
-from optimizer_pipeline.ledger.records import naive, naive_now
+from optimizer_pipeline.ledger.records import RecommendationRecord, naive, naive_now
 from optimizer_pipeline.ledger.writes import retried
 
 SERVICE_STATES = ("starting", "serving", "stopping", "stopped")
@@ -284,16 +284,19 @@ class LiveRows:
                                      [publication.follows, rec.binding_id, rec.binding_revision, rec.status.value])
         return rows[0][0] if rows else None
 
-    def live_published_up_to(self, binding_id: str, revision: int, calibration_id: str) -> float | None:
-        """The newest sample time (s) a live publication of the binding's revision and calibration was
-        solved from (whole or summarised); None when there is none."""
+    def live_published_up_to(self, binding_id: str, revision: int, calibration_id: str,
+                             since: datetime) -> float | None:
+        """The newest sample time (s) a live publication of the binding's revision and calibration,
+        published at or after `since` (the binding's latest recommendation: what follows it), was solved
+        from (whole or summarised); None when there is none. `since` keeps the read to the newest rows
+        (DuckDB skips the older row groups by their min / max: the table grows by every publication)."""
         with self.backend.connection() as conn:
-            _, rows = self.backend.fetch(conn, "SELECT max(live_t) FROM live_publications WHERE binding_id = ? AND "
-                                               "binding_revision = ? AND calibration_id = ?",
-                                         [binding_id, revision, calibration_id])
+            _, rows = self.backend.fetch(conn, "SELECT max(live_t) FROM live_publications WHERE published_at >= ? "
+                                               "AND binding_id = ? AND binding_revision = ? AND calibration_id = ?",
+                                         [naive(since), binding_id, revision, calibration_id])
         return None if rows[0][0] is None else float(rows[0][0])
 
-    def live_advice(self, rec: Any) -> dict[str, Any] | None:
+    def live_advice(self, rec: RecommendationRecord) -> dict[str, Any] | None:
         """The newest summarised advice following recommendation record `rec` (same run and status),
         as `recommendation --json` shows it; None when there is none."""
         live = self.latest_live_publication(rec.binding_id)

@@ -67,9 +67,9 @@ class State(str, Enum):
 class Published:
     """One publication, as the reporter gets it: the service that published it, the binding as
     served, the solve, the split it was solved from, the run it was written as (whole) or follows
-    (summarised; None: another service had published those samples), the latency from the samples' arrival to the commit (s), and whether
-    its status differs from the binding's recommendation before it (a restart compares with the
-    ledger's latest)."""
+    (summarised; None: another service had published those samples), the latency from the samples'
+    arrival to the commit (s), and whether its status differs from the binding's recommendation before
+    it (a restart compares with the ledger's latest)."""
 
     service_id: str
     served: Served
@@ -408,9 +408,11 @@ class LiveService:
         if rec is None:
             return None
         context = self.ledger.get_run(rec.run_id).context
+        created = parse_iso_utc(rec.created_at)
         self._latest[binding_id] = _Latest(rec.id, rec.status, rec.binding_revision, context.get("calibration_id"),
-                                           parse_iso_utc(rec.created_at).timestamp(), False)
-        solved = [self.ledger.live_published_up_to(binding_id, fingerprint.revision, fingerprint.calibration_id)]
+                                           created.timestamp(), False)
+        solved = [self.ledger.live_published_up_to(binding_id, fingerprint.revision, fingerprint.calibration_id,
+                                                   created)]
         if rec.binding_revision == fingerprint.revision and context.get("calibration_id") == fingerprint.calibration_id:
             solved.append(context.get("live_t"))
         return max((float(t) for t in solved if t is not None), default=None)
