@@ -33,7 +33,7 @@ from scipy.optimize import fsolve  # noqa: E402
 
 from optimizer_pipeline.data import prepare_history, validate_history_frame  # noqa: E402
 from optimizer_pipeline.model import identify  # noqa: E402
-from optimizer_pipeline.model.artifact import local_artifact  # noqa: E402
+from optimizer_pipeline.model.artifact import local_artifact, local_fitter  # noqa: E402
 from optimizer_pipeline.model.local import LOCAL, OperatingPoint, settle_limit, steady_procedure  # noqa: E402
 
 SIGMAS = 2.0
@@ -72,7 +72,8 @@ def ratios(plant, seed: int) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.nd
     y_live = plant.steady_output(live.u, live.d)
     point = OperatingPoint.of_move((live.u - u_mean) / u_std, (y_live - y_mean) / y_std,
                                    (settled - u_mean) / u_std, (target - y_mean) / y_std)
-    refit, _ = local_artifact(artifact, spec, split.train, point, settle_limit(artifact.state_space))
+    refit, _ = local_artifact(artifact, spec, local_fitter(artifact, split.train), point,
+                              settle_limit(artifact.state_space))
     if refit is None:
         return identified, None
     return identified, _ratios(artifact, refit.steady_gain, local_gain(plant, (live.u + settled) / 2, live.d))

@@ -10,7 +10,7 @@ that names what to run first.
 
 import logging
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Callable, Sequence
 
@@ -38,8 +38,8 @@ from optimizer_pipeline.data import prepare_history, validate_history_frame
 from optimizer_pipeline.deployment import WORKER_ENV
 from optimizer_pipeline.ledger import Ledger, LedgerError, OutcomeRecord, new_id
 from optimizer_pipeline.model import current_state, identify
-from optimizer_pipeline.model.artifact import local_artifact
-from optimizer_pipeline.model.local import GLOBAL, LOCAL, OperatingPoint, settle_limit, steady_procedure
+from optimizer_pipeline.model.artifact import local_artifact, local_fitter
+from optimizer_pipeline.model.local import GLOBAL, LOCAL, LocalFitter, OperatingPoint, settle_limit, steady_procedure
 from optimizer_pipeline.model.statespace import MAX_SETTLING_STEPS, settling_steps
 from optimizer_pipeline.outcomes import model_outcome_condition
 from optimizer_pipeline.problem import needs_steady_layer
@@ -266,17 +266,18 @@ def _planned_end(result: SolveResult, steps: int) -> tuple[np.ndarray, np.ndarra
 
 
 def _local_model(binding: BindingSpec, artifact: ModelArtifact, split: HistorySplit,
-                 end: tuple[np.ndarray, np.ndarray]) -> tuple[ModelArtifact, OperatingPoint, dict]:
+                 end: tuple[np.ndarray, np.ndarray],
+                 fitter: LocalFitter | None) -> tuple[ModelArtifact, OperatingPoint, dict]:
     """The artifact refitted (model/local.py) midway between the live state and the first solve's plan
-    at its P-th step (a steady target: the target) on the artifact's own train runs, or the artifact
-    itself when the refit is refused as the evidence's blocks fall back; the point; and what the run
-    records of it."""
+    at its P-th step (a steady target: the target) on the artifact's own train runs (`fitter`: their
+    regression, when the caller made it already), or the artifact itself when the refit is refused as
+    the evidence's blocks fall back; the point; and what the run records of it."""
     live, norm = split.live, artifact.normalisation
     mvs, cvs = artifact.mv_tags, artifact.cv_tags
     point = OperatingPoint.of_move(norm.normalise(mvs, live.u[-1]), norm.normalise(cvs, live.y[-1]),
                                    norm.normalise(mvs, end[0]), norm.normalise(cvs, end[1]))
-    local, record = local_artifact(artifact, binding, artifact_runs(artifact, split, "train"), point,
-                                   settle_limit(artifact.state_space))
+    fitter = local_fitter(artifact, artifact_runs(artifact, split, "train")) if fitter is None else fitter
+    local, record = local_artifact(artifact, binding, fitter, point, settle_limit(artifact.state_space))
     return (artifact if local is None else local), point, {**record, "first_target": end[0].tolist(),
                                                            "first_settled": end[1].tolist()}
 
@@ -347,14 +348,15 @@ Settled = tuple[uq.UQEvidence | None, list[Condition]]
 def solve_and_decide(binding: BindingSpec, stored: StoredBinding, artifact: ModelArtifact, split: HistorySplit,
                      calibration: Calibration, solve: Callable[[ProblemIR], SolveResult], settings: Settings,
                      source: str, now: datetime, *, outcomes: Sequence[OutcomeRecord],
-                     settled: Settled | None = None) -> Solved:
+                     settled: Settled | None = None, fitter: LocalFitter | None = None) -> Solved:
     """Compile `binding` (the stored spec, or a what-if's overridden copy of it) from the live state
     with the revision's model and calibration, solve it, verify and decide; writes nothing.
     `outcomes`: the binding's judged outcomes (Ledger.list_verdicts), whose verdicts on this model the
     decision's outcome condition judges (outcomes.model_outcome_condition). `settled`: what
     `settled_evidence` gives for this binding, model, split and settings, when the caller computed it
     already (the live service, once per calibration: it scores the val / test runs, which new live
-    samples do not change)."""
+    samples do not change); `fitter`, likewise, the local refit's regression on the artifact's train
+    runs (model.artifact.local_fitter), for an artifact whose steady procedure is local."""
     live = split.live
     if live is None:
         raise ValueError(f"binding {binding.id}: no live run in the history, so there is no current state")
@@ -368,11 +370,11 @@ def solve_and_decide(binding: BindingSpec, stored: StoredBinding, artifact: Mode
     def compile_and_solve(model: ModelArtifact, x0: np.ndarray, bias: np.ndarray) -> tuple[ProblemIR, SolveResult]:
         """A problem names the identified artifact, also when a local refit of it is its model."""
         try:
-            problem = replace(compile_steered(binding, model, x0, bias, live.u[-1], live.d[-1], band, layer_band),
-                              model_artifact_hash=artifact.artifact_hash)
+            problem = compile_steered(binding, model, x0, bias, live.u[-1], live.d[-1], band, layer_band,
+                                      artifact.artifact_hash)
         except SteadyLayerError as exc:  # recorded like a failed solve: the stage's problem, a rejected recommendation
             log.warning("binding %s: %s", binding.id, exc)
-            stage = replace(exc.problem, model_artifact_hash=artifact.artifact_hash)
+            stage = exc.problem
             return stage, SolveResult(stage.hash, ok=False, candidates=exc.result.candidates,
                                       diagnostics=exc.result.diagnostics, error_code=STEADY_STAGE_INFEASIBLE,
                                       error_message=str(exc))
@@ -391,7 +393,7 @@ def solve_and_decide(binding: BindingSpec, stored: StoredBinding, artifact: Mode
         if end is not None and not agrees.holds:  # a refit weighs the train rows of a plant that has changed
             local = {"procedure": GLOBAL, "refused": agrees.reason}
         elif end is not None:  # solved again, with the model refitted midway to it (model/local.py)
-            decided_with, point, local = _local_model(binding, artifact, split, end)
+            decided_with, point, local = _local_model(binding, artifact, split, end, fitter)
             if decided_with is not artifact:  # else the refit was refused: the first solve stands
                 problem, result = compile_and_solve(decided_with,
                                                     *current_state(decided_with, live, (artifact, point)))
@@ -411,7 +413,7 @@ def solve_and_decide(binding: BindingSpec, stored: StoredBinding, artifact: Mode
                       end_band=None if settled is None else uq.band_engineering(settled, artifact))
     run = {"id": run_id, "binding_id": binding.id, "binding_revision": stored.revision,
            "profile_id": binding.profile.id, "profile_version": binding.profile.version,
-           "problem_ir_hash": problem.hash, "problem": problem.to_dict(), "started_at": now,
+           "problem_ir_hash": problem.hash, "problem": problem, "started_at": now,
            "context": {"live_run": live.run_id, "live_t": float(live.t[-1]), "calibration_id": calibration.calibration_id,
                        "model_artifact_hash": artifact.artifact_hash, "evidence_source": source,
                        "worker": os.environ.get(WORKER_ENV, "local"),

@@ -268,7 +268,8 @@ def robust_limits(problem: ProblemIR) -> tuple[np.ndarray, np.ndarray]:
 
 def compile_problem(binding: BindingSpec, artifact: ModelArtifact, x0: Any, bias: Any, u_now: Any, d_now: Any,
                     band: Any = None, slack_weight: float = DEFAULT_SLACK_WEIGHT,
-                    steering: tuple[Any, Any] | None = None, held: Any = None) -> ProblemIR:
+                    steering: tuple[Any, Any] | None = None, held: Any = None,
+                    model_hash: str | None = None) -> ProblemIR:
     """Compile the optimisation problem of one binding revision at "now".
 
     x0 (nx,) and bias (ny,) are normalised (model module's `current_state`); u_now (nu,) and d_now
@@ -282,6 +283,8 @@ def compile_problem(binding: BindingSpec, artifact: ModelArtifact, x0: Any, bias
     steering (u_ss (nu,), y_ss (ny,), engineering units): the steady-state layer's target a move
     plan steers to (two layers, solver/targets.py): it replaces the CV targets and adds the MV
     target; required for a move plan whose binding has costs or a CV without a target.
+    model_hash: the model artifact the problem names (default: `artifact`'s own hash; a local refit's
+    problem names the identified artifact it was refitted from, pipeline.solve_and_decide).
     Raises ProblemError naming the field on a tag mismatch, a wrong length or a non-finite value.
     Deterministic: same inputs, same hash.
     """
@@ -355,7 +358,8 @@ def compile_problem(binding: BindingSpec, artifact: ModelArtifact, x0: Any, bias
     problem = ProblemIR(
         template=binding.profile.template,
         binding_id=binding.id, binding_revision=int(artifact.binding_revision), profile_id=binding.profile.id,
-        profile_version=binding.profile.version, model_artifact_hash=artifact.artifact_hash,
+        profile_version=binding.profile.version,
+        model_artifact_hash=artifact.artifact_hash if model_hash is None else model_hash,
         horizon=int(binding.profile.horizon),
         mv_tags=binding.mv_tags, cv_tags=binding.cv_tags, dv_tags=binding.dv_tags,
         model=artifact.state_space,

@@ -361,3 +361,62 @@ def test_extra_columns_are_ignored_also_when_repeated_or_blank(tmp_path):
                              pa.array([4.0])], names=["run_id", "timestamp", "v1", "y1", "y2", "y1"]), path)
     with pytest.raises(HistoryError, match=r"history\.parquet: duplicate column\(s\) 'y1'"):
         read_history(path, _binding())
+
+
+PLAIN_FILES = {
+    "good": GOOD,
+    "bom, CRLF, quotes, spaces after commas": ("\ufeffrun_id, timestamp,v1,y1,y2\r\n\"r1\", 0, 1.0,\"2.0\",3\r\n"
+                                               "r1,5,1e-3,-.5,+2.5E+1\r\n"),
+    "missing cells, extra columns repeated": "x,run_id,timestamp,v1,y1,y2,x\n1,r1,0,,2,3,2\n1,r1,5,1,,3,2\n",
+    "random values": "run_id,timestamp,v1,y1,y2\n" + "".join(
+        f"r{k % 3},{JAN1_2024 + 5 * k!r},{float(v)!r},{float(w)!r},{float(z)!r}\n"
+        for k, (v, w, z) in enumerate(np.random.default_rng(7).normal(size=(400, 3)) * 10.0 ** np.arange(-3, 6, 3))),
+    # not plain: pandas reads these (the same frame, or the same refusal)
+    "ISO timestamps": "run_id,timestamp,v1,y1,y2\nr1,2024-01-01T00:00:00Z,1,2,3\nr1,2024-01-01T00:00:05Z,1,2,3\n",
+    "NaN text": "run_id,timestamp,v1,y1,y2\nr1,0,nan,2,3\nr1,5,1,2,3\n",
+    "blank line": "run_id,timestamp,v1,y1,y2\nr1,0,1,2,3\n\nr1,5,1,2,3\n",
+    "underscore in a number": "run_id,timestamp,v1,y1,y2\nr1,0,1_000,2,3\n",
+    "short row": "run_id,timestamp,v1,y1,y2\nr1,0,1,2\n",
+    "time going back": "run_id,timestamp,v1,y1,y2\nr1,5,1,2,3\nr1,0,1,2,3\n",
+    "empty run id": "run_id,timestamp,v1,y1,y2\n ,0,1,2,3\n",
+    "infinite value": "run_id,timestamp,v1,y1,y2\nr1,0,1e999,2,3\n",
+    "a tag without values": "run_id,timestamp,v1,y1,y2\nr1,0,,2,3\n",
+    "duplicate column": "run_id,timestamp,v1,y1,y2,y1\nr1,0,1,2,3,4\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(PLAIN_FILES))
+def test_a_small_csv_file_reads_as_pandas_reads_it(tmp_path, name, monkeypatch):
+    """Small files are read without pandas when every cell is plain (ingest._read_plain_csv: the live
+    service's one-period inbox files): the same frame, or the same refusal, as the pandas reader."""
+    path = _write(tmp_path, PLAIN_FILES[name])
+    plain = ingest._read_plain_csv(path, _binding(), None, True)
+
+    def read():
+        try:
+            return read_history(path, _binding())
+        except HistoryError as exc:
+            return str(exc)
+    got = read()
+    monkeypatch.setattr(ingest, "PLAIN_CSV_BYTES", -1)  # every file through pandas
+    expected = read()
+    assert (plain is not None) == (list(PLAIN_FILES).index(name) < 4)
+    if isinstance(expected, str):
+        assert got == expected
+    else:
+        pd.testing.assert_frame_equal(got, expected, check_exact=True)
+
+
+def test_a_plain_csv_file_from_the_future_or_outside_a_transform_is_refused_by_the_pandas_reader(tmp_path):
+    future = _write(tmp_path, f"run_id,timestamp,v1,y1,y2\nr1,{time.time() + 2 * CLOCK_SKEW_ALLOWANCE_S},1,2,3\n")
+    with pytest.raises(HistoryError, match="in the future"):
+        read_history(future, _binding(), now_s=time.time())
+    assert ingest._read_plain_csv(future, _binding(), time.time(), True) is None
+    spec = binding_from_dict({**_binding().to_dict(), "cvs": [
+        {"tag": "y1", "lo": 0.1, "hi": 0.9, "target": 0.5, "transform": {"kind": "logit", "lo": 0, "hi": 1}},
+        {"tag": "y2", "lo": 0, "hi": 10, "target": 5}]})
+    outside = _write(tmp_path, "run_id,timestamp,v1,y1,y2\nr1,0,1,1.5,3\n")
+    with pytest.raises(HistoryError, match="not inside the limits of the CV's transform"):
+        read_history(outside, spec)
+    assert ingest._read_plain_csv(outside, spec, None, True) is None
+    assert ingest._read_plain_csv(outside, spec, None, False) is not None

@@ -13,7 +13,7 @@ from optimizer_pipeline import pipeline, uq
 from optimizer_pipeline.contracts import StateSpace, binding_from_dict
 from optimizer_pipeline.model import ArxModel, Orders, artifact_from_model, identify, stack_for
 from optimizer_pipeline.model import local as local_module
-from optimizer_pipeline.model.artifact import LOCAL_WINDOWS, current_state, local_artifact
+from optimizer_pipeline.model.artifact import LOCAL_WINDOWS, current_state, local_artifact, local_fitter
 from optimizer_pipeline.model.arx import (disturbance_window, fit_disturbance, nrmse, rollout_windows, stack_runs,
                                           stride_for, window_rows)
 from optimizer_pipeline.model.fit import RidgeProblem, Structure
@@ -674,7 +674,8 @@ def test_a_refits_disturbance_is_its_kernel_weighted_one_step_residual_so_a_run_
     norm, mvs, cvs = artifact.normalisation, spec.mv_tags, spec.cv_tags
     point = OperatingPoint.of_move(norm.normalise(mvs, [1.5]), norm.normalise(cvs, live.y[-1]),
                                    norm.normalise(mvs, [1.5]), norm.normalise(cvs, [curved(1.5)]))
-    local, record = local_artifact(artifact, spec, split.train, point, settle_limit(artifact.state_space))
+    local, record = local_artifact(artifact, spec, local_fitter(artifact, split.train), point,
+                                   settle_limit(artifact.state_space))
     assert record["procedure"] == LOCAL
     x0, weighted = current_state(local, live, (artifact, point))
     stacked, orders = stack_for(artifact, [live]), Orders(1, 1, 1)

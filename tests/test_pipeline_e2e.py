@@ -9,7 +9,7 @@ from dagster import AssetKey, AssetRecordsFilter, instance_for_test
 
 from optimizer_pipeline import pipeline, uq
 from optimizer_pipeline.contracts import CandidateKind, Template, utc_now
-from optimizer_pipeline.model.artifact import current_state, local_artifact
+from optimizer_pipeline.model.artifact import current_state, local_artifact, local_fitter
 from optimizer_pipeline.model.local import OperatingPoint
 from optimizer_pipeline.plants import demo_plants
 from optimizer_pipeline.recommend import improvement_conditions
@@ -178,7 +178,8 @@ def test_the_blend_target_is_solved_with_the_model_refitted_midway_and_reaches_t
     assert run.problem["model_artifact_hash"] == artifact.artifact_hash == doc["model_artifact_hash"]
     # the problem holds the refit at the recorded point, on the artifact's own train runs
     point = OperatingPoint(np.asarray(recorded["operating_point"]["u"]), np.asarray(recorded["operating_point"]["y"]))
-    refit, _ = local_artifact(artifact, spec, pipeline.artifact_runs(artifact, split, "train"), point, 10_000)
+    fitter = local_fitter(artifact, pipeline.artifact_runs(artifact, split, "train"))
+    refit, _ = local_artifact(artifact, spec, fitter, point, 10_000)
     assert np.allclose(run.problem["model"]["B"], refit.state_space.B, rtol=1e-9, atol=1e-12)
     assert not np.allclose(run.problem["model"]["B"], artifact.state_space.B)
     # the same solve again in process: the same refit, and its steady-gain condition judged the refit's
@@ -234,7 +235,8 @@ def test_the_tank_move_plan_is_solved_with_the_model_refitted_midway_to_its_p_th
                                ((split.live.y[-1] - y_mean) / y_std + (nominal.predicted[P - 1] - y_mean) / y_std) / 2,
                                rtol=1e-6, atol=1e-9)
     point = OperatingPoint(np.asarray(recorded["operating_point"]["u"]), np.asarray(recorded["operating_point"]["y"]))
-    refit, _ = local_artifact(artifact, spec, pipeline.artifact_runs(artifact, split, "train"), point, 10_000)
+    fitter = local_fitter(artifact, pipeline.artifact_runs(artifact, split, "train"))
+    refit, _ = local_artifact(artifact, spec, fitter, point, 10_000)
     assert np.allclose(run.problem["model"]["B"], refit.state_space.B, rtol=1e-9, atol=1e-12)
     assert not np.allclose(run.problem["model"]["B"], artifact.state_space.B)
     # its end is held to the wider of the P-step band and the settled band of the same procedure

@@ -26,6 +26,7 @@ from optimizer_pipeline.contracts import (
     ContractError,
     EvidenceSource,
     Outcome,
+    ProblemIR,
     Recommendation,
     RecommendationStatus,
     SolveCandidate,
@@ -178,9 +179,9 @@ class Ledger(EvidenceRows, WhatIfRows, LiveRows):
     def _append_samples(self, tx: Any, binding_id: str, frame: pd.DataFrame, tags: Sequence[str], source: str) -> int:
         return self._insert_samples(tx, [_sample_rows(binding_id, frame, tags, source)])
 
-    def _insert_samples(self, tx: Any, parts: list[pd.DataFrame]) -> int:
-        return self.backend.insert_table(tx, "plant_samples", pd.concat(parts, ignore_index=True) if len(parts) > 1
-                                         else parts[0], skip_existing=True)
+    def _insert_samples(self, tx: Any, parts: list[dict[str, np.ndarray]]) -> int:
+        table = pd.DataFrame({name: np.concatenate([part[name] for part in parts]) for name in parts[0]})
+        return self.backend.insert_table(tx, "plant_samples", table, skip_existing=True)
 
     @retried
     def ingest(self, spec: BindingSpec, frame: pd.DataFrame, source: str) -> tuple[BindingUpsert, int]:
@@ -239,8 +240,8 @@ class Ledger(EvidenceRows, WhatIfRows, LiveRows):
     @retried
     def insert_run(self, run: Mapping[str, Any], tx: Any = None) -> str:
         """Insert a run in status `running`. `run` holds id (optional), binding_id, binding_revision,
-        profile_id, profile_version, problem_ir_hash, context, problem. With `tx`, inside that
-        transaction."""
+        profile_id, profile_version, problem_ir_hash, context, problem (a ProblemIR or its JSON mapping).
+        With `tx`, inside that transaction."""
         if tx is not None:
             return self._insert_run_row(tx, run, "running", None, None, None)
         with self.backend.transaction() as own:
@@ -253,7 +254,7 @@ class Ledger(EvidenceRows, WhatIfRows, LiveRows):
         tx.execute("INSERT INTO optimizer_runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                    [run_id, run["binding_id"], run["binding_revision"], run["profile_id"], run["profile_version"],
                     run.get("problem_ir_hash"), canonical_json(run.get("context", {})),
-                    None if run.get("problem") is None else canonical_json(run["problem"]),
+                    _problem_json(run.get("problem")),
                     diagnostics_json, status, independent_cost, naive(run.get("started_at")), finished_at])
         return run_id
 
@@ -523,18 +524,28 @@ class Ledger(EvidenceRows, WhatIfRows, LiveRows):
             return {t: self.backend.fetch(conn, f"SELECT count(*) FROM {t}")[1][0][0] for t in COUNTED_TABLES}
 
 
-def _sample_rows(binding_id: str, frame: pd.DataFrame, tags: Sequence[str], source: str) -> pd.DataFrame:
-    """plant_samples rows (long: one per run, time and tag with a value) of a wide history frame."""
+def _sample_rows(binding_id: str, frame: pd.DataFrame, tags: Sequence[str], source: str) -> dict[str, np.ndarray]:
+    """plant_samples columns (long: a row per run, time and tag with a value) of a wide history frame;
+    `_insert_samples` makes one table of several (a pandas frame per inbox file cost more than its insert)."""
     if source not in SAMPLE_SOURCES:
         raise ContractError(f"sample source must be 'simulation' or 'real', got {source!r}")
     values = frame[list(tags)].to_numpy(float)  # (rows, tags), row-major: rows repeat per tag below
     keep = ~np.isnan(values).ravel()
-    n = len(frame)
-    return pd.DataFrame({
-        "binding_id": binding_id, "run_id": np.repeat(frame["run_id"].astype(str).to_numpy(), len(tags))[keep],
+    n, kept = len(frame), int(keep.sum())
+    return {
+        "binding_id": np.full(kept, binding_id, dtype=object),
+        "run_id": np.repeat(frame["run_id"].astype(str).to_numpy(object), len(tags))[keep],
         "ts": np.repeat(frame["timestamp"].to_numpy(float), len(tags))[keep],
-        "tag": np.tile(np.asarray(tags, dtype=object), n)[keep], "value": values.ravel()[keep], "source": source,
-        "ingest_id": new_id("ing"), "ingested_at": naive_now()})
+        "tag": np.tile(np.asarray(tags, dtype=object), n)[keep], "value": values.ravel()[keep],
+        "source": np.full(kept, source, dtype=object), "ingest_id": np.full(kept, new_id("ing"), dtype=object),
+        "ingested_at": np.full(kept, np.datetime64(naive_now(), "us"))}
+
+
+def _problem_json(problem: ProblemIR | Mapping[str, Any] | None) -> str | None:
+    """A run's problem as stored: a ProblemIR's canonical JSON (the text its hash is of), or a mapping's."""
+    if problem is None:
+        return None
+    return problem.canonical_json() if isinstance(problem, ProblemIR) else canonical_json(problem)
 
 
 def _check_end_status(status: str) -> None:

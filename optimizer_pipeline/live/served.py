@@ -2,7 +2,8 @@
 model was calibrated on, the settled evidence of that calibration, the judged outcomes, and the live
 run's newest raw samples (the live window), plus what it does per new sample: re-solve and decide.
 
-Everything but the live window is read from the ledger once per change of the binding's model
+Everything but the live window is read from the ledger (and what depends on it only computed: the
+settled evidence, the local refit's train regression) once per change of the binding's model
 `Fingerprint` (a new revision, artifact, calibration, split or verdict), never per sample: a new
 sample changes the current state only (data.with_live_run), and a re-solve goes through the same
 `pipeline.solve_and_decide` as a Dagster solve.
@@ -27,6 +28,8 @@ from optimizer_pipeline.contracts import (
 from optimizer_pipeline.data import default_min_length
 from optimizer_pipeline.ledger import Ledger, OutcomeRecord, Publication
 from optimizer_pipeline.ledger.live_rows import Fingerprint
+from optimizer_pipeline.model.artifact import local_fitter
+from optimizer_pipeline.model.local import LOCAL, LocalFitter, steady_procedure
 from optimizer_pipeline.settings import Settings
 
 # Raw samples of the live run kept per binding, at least: the live state is cleaned from them. The
@@ -53,6 +56,7 @@ class Served:
     calibration: Calibration
     split: HistorySplit
     settled: pipeline.Settled
+    fitter: LocalFitter | None  # the local refit's train regression (an artifact whose steady procedure is local)
     outcomes: list[OutcomeRecord]
     source: str
     window: pd.DataFrame  # raw samples of the live run, time order: run_id, timestamp, tags
@@ -116,10 +120,12 @@ def load(ledger: Ledger, binding_id: str, fingerprint: Fingerprint, settings: Se
     artifact = pipeline.load_artifact(ledger, stored)
     calibration = pipeline.load_calibration(ledger, artifact)
     settled = pipeline.settled_evidence(stored.spec, artifact, split, settings, now)
+    fitter = local_fitter(artifact, pipeline.artifact_runs(artifact, split, "train")) \
+        if steady_procedure(artifact) == LOCAL else None
     rows = window_rows(artifact, default_min_length(stored.spec))
     run = ledger.newest_run(binding_id)
     window = ledger.recent_samples(binding_id, stored.spec.tags, run_id=run, rows=rows)
-    return Served(stored, fingerprint, artifact, calibration, split, settled, ledger.list_verdicts(binding_id),
+    return Served(stored, fingerprint, artifact, calibration, split, settled, fitter, ledger.list_verdicts(binding_id),
                   ledger.sample_source(binding_id) or EvidenceSource.REAL.value, window, rows)
 
 
@@ -130,7 +136,7 @@ def resolve(served: Served, split: HistorySplit, solve: Callable[[ProblemIR], So
     Writes nothing."""
     solved = pipeline.solve_and_decide(served.stored.spec, served.stored, served.artifact, split, served.calibration,
                                        solve, settings, served.source, now, outcomes=served.outcomes,
-                                       settled=served.settled)
+                                       settled=served.settled, fitter=served.fitter)
     record = pipeline.solve_record(solved, served.artifact)
     publication = Publication(binding_id=served.binding_id, binding_revision=served.stored.revision,
                               calibration_id=served.calibration.calibration_id, live_t=float(split.live.t[-1]),

@@ -353,12 +353,17 @@ def artifact_from_model(model: ArxModel, binding: BindingSpec, binding_revision:
         step_response=None if step_response is None else dict(step_response))
 
 
-def local_artifact(artifact: ModelArtifact, binding: BindingSpec, train: Sequence[RunSeries], point: OperatingPoint,
+def local_fitter(artifact: ModelArtifact, train: Sequence[RunSeries]) -> LocalFitter:
+    """The artifact's train regression on its `train` runs, ready to refit around operating points."""
+    return LocalFitter.for_artifact(artifact, stack_for(artifact, train))
+
+
+def local_artifact(artifact: ModelArtifact, binding: BindingSpec, fitter: LocalFitter, point: OperatingPoint,
                    settle_within: int) -> tuple[ModelArtifact | None, dict[str, Any]]:
-    """The artifact refitted around `point` on its `train` runs (model/local.py) as an artifact of its
-    own, with the jackknife gain uncertainty of the weighted fit and the same gates, normalisation and
-    selection record; None when the refit is refused (`LocalFitter.refit`). Also what a run records of it."""
-    fitter = LocalFitter.for_artifact(artifact, stack_for(artifact, train))
+    """The artifact refitted around `point` by `fitter` (`local_fitter`: its train regression,
+    model/local.py) as an artifact of its own, with the jackknife gain uncertainty of the weighted fit
+    and the same gates, normalisation and selection record; None when the refit is refused
+    (`LocalFitter.refit`). Also what a run records of it."""
     fit, refused = fitter.refit(point, settle_within)
     if fit is None:
         return None, {"procedure": GLOBAL, "refused": refused, "operating_point": point.to_json_dict()}

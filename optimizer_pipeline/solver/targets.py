@@ -62,29 +62,29 @@ def _published(problem: ProblemIR, stage: str) -> SolveCandidate:
 
 
 def compile_steady(binding: BindingSpec, artifact: ModelArtifact, x0: Any, bias: Any, u_now: Any, d_now: Any,
-                   band: Any = None) -> ProblemIR:
+                   band: Any = None, model_hash: str | None = None) -> ProblemIR:
     """A steady target's problem (compile_problem's arguments); with costs, the targets-first stage
     solved and its CVs held."""
     if not binding.has_costs:
-        return compile_problem(binding, artifact, x0, bias, u_now, d_now, band)
-    first = compile_problem(without_costs(binding), artifact, x0, bias, u_now, d_now, band)
+        return compile_problem(binding, artifact, x0, bias, u_now, d_now, band, model_hash=model_hash)
+    first = compile_problem(without_costs(binding), artifact, x0, bias, u_now, d_now, band, model_hash=model_hash)
     reached = _published(first, "targets-first stage").predicted[0]
-    return compile_problem(binding, artifact, x0, bias, u_now, d_now, band, held=reached)
+    return compile_problem(binding, artifact, x0, bias, u_now, d_now, band, held=reached, model_hash=model_hash)
 
 
 def compile_steered(binding: BindingSpec, artifact: ModelArtifact, x0: Any, bias: Any, u_now: Any, d_now: Any,
-                    band: Any = None, layer_band: Any = None) -> ProblemIR:
+                    band: Any = None, layer_band: Any = None, model_hash: str | None = None) -> ProblemIR:
     """The problem of `binding` at "now" as the pipeline solves it (compile_problem's arguments): a
     steady target with costs through its targets-first stage; a move plan with costs or a CV
     without a target steered to its steady-state layer, whose robust limits are tightened by
     layer_band (ny, normalised: the band of the settled response; None: the plan's band). Raises
     SteadyLayerError when a stage finds no feasible steady state."""
     if binding.profile.template is Template.STEADY_RESPONSE:
-        return compile_steady(binding, artifact, x0, bias, u_now, d_now, band)
+        return compile_steady(binding, artifact, x0, bias, u_now, d_now, band, model_hash)
     if not needs_steady_layer(binding):
-        return compile_problem(binding, artifact, x0, bias, u_now, d_now, band)
+        return compile_problem(binding, artifact, x0, bias, u_now, d_now, band, model_hash=model_hash)
     layer = compile_steady(steady_layer(binding), artifact, x0, bias, u_now, d_now,
-                           band if layer_band is None else layer_band)
+                           band if layer_band is None else layer_band, model_hash)
     target = _published(layer, "steady-state layer")
     return compile_problem(binding, artifact, x0, bias, u_now, d_now, band,
-                           steering=(target.controls[0], target.predicted[0]))
+                           steering=(target.controls[0], target.predicted[0]), model_hash=model_hash)
