@@ -184,12 +184,11 @@ def _read_plain_csv(path: Path, binding: BindingSpec, now_s: float | None,
                     transform_limits: bool) -> pd.DataFrame | None:
     """The validated frame of a small CSV file every cell of which is plain, as `_validate` makes it
     (the same values, without pandas): a header naming each required column once, at most
-    MAX_HISTORY_ROWS rows, every row as many
-    fields as the header, run ids not empty, timestamps as seconds since the epoch, tag values empty
-    (missing) or plain decimal numbers, and nothing `_validate` refuses (an infinite or out-of-limits
-    value, a tag without values, time not increasing in a run, a sample from the future). None for
-    any other file: read_history then reads it with pandas and names what is wrong, so every message
-    comes from one place."""
+    MAX_HISTORY_ROWS rows of as many fields as the header, run ids not empty, timestamps as seconds
+    since the epoch, tag values empty (missing) or plain decimal numbers, and nothing `_validate`
+    refuses (an infinite or out-of-limits value, a tag without values, time not increasing in a run, a
+    sample from the future). None for any other file: read_history then reads it with pandas and names
+    what is wrong, so every message comes from one place."""
     try:
         text = path.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError):
@@ -215,7 +214,7 @@ def _read_plain_csv(path: Path, binding: BindingSpec, now_s: float | None,
                 return None
             column.append(float(cell) if cell else np.nan)
     times = np.array(seconds)
-    table = np.array(values, float).reshape(len(values), len(run_ids))
+    table = np.array(values, float)  # (tags, rows)
     transforms = {cv.tag: cv.transform for cv in binding.cvs if cv.transform is not None and transform_limits}
     if not (np.all(np.isfinite(times)) and not np.isinf(table).any() and not np.isnan(table).all(axis=1).any()) or \
             (now_s is not None and times.max() > now_s + CLOCK_SKEW_ALLOWANCE_S) or \
