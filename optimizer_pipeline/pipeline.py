@@ -268,15 +268,16 @@ def _planned_end(result: SolveResult, steps: int) -> tuple[np.ndarray, np.ndarra
 def _local_model(binding: BindingSpec, artifact: ModelArtifact, split: HistorySplit,
                  end: tuple[np.ndarray, np.ndarray],
                  fitter: LocalFitter | None) -> tuple[ModelArtifact, OperatingPoint, dict]:
-    """The artifact refitted (model/local.py) midway between the live state and the first solve's plan
-    at its P-th step (a steady target: the target) on the artifact's own train runs (`fitter`: their
-    regression, when the caller made it already), or the artifact itself when the refit is refused as
-    the evidence's blocks fall back; the point; and what the run records of it."""
+    """The artifact refitted (model/local.py) at the region of the point midway between the live state
+    and the first solve's plan at its P-th step (a steady target: the target) on the artifact's own
+    train runs (`fitter`: their regression, when the caller made it already: it keeps its regions'
+    refits), or the artifact itself when the refit is refused as the evidence's blocks fall back; the
+    region's centre; and what the run records of it."""
     live, norm = split.live, artifact.normalisation
     mvs, cvs = artifact.mv_tags, artifact.cv_tags
-    point = OperatingPoint.of_move(norm.normalise(mvs, live.u[-1]), norm.normalise(cvs, live.y[-1]),
-                                   norm.normalise(mvs, end[0]), norm.normalise(cvs, end[1]))
     fitter = local_fitter(artifact, artifact_runs(artifact, split, "train")) if fitter is None else fitter
+    point = fitter.region(OperatingPoint.of_move(norm.normalise(mvs, live.u[-1]), norm.normalise(cvs, live.y[-1]),
+                                                 norm.normalise(mvs, end[0]), norm.normalise(cvs, end[1])))
     local, record = local_artifact(artifact, binding, fitter, point, settle_limit(artifact.state_space))
     return (artifact if local is None else local), point, {**record, "first_target": end[0].tolist(),
                                                            "first_settled": end[1].tolist()}

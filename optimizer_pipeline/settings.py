@@ -60,6 +60,10 @@ class Settings:
     solver_pool_size: int = 2
     solver_request_timeout_ms: int = 10_000
     solver_threads: int = 1
+    # problem structures each solver worker keeps factorised (a warm start; ~0.6 MB each for the demo's
+    # tanks at horizon 50): the live service re-solves every binding, once or twice per sample, and a
+    # structure not kept is built and solved cold (solver/pool.py)
+    solver_cache_entries: int = 256
     schedule_cron: str = "0 3 * * *"
     schedule_timezone: str = "UTC"
     live_max_age_s: float | None = None  # unset: max(10 x sample_period_s, 300 s) per binding (recommend.max_live_age_s)
@@ -145,6 +149,7 @@ _SPEC: dict[str, tuple[str, Rule]] = {
     "solver.pool_size": ("solver_pool_size", number_rule(int, Interval(1, 4))),
     "solver.request_timeout_ms": ("solver_request_timeout_ms", number_rule(int, Interval(100, 600_000))),
     "solver.threads": ("solver_threads", number_rule(int, Interval(1, 16))),
+    "solver.cache_entries": ("solver_cache_entries", number_rule(int, Interval(1, 100_000))),
     "schedule.cron": ("schedule_cron", Rule(_cron, "a 5-field cron expression (minute hour day month weekday)")),
     "schedule.timezone": ("schedule_timezone", Rule(_timezone, "an IANA time zone such as 'Europe/Berlin'")),
     "live.max_age_s": ("live_max_age_s", number_rule(float, POSITIVE)),

@@ -18,6 +18,7 @@ from pydantic import Field, PrivateAttr
 
 from optimizer_pipeline.contracts import ProblemIR
 from optimizer_pipeline.solver.pool import SolverPool
+from optimizer_pipeline.solver.process import DEFAULT_CACHE_ENTRIES
 from optimizer_pipeline.solver.shared import acquire
 
 
@@ -37,6 +38,8 @@ class SolverPoolResource(SolverResource):
     pool_size: int = Field(default=2, description="Worker processes, 1-4; one solve in flight per worker.")
     request_timeout_ms: int = Field(default=10_000, description="Hard timeout per solve; the worker is killed after it.")
     threads: int = Field(default=1, description="BLAS / OpenMP threads per worker, 1-16.")
+    cache_entries: int = Field(default=DEFAULT_CACHE_ENTRIES,
+                               description="Problem structures each worker keeps factorised (warm starts).")
 
     _pool: Optional[SolverPool] = PrivateAttr(default=None)
 
@@ -68,7 +71,7 @@ class SolverPoolResource(SolverResource):
         """The run's pool, started (or taken from the keep-alive registry) on first use."""
         if self._pool is None:
             # on a failed start the pool has already stopped every worker it started
-            self._pool, self._owned = acquire(self.pool_size, self.request_timeout_ms, self.threads)
+            self._pool, self._owned = acquire(self.pool_size, self.request_timeout_ms, self.threads, self.cache_entries)
             stats = self._pool.stats()
             if self._context is not None:
                 self._context.log.info(

@@ -22,6 +22,7 @@ from optimizer_pipeline.model import current_state, identify
 from optimizer_pipeline.model.artifact import stack_for
 from optimizer_pipeline.model.arx import Orders, disturbance_window, held_errors, window_rows
 from optimizer_pipeline.model.statespace import rollout, steady_state
+from optimizer_pipeline.model.local import REGION_FRACTION, bandwidth_of
 from optimizer_pipeline.model.step_response import step_response_table
 from optimizer_pipeline.plots import model_fit_series
 from optimizer_pipeline.problem import compile_problem, problem_from_dict, robust_limits
@@ -314,12 +315,16 @@ def test_a_transformed_binding_is_recommended_through_the_pipeline(tmp_path, tem
                                 lambda p: solve_problem(p, cache), ledger, settings, "simulation", utc_now())
     rec = record.recommendation
     assert rec.controls and abs(rec.predicted[-1][0] - 0.5) < 0.02
-    # the local refit is centred midway between the live state and the first plan's end, both transformed
+    # the local refit is centred on the region of the point midway between the live state and the first
+    # plan's end, both transformed: within half a region's width of it, on the regions' grid
     norm = artifact.normalisation
     local = ledger.get_run(record.run_id).context["steady_model"]
     assert local["procedure"] == "local"
-    expected = (norm.normalise(("x",), split.live.y[-1]) + norm.normalise(("x",), local["first_settled"])) / 2
-    assert np.allclose(local["operating_point"]["y"], expected, rtol=1e-12)
+    midway = (norm.normalise(("x",), split.live.y[-1]) + norm.normalise(("x",), local["first_settled"])) / 2
+    width = REGION_FRACTION * bandwidth_of(artifact)
+    centre = np.asarray(local["operating_point"]["y"])
+    assert np.all(np.abs(centre - midway) <= width / 2 + 1e-12)
+    assert np.allclose(centre / width, np.round(midway / width), rtol=0, atol=1e-9)
     # the verifier's CV limits are the binding's, in engineering units
     chosen = record.chosen
     assert np.allclose(chosen.verify_report["cv_allowed"], [Tolerances().cv_rel * (0.81 + 0.81)], rtol=1e-12)

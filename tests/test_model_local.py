@@ -17,9 +17,9 @@ from optimizer_pipeline.model.artifact import LOCAL_WINDOWS, current_state, loca
 from optimizer_pipeline.model.arx import (disturbance_window, fit_disturbance, nrmse, rollout_windows, stack_runs,
                                           stride_for, window_rows)
 from optimizer_pipeline.model.fit import RidgeProblem, Structure
-from optimizer_pipeline.model.local import (GLOBAL, LOCAL, LOCAL_BANDWIDTH, SETTLE_FACTOR, LocalFitter, OperatingPoint,
-                                            local_paths, settle_limit, steady_model_record, steady_procedure,
-                                            structure_of)
+from optimizer_pipeline.model.local import (GLOBAL, LOCAL, LOCAL_BANDWIDTH, REGION_FRACTION, REGIONS_KEPT,
+                                            SETTLE_FACTOR, LocalFitter, OperatingPoint, local_paths, settle_limit,
+                                            steady_model_record, steady_procedure, structure_of)
 from optimizer_pipeline.model import statespace
 from optimizer_pipeline.model.statespace import disturbance_gain, disturbance_step_gains, settling_steps, steady_state
 
@@ -360,6 +360,40 @@ def test_the_refit_uses_the_structure_and_ridge_identification_recorded():
     # a record without `own_ar` (written before it existed): every CV's past in every equation
     older = dataclasses.replace(artifact, selection={**selection, "structure": {"na": 2, "nb": 3, "delays": [[2]]}})
     assert structure_of(older)[0] == Structure(2, 3, ((2,),), False)
+
+
+def test_a_solves_region_is_a_grid_cell_and_its_refit_and_gain_are_made_once(monkeypatch):
+    """A point's region centre: every coordinate rounded to a multiple of REGION_FRACTION x the kernel
+    width; two points of one region share one refit and jackknife (made once, kept per fitter, the
+    oldest of more than REGIONS_KEPT regions dropped); another width keeps its own."""
+    spec = steady_binding()
+    split = split_runs(spec, hammerstein_runs(2))
+    artifact = identify(split, spec, 1)
+    fitter = LocalFitter.for_artifact(artifact, stack_for(artifact, split.train)).with_bandwidth(2.0)
+    width = REGION_FRACTION * 2.0  # 0.2
+    centre = fitter.region(OperatingPoint(np.array([0.31]), np.array([-0.29])))
+    np.testing.assert_allclose(centre.u, [0.4], atol=1e-12)
+    np.testing.assert_allclose(centre.y, [-0.2], atol=1e-12)
+    assert np.allclose(fitter.region(OperatingPoint(np.array([0.49]), np.array([-0.11]))).centre(), centre.centre())
+    made = []
+    real_refit = LocalFitter.refit
+    monkeypatch.setattr(LocalFitter, "refit", lambda self, *a: made.append(a) or real_refit(self, *a))
+    first, record = local_artifact(artifact, spec, fitter, centre, 1000)
+    same_region = fitter.region(OperatingPoint(np.array([0.45]), np.array([-0.15])))
+    again, _ = local_artifact(artifact, spec, fitter, same_region, 1000)
+    assert len(made) == 1 and record["procedure"] == LOCAL
+    np.testing.assert_array_equal(again.state_space.B, first.state_space.B)
+    assert again.steady_gain == first.steady_gain
+    # the same region refitted from scratch: the kept refit is the refit of that point
+    fresh, _ = local_artifact(artifact, spec, fitter.with_bandwidth(2.0), centre, 1000)
+    assert len(made) == 2
+    np.testing.assert_allclose(fresh.state_space.B, first.state_space.B, rtol=1e-12)
+    # REGIONS_KEPT other regions later the first one is made again
+    for k in range(1, REGIONS_KEPT + 1):
+        local_artifact(artifact, spec, fitter, OperatingPoint(centre.u + k * width, centre.y), 1000)
+    assert len(made) == 2 + REGIONS_KEPT
+    local_artifact(artifact, spec, fitter, centre, 1000)
+    assert len(made) == 3 + REGIONS_KEPT
 
 
 def test_the_operating_point_of_a_move_is_its_midpoint_and_is_recorded_as_plain_json():

@@ -10,7 +10,7 @@ from dagster import AssetKey, AssetRecordsFilter, instance_for_test
 from optimizer_pipeline import pipeline, uq
 from optimizer_pipeline.contracts import CandidateKind, Template, utc_now
 from optimizer_pipeline.model.artifact import current_state, local_artifact, local_fitter
-from optimizer_pipeline.model.local import OperatingPoint
+from optimizer_pipeline.model.local import REGION_FRACTION, OperatingPoint
 from optimizer_pipeline.plants import demo_plants
 from optimizer_pipeline.recommend import improvement_conditions
 from optimizer_pipeline.settings import Settings
@@ -154,6 +154,16 @@ def test_plan_applied_to_the_nonlinear_plant_moves_cvs_to_target_within_bounds_a
     assert error_plan <= 0.2 * error_hold, (error_plan, error_hold)
 
 
+def _assert_region_of(recorded: dict, fitter, midway_u: np.ndarray, midway_y: np.ndarray) -> None:
+    """The recorded operating point is the centre of the midpoint's region: within half a region's width
+    of it along every MV and CV, on the regions' grid (model/local.py)."""
+    width = REGION_FRACTION * fitter.bandwidth
+    for centre, midway in ((recorded["u"], midway_u), (recorded["y"], midway_y)):
+        centre = np.asarray(centre)
+        assert np.all(np.abs(centre - midway) <= width / 2 + 1e-9), (centre, midway, width)
+        np.testing.assert_allclose(centre / width, np.round(centre / width), rtol=0, atol=1e-9)
+
+
 def test_the_blend_target_is_solved_with_the_model_refitted_midway_and_reaches_the_goal(demo):
     """The blending tank's gain changes over its range: identify keeps the local procedure for its
     steady target (it settles closer on val data), the solve refits the model midway between the live
@@ -169,16 +179,16 @@ def test_the_blend_target_is_solved_with_the_model_refitted_midway_and_reaches_t
     live = plant.history(SEED).live
     u_mean, u_std = artifact.normalisation.of(spec.mv_tags)
     first = (np.asarray(recorded["first_target"]) - u_mean) / u_std
-    assert np.allclose(recorded["operating_point"]["u"], ((live.u - u_mean) / u_std + first) / 2)
     y_mean, y_std = artifact.normalisation.of(spec.cv_tags)
     split = pipeline.load_split(demo.ledger, demo.ledger.get_binding("blend-1"))
     settled_first = (np.asarray(recorded["first_settled"]) - y_mean) / y_std  # the first target's CVs
-    assert np.allclose(recorded["operating_point"]["y"], ((split.live.y[-1] - y_mean) / y_std + settled_first) / 2)
+    fitter = local_fitter(artifact, pipeline.artifact_runs(artifact, split, "train"))
+    _assert_region_of(recorded["operating_point"], fitter, ((live.u - u_mean) / u_std + first) / 2,
+                      ((split.live.y[-1] - y_mean) / y_std + settled_first) / 2)
     assert recorded["effective_rows"] > 50 and recorded["procedure"] == "local"
     assert run.problem["model_artifact_hash"] == artifact.artifact_hash == doc["model_artifact_hash"]
     # the problem holds the refit at the recorded point, on the artifact's own train runs
     point = OperatingPoint(np.asarray(recorded["operating_point"]["u"]), np.asarray(recorded["operating_point"]["y"]))
-    fitter = local_fitter(artifact, pipeline.artifact_runs(artifact, split, "train"))
     refit, _ = local_artifact(artifact, spec, fitter, point, 10_000)
     assert np.allclose(run.problem["model"]["B"], refit.state_space.B, rtol=1e-9, atol=1e-12)
     assert not np.allclose(run.problem["model"]["B"], artifact.state_space.B)
@@ -228,14 +238,11 @@ def test_the_tank_move_plan_is_solved_with_the_model_refitted_midway_to_its_p_th
     np.testing.assert_allclose(recorded["first_settled"], nominal.predicted[P - 1], rtol=1e-6, atol=1e-9)
     u_mean, u_std = artifact.normalisation.of(spec.mv_tags)
     y_mean, y_std = artifact.normalisation.of(spec.cv_tags)
-    np.testing.assert_allclose(recorded["operating_point"]["u"],
-                               ((split.live.u[-1] - u_mean) / u_std + (nominal.controls[P - 1] - u_mean) / u_std) / 2,
-                               rtol=1e-6, atol=1e-9)
-    np.testing.assert_allclose(recorded["operating_point"]["y"],
-                               ((split.live.y[-1] - y_mean) / y_std + (nominal.predicted[P - 1] - y_mean) / y_std) / 2,
-                               rtol=1e-6, atol=1e-9)
-    point = OperatingPoint(np.asarray(recorded["operating_point"]["u"]), np.asarray(recorded["operating_point"]["y"]))
     fitter = local_fitter(artifact, pipeline.artifact_runs(artifact, split, "train"))
+    _assert_region_of(recorded["operating_point"], fitter,
+                      ((split.live.u[-1] - u_mean) / u_std + (nominal.controls[P - 1] - u_mean) / u_std) / 2,
+                      ((split.live.y[-1] - y_mean) / y_std + (nominal.predicted[P - 1] - y_mean) / y_std) / 2)
+    point = OperatingPoint(np.asarray(recorded["operating_point"]["u"]), np.asarray(recorded["operating_point"]["y"]))
     refit, _ = local_artifact(artifact, spec, fitter, point, 10_000)
     assert np.allclose(run.problem["model"]["B"], refit.state_space.B, rtol=1e-9, atol=1e-12)
     assert not np.allclose(run.problem["model"]["B"], artifact.state_space.B)

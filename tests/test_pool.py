@@ -1,5 +1,7 @@
 """The solver pool: real worker processes, slot reservation, timeouts, crashes, degradation, clean shutdown."""
 
+import dataclasses
+import itertools
 import json
 import os
 import signal
@@ -7,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +19,7 @@ from optimizer_pipeline.contracts import ProblemIR, StateSpace, Template, canoni
 from optimizer_pipeline.solver import errors
 from optimizer_pipeline.solver.errors import SolverError
 from optimizer_pipeline.solver.pool import MAX_CONSECUTIVE_FAILURES, SolverConfigError, SolverPool
-from optimizer_pipeline.solver.process import worker_env
+from optimizer_pipeline.solver.process import CACHE_ENTRIES_VAR, worker_env
 from optimizer_pipeline.solver.solve import SolverCache, solve_problem
 
 FAST_BACKOFF = (0.05, 0.05, 0.05)
@@ -169,12 +172,52 @@ def test_problem_the_worker_cannot_read_raises_bad_request(pool):
 # ---------------------------------------------------------------------------- own pools
 
 
-def test_worker_environment_is_the_whitelist_plus_thread_budget():
+def test_worker_environment_is_the_whitelist_plus_thread_budget_and_cache_size():
     parent = {"PATH": "/bin", "HOME": "/home/me", "AWS_SECRET_ACCESS_KEY": "x", "DAGSTER_HOME": "/d",
               "OPENBLAS_CORETYPE": "Haswell", "GITHUB_TOKEN": "t"}
-    assert worker_env(3, parent) == {
+    assert worker_env(3, parent, cache_entries=77) == {
         "PATH": "/bin", "HOME": "/home/me", "OPENBLAS_CORETYPE": "Haswell", "OMP_NUM_THREADS": "3",
-        "OPENBLAS_NUM_THREADS": "3", "MKL_NUM_THREADS": "3", "NUMEXPR_NUM_THREADS": "3", "PYTHONHASHSEED": "0"}
+        "OPENBLAS_NUM_THREADS": "3", "MKL_NUM_THREADS": "3", "NUMEXPR_NUM_THREADS": "3",
+        CACHE_ENTRIES_VAR: "77", "PYTHONHASHSEED": "0"}
+
+
+def _bindings_by_worker(size: int) -> list[str]:
+    """A binding id for each worker of a pool of `size`: the one its id hashes to (crc32 % size)."""
+    ids: dict[int, str] = {}
+    for k in itertools.count():
+        ids.setdefault(zlib.crc32(f"b{k}".encode()) % size, f"b{k}")
+        if len(ids) == size:
+            return [ids[i] for i in range(size)]
+
+
+def test_a_bindings_solves_go_to_its_own_worker_so_each_worker_keeps_its_share_warm():
+    """Two bindings solved in turn by a pool of two workers that keep one structure each: each binding
+    stays on its worker, so only its first solve sets OSQP up (on one worker both would miss every time)."""
+    first, second = _bindings_by_worker(2)
+    with SolverPool(size=2, cache_entries=1) as pool:
+        problems = [dataclasses.replace(_problem(), binding_id=binding)
+                    for _ in range(3) for binding in (first, second)]
+        results = [pool.solve(problem) for problem in problems]
+    hits = [r["diagnostics"]["cache_hit"] for r in results]
+    assert hits == [False, False, True, True, True, True]
+    assert {r["diagnostics"]["cache_size"] for r in results} == {1}
+    assert [r["problem_ir_hash"] for r in results] == [p.hash for p in problems]
+
+
+def test_a_binding_whose_worker_is_busy_is_solved_by_another_at_once(test_ops):
+    """The worker a binding hashes to is held by a slow request: its solve takes the other worker after
+    a short wait instead of queueing behind it."""
+    (on_first, _) = _bindings_by_worker(2)
+    with SolverPool(size=2, request_timeout_ms=20_000, backoff_s=FAST_BACKOFF) as pool:
+        held = threading.Thread(target=pool.request, args=("sleep", {"seconds": 5}))
+        held.start()
+        _wait_for(pool, "busy", 1)  # the first free worker (slot 0) sleeps
+        started = time.monotonic()
+        problem = dataclasses.replace(_problem(), binding_id=on_first)
+        result = pool.solve(problem)
+        took = time.monotonic() - started
+        held.join()
+    assert result["problem_ir_hash"] == problem.hash and took < 2.0, took
 
 
 @pytest.mark.parametrize("setting", [{"size": 0}, {"size": 5}, {"threads": 17}, {"request_timeout_ms": 0},

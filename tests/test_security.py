@@ -16,7 +16,7 @@ from optimizer_pipeline.ledger import Ledger, NotFoundError
 from optimizer_pipeline.plants import get_plant
 from optimizer_pipeline.settings import ledger_path
 from optimizer_pipeline.solver.pool import SolverPool
-from optimizer_pipeline.solver.process import ENV_PASS_THROUGH, ENV_WHITELIST, THREAD_VARS
+from optimizer_pipeline.solver.process import CACHE_ENTRIES_VAR, ENV_PASS_THROUGH, ENV_WHITELIST, THREAD_VARS
 
 from ledger_helpers import solve
 from reliability_helpers import heater_case, pool_solve
@@ -40,7 +40,7 @@ def test_worker_environment_holds_only_the_whitelist_whatever_secrets_the_parent
         monkeypatch.setenv(key, value)
     with SolverPool(size=1) as pool:
         env = _environ(pool.stats()["pids"][0])
-    allowed = set(ENV_WHITELIST) | set(ENV_PASS_THROUGH) | set(THREAD_VARS) | {"PYTHONHASHSEED"}
+    allowed = set(ENV_WHITELIST) | set(ENV_PASS_THROUGH) | set(THREAD_VARS) | {CACHE_ENTRIES_VAR, "PYTHONHASHSEED"}
     assert set(env) <= allowed, set(env) - allowed
     assert not set(secrets.values()) & set(env.values())
 

@@ -30,6 +30,7 @@ def test_file_overrides_defaults_and_environment_overrides_file(tmp_path):
     ({"OPTIMIZER_SOLVER_POOL_SIZE": "5"}, "OPTIMIZER_SOLVER_POOL_SIZE: solver.pool_size must be an integer from 1 to 4"),
     ({"OPTIMIZER_SOLVER_THREADS": "0"}, "solver.threads must be an integer from 1 to 16, got '0'"),
     ({"OPTIMIZER_SOLVER_THREADS": "2.5"}, "solver.threads must be an integer from 1 to 16"),
+    ({"OPTIMIZER_SOLVER_CACHE_ENTRIES": "0"}, "solver.cache_entries must be an integer from 1 to 100000, got '0'"),
     ({"OPTIMIZER_UQ_GATE": "loose"}, "uq.gate must be 'seed' or 'strict', got 'loose'"),
     ({"OPTIMIZER_UQ_ALPHA": "1.5"}, "uq.alpha must be a number in (0, 1)"),
     ({"OPTIMIZER_UQ_FRESH_DAYS": "nan"}, "uq.fresh_days must be a number > 0"),

@@ -38,7 +38,7 @@ def serve(home: Path, ledger: Ledger, settings: Settings, bindings: Sequence[str
                             f"stop it first, or serve other bindings from another home") from None
     try:
         with SolverPool(size=settings.solver_pool_size, request_timeout_ms=settings.solver_request_timeout_ms,
-                        threads=settings.solver_threads) as pool:
+                        threads=settings.solver_threads, cache_entries=settings.solver_cache_entries) as pool:
             inbox = InboxSource(home, lambda b: service.ingests(b), lambda b: service.spec_of(b))
             service = LiveService(ledger, settings, pool.solve, [inbox, LedgerSource()], bindings=bindings,
                                   reporter=reporter, threads=settings.solver_pool_size)

@@ -22,8 +22,8 @@ from optimizer_pipeline.contracts import (BindingSpec, ContractError, Gate, Hist
 from optimizer_pipeline.model.arx import (ArxModel, Orders, Stacked, nrmse, rollout_nrmse, rollout_windows, stack_runs,
                                           disturbance_window, state_and_bias, stride_for, window_rows)
 from optimizer_pipeline.model.fit import RidgeProblem, Structure, free_mask, refine_multistep
-from optimizer_pipeline.model.local import (BANDWIDTHS, GLOBAL, LOCAL, LocalFitter, OperatingPoint, bandwidth_of,
-                                           best_bandwidth, local_disturbances, local_gains, local_paths,
+from optimizer_pipeline.model.local import (BANDWIDTHS, GLOBAL, LOCAL, LocalFit, LocalFitter, OperatingPoint,
+                                           bandwidth_of, best_bandwidth, local_disturbances, local_gains, local_paths,
                                            steady_model_record)
 from optimizer_pipeline.model.select import (FIR_NA, LONG_MARGIN, MAX_CHANNEL_DELAY, ORDER_STAGE_RIDGE,
                                              RIDGE_GRID, RIDGE_STAGE_ORDERS, SELECTION_WINDOWS, Selector, best,
@@ -363,11 +363,17 @@ def local_artifact(artifact: ModelArtifact, binding: BindingSpec, fitter: LocalF
     """The artifact refitted around `point` by `fitter` (`local_fitter`: its train regression,
     model/local.py) as an artifact of its own, with the jackknife gain uncertainty of the weighted fit
     and the same gates, normalisation and selection record; None when the refit is refused
-    (`LocalFitter.refit`). Also what a run records of it."""
-    fit, refused = fitter.refit(point, settle_within)
+    (`LocalFitter.refit`). Also what a run records of it. The refit and its gain are made once per
+    point and kept by the fitter (`LocalFitter.kept`; a solve's point is its region's centre)."""
+    def refit() -> tuple[LocalFit | None, str, Mapping[str, Any] | None]:
+        fit, refused = fitter.refit(point, settle_within)
+        if fit is None:
+            return None, refused, None
+        return fit, "", steady_gain_record(fit.model, jackknife_models(fit.problem, fitter.structure, fitter.ridge))
+
+    fit, refused, gain = fitter.kept((tuple(point.centre()), settle_within), refit)
     if fit is None:
         return None, {"procedure": GLOBAL, "refused": refused, "operating_point": point.to_json_dict()}
-    gain = steady_gain_record(fit.model, jackknife_models(fit.problem, fitter.structure, fitter.ridge))
     local = artifact_from_model(fit.model, binding, artifact.binding_revision, artifact.normalisation,
                                 gates=artifact.gates, splits=artifact.splits,
                                 training_data_hash=artifact.training_data_hash, selection=artifact.selection,

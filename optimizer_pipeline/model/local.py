@@ -11,6 +11,12 @@ plant's local gain at the midpoint of the move, so the solve refits the model th
 * the operating point of a move is the midpoint of its start (the MVs held there, the CVs measured
   there) and its predicted end (the MVs it holds, the CVs the identified model predicts there): a
   steady target's settled values, a move plan's at its P-th step, an evidence block's at its last;
+  a solve refits at the centre of the point's region (`LocalFitter.region`: a cell of REGION_FRACTION
+  of the kernel width along every MV and CV), so the solves of a plant near a steady state share one
+  refit (`LocalFitter.kept`: the live service keeps a fitter per model, and a region's refit, its
+  jackknife and the solver's factorisation of its problem are made once, not once per sample). The
+  centre is at most half a cell, 0.05 of a kernel width, from the point along each coordinate: less
+  than the point's own sample-to-sample noise on the plants of bench/judge.py;
 * the local model is the artifact's structure and ridge refitted on the artifact's train runs by
   least squares with every target row weighted by a Gaussian kernel of the distance between the MVs /
   CVs of the row before it and that point, in train standard deviations (the nearest row weighs 1),
@@ -34,8 +40,9 @@ plant's local gain at the midpoint of the move, so the solve refits the model th
 """
 
 import copy
+from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Hashable, Iterator, Mapping, Sequence, TypeVar
 
 import numpy as np
 from scipy.spatial.distance import cdist
@@ -55,8 +62,12 @@ MIN_ROWS_PER_PARAMETER = 10  # a refit needs this effective sample per parameter
 # scores the h-step prediction, which says little of the settled value of a much slower model
 SETTLE_FACTOR = 2
 POINTS_BLOCK = 64  # operating points refitted together (LocalFitter.refits: its weights are (64, train rows))
+REGION_FRACTION = 0.1  # a solve's region: a cell of this fraction of the kernel width (LocalFitter.region)
+REGIONS_KEPT = 16  # the regions' refits a fitter keeps (LocalFitter.kept)
 LOCAL = "local"
 GLOBAL = "global"
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, eq=False)
@@ -143,6 +154,7 @@ class LocalFitter:
         before = self.problem.rows - 1  # the row before each target row: same run (rows start after the lags)
         self._before = np.hstack([train.u[before], train.y[before]])  # its MVs and CVs
         self.min_rows = MIN_ROWS_PER_PARAMETER * structure.n_params() / len(structure.delays)
+        self._kept: OrderedDict[Hashable, Any] = OrderedDict()
 
     @staticmethod
     def for_artifact(artifact: ModelArtifact, train: Stacked) -> "LocalFitter":
@@ -152,7 +164,26 @@ class LocalFitter:
         """The same regression with another kernel width."""
         fitter = copy.copy(self)
         fitter.bandwidth = float(bandwidth)
+        fitter._kept = OrderedDict()
         return fitter
+
+    def region(self, point: OperatingPoint) -> OperatingPoint:
+        """The centre of `point`'s region: every coordinate rounded to a multiple of REGION_FRACTION x
+        the kernel width (module docstring)."""
+        width = REGION_FRACTION * self.bandwidth
+        return OperatingPoint(np.round(np.asarray(point.u, float) / width) * width,
+                              np.round(np.asarray(point.y, float) / width) * width)
+
+    def kept(self, key: Hashable, make: Callable[[], T]) -> T:
+        """`make()` once per `key` (model.artifact.local_artifact: a region's refit and its gain), the
+        last REGIONS_KEPT kept."""
+        if key in self._kept:
+            self._kept.move_to_end(key)
+            return self._kept[key]
+        value = self._kept[key] = make()
+        if len(self._kept) > REGIONS_KEPT:
+            self._kept.popitem(last=False)
+        return value
 
     def weights(self, point: OperatingPoint) -> np.ndarray:
         """Kernel weight of every target row of the regression (rows of `problem.rows`), scaled so the

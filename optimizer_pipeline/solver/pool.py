@@ -5,6 +5,10 @@ stop steps) is solver/process.py; the capability probe is solver/probe.py; the k
 that shares a pool across runs is solver/shared.py. Rules implemented here:
 * 1-4 workers, one request in flight per worker; a caller reserves a free worker under the pool's
   lock, so two callers never share one. No free worker within `queue_wait_s` -> SOLVER_QUEUE_FULL.
+* A binding's problems go to the worker its id hashes to when it is free within AFFINITY_WAIT_S, else
+  to any free one: a worker's solver cache then holds its share of the bindings' structures (a cached
+  structure is a warm start; a new one builds its matrices, factorises and solves cold, ~5x the CPU
+  on the demo's tanks). Each worker keeps `cache_entries` structures.
 * The capability probe (`python -m optimizer_pipeline.solver.probe`) runs once per start(), not
   per solve; a missing numpy / scipy / osqp -> ENV_MISSING_DEP.
 * A worker without a valid ready frame within `start_timeout_s` (WORKER_START_FAILED) is killed and
@@ -25,6 +29,7 @@ import logging
 import sys
 import threading
 import time
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,12 +38,15 @@ from optimizer_pipeline.contracts import ContractError, ProblemIR
 from optimizer_pipeline.solver import codec, errors
 from optimizer_pipeline.solver.errors import PROTOCOL_VERSION, SolverError
 from optimizer_pipeline.solver.probe import run_probe
-from optimizer_pipeline.solver.process import WorkerProcess, WorkerTimeout, worker_env
+from optimizer_pipeline.solver.process import DEFAULT_CACHE_ENTRIES, WorkerProcess, WorkerTimeout, worker_env
 from optimizer_pipeline.validation import POSITIVE, Interval, check_integer, check_number
 
 log = logging.getLogger(__name__)
 
 MAX_CONSECUTIVE_FAILURES = 3
+# how long a binding's problem waits for the worker its id hashes to before it takes any free one: about
+# a warm solve of the demo's tanks (a cold one on another worker costs ~30 ms more CPU)
+AFFINITY_WAIT_S = 0.01
 DEFAULT_BACKOFF_S = (1.0, 2.0, 4.0)
 
 
@@ -62,7 +70,8 @@ class SolverPool:
     size: 1-4 workers. request_timeout_ms: default hard timeout per request. threads: 1-16, the
     BLAS / OpenMP thread budget of each worker. python: interpreter for the probe and workers.
     queue_wait_s: how long a caller waits for a free worker before SOLVER_QUEUE_FULL.
-    start_timeout_s: how long a worker may take to send its ready frame.
+    start_timeout_s: how long a worker may take to send its ready frame. cache_entries: the problem
+    structures each worker keeps factorised (solver.solve.SolverCache).
     backoff_s: restart delays after the 1st, 2nd, 3rd consecutive failure (docs/ARCHITECTURE.md, "Solver pool rules": 1, 2, 4 s);
     tests pass shorter ones. worker_cmd: the worker command line instead of
     `python -m optimizer_pipeline.solver.worker` (tests use it to start a misbehaving fake worker).
@@ -70,9 +79,12 @@ class SolverPool:
 
     def __init__(self, size: int = 1, request_timeout_ms: int = 10_000, threads: int = 1,
                  python: str = sys.executable, queue_wait_s: float = 5.0, *, start_timeout_s: float = 30.0,
-                 backoff_s: Sequence[float] = DEFAULT_BACKOFF_S, worker_cmd: Sequence[str] | None = None) -> None:
+                 backoff_s: Sequence[float] = DEFAULT_BACKOFF_S, worker_cmd: Sequence[str] | None = None,
+                 cache_entries: int = DEFAULT_CACHE_ENTRIES) -> None:
         check_integer(size, "solver pool", Interval(1, 4), name="size", error=SolverConfigError)
         check_integer(threads, "solver pool", Interval(1, 16), name="threads", error=SolverConfigError)
+        check_integer(cache_entries, "solver pool", Interval(1, 100_000), name="cache_entries",
+                      error=SolverConfigError)
         for name, value in (("request_timeout_ms", request_timeout_ms), ("queue_wait_s", queue_wait_s),
                             ("start_timeout_s", start_timeout_s)):
             check_number(value, "solver pool", POSITIVE, name=name, error=SolverConfigError)
@@ -81,6 +93,7 @@ class SolverPool:
         self.size = size
         self.request_timeout_ms = request_timeout_ms
         self.threads = threads
+        self.cache_entries = cache_entries
         self.python = python
         self.queue_wait_s = float(queue_wait_s)
         self.start_timeout_s = float(start_timeout_s)
@@ -110,7 +123,7 @@ class SolverPool:
                 raise SolverError(errors.SOLVER_UNAVAILABLE, f"solver pool already {self._state}; create a new one")
             self._state = "running"
         try:
-            self._env = worker_env(self.threads)
+            self._env = worker_env(self.threads, cache_entries=self.cache_entries)
             self.probe_report = run_probe(self.python, self._env)
             spawners = [threading.Thread(target=self._spawn, args=(slot,), name=f"solver-spawn-{slot.index}")
                         for slot in self._slots]
@@ -201,7 +214,8 @@ class SolverPool:
             raise ContractError(f"problem: {exc}") from None
         binding = problem.binding_id if isinstance(problem, ProblemIR) else problem.get("binding_id")
         codec.check_problem_size(problem_json, "problem" if binding is None else f"problem of binding {binding!r}")
-        return self._call("solve", b'{"problemIr":' + problem_json + b"}", timeout_ms)
+        prefer = None if binding is None else zlib.crc32(str(binding).encode()) % self.size
+        return self._call("solve", b'{"problemIr":' + problem_json + b"}", timeout_ms, prefer)
 
     def ping(self, timeout_ms: int | None = None) -> dict[str, Any]:
         """{"pid", "busy"} of the worker that answered."""
@@ -211,7 +225,7 @@ class SolverPool:
         """Any protocol op (the worker's test ops when it enables them); solve() is the product path."""
         return self._call(op, codec.encode(dict(payload or {})), timeout_ms)
 
-    def _call(self, op: str, payload_json: bytes, timeout_ms: int | None) -> dict[str, Any]:
+    def _call(self, op: str, payload_json: bytes, timeout_ms: int | None, prefer: int | None = None) -> dict[str, Any]:
         timeout_ms = self.request_timeout_ms if timeout_ms is None else timeout_ms
         check_number(timeout_ms, "solver pool", POSITIVE, name="timeout_ms", error=SolverConfigError)
         req_id = next(self._req_ids)
@@ -220,7 +234,7 @@ class SolverPool:
         budget_ms = max(1, int(timeout_ms - min(500, 0.2 * timeout_ms)))
         frame = (b'{"protocolVersion":%d,"reqId":%d,"op":%s,"deadlineMs":%d,"payload":%s}'
                  % (PROTOCOL_VERSION, req_id, codec.encode(op), budget_ms, payload_json))
-        slot, worker = self._reserve()
+        slot, worker = self._reserve(prefer)
         try:
             answer = worker.request(req_id, frame, timeout_ms / 1000.0)
         except WorkerTimeout:
@@ -239,8 +253,10 @@ class SolverPool:
         raise SolverError(str(error.get("code", errors.BAD_FRAME)),
                           str(error.get("message", f"malformed response from worker {worker.pid}: {answer!r}")))
 
-    def _reserve(self) -> tuple[_Slot, WorkerProcess]:
-        deadline = time.monotonic() + self.queue_wait_s
+    def _reserve(self, prefer: int | None = None) -> tuple[_Slot, WorkerProcess]:
+        """A free worker (slot `prefer`'s, when it is free within AFFINITY_WAIT_S), marked busy."""
+        start = time.monotonic()
+        deadline, affine_until = start + self.queue_wait_s, start + AFFINITY_WAIT_S
         with self._lock:
             while True:
                 if self._state != "running":
@@ -248,10 +264,18 @@ class SolverPool:
                 if self._degraded:
                     raise SolverError(errors.SOLVER_UNAVAILABLE, f"solver pool degraded after {self._failures} "
                                                                  f"consecutive failures (last: {self._last_failure}); reset() to retry")
-                for slot in self._slots:
-                    if slot.worker is not None and not slot.busy and not slot.worker.exited.is_set():
-                        slot.busy = True
-                        return slot, slot.worker
+                free = [slot for slot in self._slots
+                        if slot.worker is not None and not slot.busy and not slot.worker.exited.is_set()]
+                preferred = [slot for slot in free if slot.index == prefer]
+                affine = prefer is not None and self._slots[prefer].worker is not None \
+                    and time.monotonic() < affine_until
+                if preferred or (free and not affine):
+                    slot = (preferred or free)[0]
+                    slot.busy = True
+                    return slot, slot.worker
+                if free:  # only other workers are free: wait for the preferred one, a little
+                    self._changed.wait(max(0.0, affine_until - time.monotonic()))
+                    continue
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     busy = sum(slot.busy for slot in self._slots)

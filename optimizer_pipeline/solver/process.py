@@ -3,7 +3,7 @@
 docs/ARCHITECTURE.md, "Solver worker protocol". The pool (solver/pool.py) decides when a worker starts, serves and
 stops, and counts its failures; this module owns everything about one process:
 * Environment (`worker_env`): a whitelist of the parent's variables (no inherited secrets) + the
-  thread budget + PYTHONHASHSEED=0.
+  thread budget + the size of its solver cache + PYTHONHASHSEED=0.
 * Start (`WorkerProcess.wait_ready`): a ready frame with another protocol version or no positive pid,
   an exit before it, or silence for the start timeout -> SolverError(WORKER_START_FAILED).
 * One request in flight (`WorkerProcess.request`): no answer within the hard timeout -> WorkerTimeout
@@ -44,13 +44,19 @@ ENV_PASS_THROUGH = ("OPTIMIZER_WORKER_TEST_OPS", "OPENBLAS_CORETYPE", "OPENBLAS_
 # Thread budget: each worker's BLAS / OpenMP pools get `threads` threads, so size x threads bounds
 # the CPU the pool can take.
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS")
+# How many problem structures (their OSQP objects, factorised) a worker keeps (solver.solve.SolverCache).
+CACHE_ENTRIES_VAR = "OPTIMIZER_SOLVER_CACHE_ENTRIES"
+DEFAULT_CACHE_ENTRIES = 32
 
 
-def worker_env(threads: int, parent: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment of a worker: whitelist + pass-through from `parent` (default os.environ) + budget."""
+def worker_env(threads: int, parent: Mapping[str, str] | None = None,
+               cache_entries: int = DEFAULT_CACHE_ENTRIES) -> dict[str, str]:
+    """The environment of a worker: whitelist + pass-through from `parent` (default os.environ) + budget
+    + the size of its solver cache."""
     parent = os.environ if parent is None else parent
     env = {k: parent[k] for k in ENV_WHITELIST + ENV_PASS_THROUGH if k in parent}
     env.update({k: str(threads) for k in THREAD_VARS})
+    env[CACHE_ENTRIES_VAR] = str(cache_entries)
     env["PYTHONHASHSEED"] = "0"  # same set / dict iteration order in every worker and every run
     return env
 

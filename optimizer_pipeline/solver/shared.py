@@ -13,10 +13,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from optimizer_pipeline.solver.pool import SolverPool
+from optimizer_pipeline.solver.process import DEFAULT_CACHE_ENTRIES
 
 _shared_lock = threading.Lock()
 _keepers = 0
-_shared: dict[tuple[int, int, int], SolverPool] = {}
+_shared: dict[tuple[int, int, int, int], SolverPool] = {}
 
 
 @contextmanager
@@ -39,12 +40,13 @@ def kept_alive() -> Iterator[None]:
             pool.shutdown()
 
 
-def acquire(size: int, request_timeout_ms: int, threads: int) -> tuple[SolverPool, bool]:
+def acquire(size: int, request_timeout_ms: int, threads: int,
+            cache_entries: int = DEFAULT_CACHE_ENTRIES) -> tuple[SolverPool, bool]:
     """A started pool and whether the caller owns it (and must shut it down).
 
     Outside `kept_alive` every call starts a pool of its own. Inside, pools are shared by settings;
     a shared pool left degraded by an earlier run is reset, since a new run is a new start."""
-    key = (size, request_timeout_ms, threads)
+    key = (size, request_timeout_ms, threads, cache_entries)
     with _shared_lock:
         shared = _keepers > 0
         pool = _shared.get(key) if shared else None
@@ -52,7 +54,8 @@ def acquire(size: int, request_timeout_ms: int, threads: int) -> tuple[SolverPoo
         if pool.stats()["degraded"]:
             pool.reset()
         return pool, False
-    pool = SolverPool(size=size, request_timeout_ms=request_timeout_ms, threads=threads).start()
+    pool = SolverPool(size=size, request_timeout_ms=request_timeout_ms, threads=threads,
+                      cache_entries=cache_entries).start()
     if not shared:
         return pool, True
     with _shared_lock:

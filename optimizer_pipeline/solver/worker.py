@@ -18,7 +18,8 @@ A line that is not a valid frame gets an error response (reqId null when it cann
 worker keeps serving. A request line over codec.MAX_REQUEST_BYTES is not decoded: the worker reads at
 most that much of it, skips the rest and answers BAD_REQUEST naming the limit (with the reqId when
 it can be read from the start of the line). The worker exits on stdin EOF or "shutdown", so it cannot outlive its owner.
-One SolverCache lives for the process lifetime: re-solves of the same structure are warm starts.
+One SolverCache lives for the process lifetime: re-solves of the same structure are warm starts; it
+keeps the number of structures the pool's environment names (process.CACHE_ENTRIES_VAR).
 Frames are encoded by solver/codec.py (orjson; a result holding NaN / inf is answered SOLVE_FAILED).
 Threads: the main thread reads stdin and answers ping / cancel at once; solves run on a solver thread.
 (Running a solve on the thread that read it, with a second thread taking over stdin, measured no
@@ -46,6 +47,7 @@ import scipy
 from optimizer_pipeline.contracts import ProblemIR
 from optimizer_pipeline.solver import codec, errors
 from optimizer_pipeline.solver.errors import PROTOCOL_VERSION
+from optimizer_pipeline.solver.process import CACHE_ENTRIES_VAR, DEFAULT_CACHE_ENTRIES
 from optimizer_pipeline.solver.solve import SolverCache, solve_problem
 
 HEARTBEAT_S = 0.5
@@ -153,10 +155,10 @@ class Channel:
 class Worker:
     """Serves frames from `handle_line` (the stdin thread); solves run on a solver thread, one at a time."""
 
-    def __init__(self, out: Channel, test_ops: bool) -> None:
+    def __init__(self, out: Channel, test_ops: bool, cache_entries: int = DEFAULT_CACHE_ENTRIES) -> None:
         self.out = out
         self.test_ops = test_ops
-        self.cache = SolverCache()
+        self.cache = SolverCache(cache_entries)
         self._lock = threading.Lock()
         self._in_flight: Request | None = None
         self._cancel = threading.Event()  # set: the in-flight request should stop (read by should_cancel)
@@ -304,9 +306,10 @@ def protocol_stream() -> BinaryIO:
     return stream
 
 
-def serve(read_line: Callable[[], bytes], out: Channel, test_ops: bool) -> None:
+def serve(read_line: Callable[[], bytes], out: Channel, test_ops: bool,
+          cache_entries: int = DEFAULT_CACHE_ENTRIES) -> None:
     """`read_line` returns at most codec.MAX_REQUEST_BYTES + 1 bytes of a line (the rest on the next call)."""
-    worker = Worker(out, test_ops)
+    worker = Worker(out, test_ops, cache_entries)
     worker.start()
     out.send(ready_frame())
     try:
@@ -330,7 +333,8 @@ def main() -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     out = Channel(protocol_stream())
     serve(functools.partial(sys.stdin.buffer.readline, codec.MAX_REQUEST_BYTES + 1), out,
-          test_ops=os.environ.get(TEST_OPS_ENV) == "1")
+          test_ops=os.environ.get(TEST_OPS_ENV) == "1",
+          cache_entries=int(os.environ.get(CACHE_ENTRIES_VAR, DEFAULT_CACHE_ENTRIES)))
     return 0
 
 
