@@ -124,6 +124,11 @@ def closest(name: Any, known: Collection[Any]) -> str | None:
     return close[0] if close else None
 
 
+def nearest(name: str, known: Collection[str], n: int = 3) -> list[str]:
+    """The `n` known names most like `name` (difflib's similarity ratio, best first), however far."""
+    return difflib.get_close_matches(name, list(known), n=n, cutoff=0.0)
+
+
 def did_you_mean(name: Any, known: Collection[Any]) -> str:
     """"; did you mean 'target'?" for the `closest` known name, "" when none is close."""
     match = closest(name, known)

@@ -281,9 +281,9 @@ def test_history_file_over_the_size_limit_is_one_line_naming_file_and_limit(seed
 @pytest.mark.parametrize("args, message", [
     (["ingest", "nope.yaml", "nope.csv"], "error: nope.yaml: binding file not found"),
     (["recommendation", "x'; DROP TABLE bindings; --"],
-     """error: binding "x'; DROP TABLE bindings; --" is not in the ledger {ledger}"""),
-    (["materialize", "../../etc"], "error: binding '../../etc' is not in the ledger {ledger}"),
-    (["ledger", "--binding", "nope"], "error: binding 'nope' is not in the ledger {ledger}"),
+     """error: binding "x'; DROP TABLE bindings; --" is not in the ledger {ledger} (1 binding; closest: heater-1)"""),
+    (["materialize", "../../etc"], "error: binding '../../etc' is not in the ledger {ledger} (1 binding; closest: heater-1)"),
+    (["ledger", "--binding", "nope"], "error: binding 'nope' is not in the ledger {ledger} (1 binding; closest: heater-1)"),
     (["outcome", "rec-nope", "nope.csv"], "error: recommendation rec-nope is not in the ledger"),
 ])
 def test_bad_command_arguments_name_the_file_binding_or_recommendation(seeded, capsys, args, message):

@@ -146,6 +146,19 @@ def test_past_valid_until_is_expired_in_the_ledger(ledger):
     assert ledger.get_recommendation(fresh).status == "verified"
 
 
+def test_an_unknown_binding_is_refused_naming_the_closest_known_ids(ledger, binding_doc):
+    with pytest.raises(NotFoundError) as refused:
+        ledger.get_binding("tanks-1")
+    assert str(refused.value).endswith("is not in the ledger " + str(ledger.path) + " (it holds no binding yet: "
+                                       "ingest one first)")
+    for binding_id in ("tanks-1", "tanks-12", "heater-1", "blend-1", "column-7"):
+        ledger.upsert_binding(binding_from_dict({**binding_doc, "id": binding_id}))
+    with pytest.raises(NotFoundError) as refused:
+        ledger.get_binding("tank-1")
+    assert str(refused.value).startswith(f"binding 'tank-1' is not in the ledger {ledger.path} "
+                                         "(5 bindings; closest: tanks-1, tanks-12, ")  # then the next most alike
+
+
 def test_identical_binding_upsert_writes_nothing(ledger, binding_doc):
     spec = binding_from_dict(binding_doc)
     first = ledger.upsert_binding(spec)

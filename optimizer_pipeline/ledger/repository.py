@@ -42,6 +42,7 @@ from optimizer_pipeline.ledger.whatif_rows import WhatIfRows
 from optimizer_pipeline.ledger.errors import LedgerError, NotFoundError, RunStateError
 from optimizer_pipeline.ledger.schema import DUCKDB
 from optimizer_pipeline.ledger.writes import retried
+from optimizer_pipeline.validation import nearest
 from optimizer_pipeline.ledger.records import (
     BindingUpsert,
     CandidateRecord,
@@ -140,10 +141,19 @@ class Ledger(EvidenceRows, WhatIfRows, LiveRows):
             _, rows = self.backend.fetch(conn, sql + " ORDER BY revision DESC LIMIT 1", params)
         if not rows:
             what = f"binding {binding_id!r}" + (f" revision {revision}" if revision is not None else "")
-            raise NotFoundError(f"{what} is not in the ledger {self.path}")
+            raise NotFoundError(f"{what} is not in the ledger {self.path}{self._known_bindings(binding_id)}")
         spec_json, rev, spec_hash, created_at = rows[0]
         return StoredBinding(binding_from_json(spec_json, source=f"ledger binding {binding_id}"), rev, spec_hash,
                              created_at)
+
+    def _known_bindings(self, binding_id: str) -> str:
+        """" (2 bindings; closest: a, b)" for a message about an unknown `binding_id`."""
+        with self.backend.connection() as conn:
+            _, rows = self.backend.fetch(conn, "SELECT id FROM bindings")
+        if not rows:
+            return " (it holds no binding yet: ingest one first)"
+        count = f"{len(rows)} binding" + ("s" if len(rows) > 1 else "")
+        return f" ({count}; closest: {', '.join(nearest(binding_id, [r[0] for r in rows]))})"
 
     def list_bindings(self) -> list[StoredBinding]:
         """The latest revision of every binding, by id."""
