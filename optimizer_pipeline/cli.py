@@ -1,6 +1,6 @@
 """The `optimizer-pipeline` command line (docs/ARCHITECTURE.md, "Interfaces"): demo, ingest, materialize,
-recommendation, model, whatif, outcome, ledger, ui. Bad input: one specific line on stderr, exit code 2,
-nothing partial written. Dagster is imported only by the commands that run it.
+recommendation, model, whatif, outcome, ledger, live, daemon, worker, ui. Bad input: one specific line on
+stderr, exit code 2, nothing partial written. Dagster is imported only by the commands that run it.
 """
 
 import argparse
@@ -432,6 +432,13 @@ def _command_name() -> str:
 # ------------------------------------------------------------------ entry point
 
 
+DESCRIPTION = ("Process-optimisation recommendations from plant history: each binding (a model linked to a "
+               "plant's MVs, CVs and DVs) gets an identified model, calibrated evidence, a solved and "
+               "independently verified plan, and a recommendation whose status (verified, unverified, rejected, "
+               "expired) says how far it can be trusted. Everything is kept in the ledger of the home folder. "
+               "Start with 'demo', then 'recommendation BINDING_ID'; README.md walks the rest.")
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with the CLI's rule for a usage mistake: one `error: ...` line on stderr, exit code 2
     (argparse's own form is the usage text plus the message, three lines or more). Subcommand parsers
@@ -443,7 +450,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="optimizer-pipeline", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="optimizer-pipeline", description=DESCRIPTION)
     parser.add_argument("--home", help="home directory (default: $OPTIMIZER_HOME or ./.optimizer)")
     sub = parser.add_subparsers(dest="command", required=True)
 

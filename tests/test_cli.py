@@ -1,5 +1,6 @@
 """The `optimizer-pipeline` CLI as a user runs it: subprocesses on a temporary home (issue 5, "CLI")."""
 
+import argparse
 import json
 import os
 import subprocess
@@ -218,3 +219,16 @@ def test_materialize_refuses_a_bad_selection_before_any_run(tmp_path, files, arg
     assert_one_line_error(cli(home, "materialize", *args), fragment)
     assert Ledger(ledger_path(home)).list_runs("heater-1") == []
     assert not (home / "dagster" / "storage").exists()
+
+
+def test_help_describes_the_tool_in_whole_sentences_and_lists_every_command(capsys):
+    from optimizer_pipeline.cli import build_parser, main
+
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    description = text.split("positional arguments:")[0]
+    assert description.rstrip().endswith("README.md walks the rest.") and "recommendation whose status" in description
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(commands.choices) <= set(text.replace(",", " ").replace("{", " ").replace("}", " ").split())
