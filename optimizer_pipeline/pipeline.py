@@ -222,7 +222,13 @@ def evidence_snapshot(calibration: Calibration, artifact: ModelArtifact, u_now: 
         fresh_days=settings.uq_fresh_days, input_distance=uq.input_distance(artifact, u_now, y_now),
         live_sample_at=iso_utc(datetime.fromtimestamp(live_t, timezone.utc)) if known else None,
         live_age_s=now.timestamp() - float(live_t) if known else None,
-        live_max_age_s=max_live_age_s(settings.live_max_age_s, artifact.sample_period_s))
+        live_max_age_s=max_live_age_s(settings.live_max_age_s, artifact.sample_period_s),
+        live_values={"mvs": _by_tag(artifact.mv_tags, u_now), "cvs": _by_tag(artifact.cv_tags, y_now)})
+
+
+def _by_tag(tags: Sequence[str], values: np.ndarray) -> dict[str, float | None]:
+    """{tag: value} as plain JSON numbers (None for a value that is not finite)."""
+    return {tag: float(v) if np.isfinite(v) else None for tag, v in zip(tags, np.asarray(values, float))}
 
 
 def newest_sample(split: HistorySplit) -> list[Condition]:

@@ -261,6 +261,7 @@ def decide(binding: BindingSpec, binding_revision: int, artifact: ModelArtifact,
                   "input_distance": evidence.input_distance, "calibration_fresh": evidence.calibration_fresh,
                   "coverage_threshold": None if evidence.uq is None else evidence.uq.get("coverage_threshold"),
                   "live_state": {"last_sample_at": evidence.live_sample_at, "age_s": evidence.live_age_s,
-                                 "max_age_s": evidence.live_max_age_s}},
+                                 "max_age_s": evidence.live_max_age_s,
+                                 **({} if evidence.live_values is None else evidence.live_values)}},
     )
     return Decision(rec, candidate, tuple(checked))

@@ -1,6 +1,7 @@
 """How a recommendation reads in a terminal (`optimizer-pipeline recommendation`, `demo`): its status
-and reasons, first move, predicted end with its band, evidence, economic cost, and the live service's
-newest summarised advice where there is one."""
+and reasons, each MV from its live value through the first move to the plan's end (with its limits),
+each CV from its live value to its predicted end with its band and target or limits, evidence,
+economic cost, and the live service's newest summarised advice where there is one."""
 
 from typing import Any
 
@@ -11,19 +12,26 @@ def num(value: Any, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}g}" if isinstance(value, float) else str(value)
 
 
-def _describe(doc: dict[str, Any]) -> str:
+def _describe(doc: dict[str, Any], spec: Any) -> str:
     lines = [f"{doc['id']}  binding {doc['binding_id']}@r{doc['binding_revision']}  {doc['template']}",
              f"status: {doc['status']} — {doc['status_label']}"]
     lines += [f"  - {reason}" for reason in doc["reasons"]]
     lines.append(f"valid until {doc['valid_until']}; created {doc['created_at']}")
     if doc["controls"]:
-        first = ", ".join(f"{t}={v:.4g}" for t, v in zip(doc["mv_tags"], doc["controls"][0]))
-        end = ", ".join(f"{t}={v:.4g}±{num(b)}" for t, v, b in zip(doc["cv_tags"], doc["predicted"][-1], doc["band"]))
+        live = doc["evidence"].get("live_state") or {}
+        now_mv, now_cv = live.get("mvs") or {}, live.get("cvs") or {}
+        mvs, cvs = {m.tag: m for m in spec.mvs}, {c.tag: c for c in spec.cvs}
+        lines.append(f"MVs: now -> first move -> end of plan ({len(doc['controls'])} steps)  [limits]")
+        lines += [f"  {t}: {num(now_mv.get(t), 4)} -> {first:.4g} -> {end:.4g}  [{mvs[t].lo:g}, {mvs[t].hi:g}]"
+                  for t, first, end in zip(doc["mv_tags"], doc["controls"][0], doc["controls"][-1])]
         calibrated = doc.get("band_steps")  # a move plan's band is a calibrated claim for its first P steps only
         beyond = calibrated is not None and calibrated < len(doc["predicted"])
-        lines.append(f"first move: {first}")
-        lines.append(f"predicted at the end of the horizon ({len(doc['predicted'])} steps): {end}"
-                     + (f" (the band is calibrated for the first {calibrated} steps only)" if beyond else ""))
+        lines.append(f"CVs: now -> predicted at the end of the horizon ({len(doc['predicted'])} steps) ± band, "
+                     f"target or [limits]" + (f" (the band is calibrated for the first {calibrated} steps only)"
+                                               if beyond else ""))
+        lines += [f"  {t}: {num(now_cv.get(t), 4)} -> {end:.4g} ± {num(band)}, "
+                  f"{'limits' if cvs[t].target is None else 'target'} {_target_text(cvs[t])}"
+                  for t, end, band in zip(doc["cv_tags"], doc["predicted"][-1], doc["band"])]
     lines.append(f"evidence: source {doc['evidence']['source']}, input distance "
                  f"{num(doc['evidence']['input_distance'])}, calibration fresh {doc['evidence']['calibration_fresh']}")
     return "\n".join(lines)
@@ -56,7 +64,7 @@ def demo_table(docs: list[dict[str, Any]], plants: list[Any]) -> str:
 
 def recommendation_text(doc: dict[str, Any], spec: Any) -> str:
     """The recommendation JSON `doc` of the binding `spec` as `recommendation` prints it."""
-    lines = [_describe(doc)]
+    lines = [_describe(doc, spec)]
     value = economic_value(spec, doc["controls"][-1], doc["predicted"][-1]) if doc["controls"] else None
     if value is not None:
         lines.append(f"economic cost J at the plan's end: {value:.6g}")

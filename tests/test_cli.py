@@ -60,11 +60,23 @@ def test_ingest_materialize_recommendation_round_trip(tmp_path, files):
     assert set(doc) >= REC_KEYS and doc["evidence"]["source"] == "real"
     assert len(doc["controls"]) == 40 and len(doc["controls"][0]) == 1 and len(doc["predicted"][0]) == 1
 
+    # the live state's values: the history's last row (the live run's last sample)
+    last = pd.read_csv(files[1]).iloc[-1]
+    live = doc["evidence"]["live_state"]
+    assert live["mvs"] == {"q_heat": pytest.approx(last["q_heat"])} and live["cvs"] == {"t_out": pytest.approx(last["t_out"])}
     text = cli(home, "recommendation", "heater-1")
-    assert "status: verified" in text.stdout and "first move: q_heat=" in text.stdout
+    lines = text.stdout.rstrip().splitlines()
+    assert lines[1] == "status: verified — " + doc["status_label"]
     assert doc["band_steps"] == 15 < len(doc["predicted"])  # P of the heater's binding, of a 40-step plan
-    assert "predicted at the end of the horizon (40 steps): t_out=" in text.stdout
-    assert text.stdout.rstrip().splitlines()[-2].endswith("(the band is calibrated for the first 15 steps only)")
+    mv = lines.index("MVs: now -> first move -> end of plan (40 steps)  [limits]")
+    (heater,) = get_plant("heater").spec.mvs
+    assert lines[mv + 1] == (f"  q_heat: {live['mvs']['q_heat']:.4g} -> {doc['controls'][0][0]:.4g} -> "
+                             f"{doc['controls'][-1][0]:.4g}  [{heater.lo:g}, {heater.hi:g}]")
+    assert lines[mv + 2] == ("CVs: now -> predicted at the end of the horizon (40 steps) ± band, target or [limits] "
+                             "(the band is calibrated for the first 15 steps only)")
+    (t_out,) = get_plant("heater").spec.cvs
+    assert lines[mv + 3] == (f"  t_out: {live['cvs']['t_out']:.4g} -> {doc['predicted'][-1][0]:.4g} ± "
+                             f"{doc['band'][0]:.3g}, target {t_out.target:g}")
 
     ledger = json.loads(cli(home, "ledger", "--binding", "heater-1", "--json").stdout)
     assert len(ledger["runs"]) == 1 and len(ledger["recommendations"]) == 1 and len(ledger["candidates"]) == 3

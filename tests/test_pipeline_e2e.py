@@ -359,7 +359,10 @@ def test_a_live_run_that_ended_eleven_months_ago_is_unverified_with_its_age(tmp_
     rec = record.recommendation
     assert rec.status.value == "unverified"
     assert rec.reasons == (f"live state is 335 days old (last sample {iso_utc(ended)}); live.max_age_s allows 300 s",)
-    assert rec.evidence["live_state"] == {"last_sample_at": iso_utc(ended), "age_s": 335 * 86400.0, "max_age_s": 300.0}
+    live = split.live  # the live state's values are recorded beside its age, engineering units, by tag
+    assert rec.evidence["live_state"] == {"last_sample_at": iso_utc(ended), "age_s": 335 * 86400.0, "max_age_s": 300.0,
+                                          "mvs": dict(zip(plant.spec.mv_tags, live.u[-1].tolist())),
+                                          "cvs": dict(zip(plant.spec.cv_tags, live.y[-1].tolist()))}
     (age,) = [c for c in record.conditions if c.name == "live state age"]
     assert (age.value, age.limit, age.holds) == (f"335 days (last sample {iso_utc(ended)})", "<= 300 s (live.max_age_s)",
                                                  False)

@@ -100,3 +100,5 @@ class EvidenceSnapshot:
     live_sample_at: str | None = None  # ISO 8601 UTC of the live run's last sample; None = unknown
     live_age_s: float | None = None  # seconds from that sample to the decision; None = unknown (fails)
     live_max_age_s: float | None = None  # the limit applied (live.max_age_s or its default)
+    # the live state's values by tag, engineering units: {"mvs": {tag: value}, "cvs": {...}}; None = unknown
+    live_values: Mapping[str, Mapping[str, float | None]] | None = None
