@@ -43,6 +43,7 @@ from optimizer_pipeline.contracts import (
 )
 from optimizer_pipeline.economics import economic_value
 from optimizer_pipeline.ledger import Ledger, RecommendationRecord, WhatIfRecord
+from optimizer_pipeline.recommendation_text import num
 from optimizer_pipeline.settings import Settings
 from optimizer_pipeline.validation import did_you_mean, read_number
 
@@ -286,11 +287,6 @@ def stored_value(spec: BindingSpec, path: str) -> float | int | None:
     return item.get(field, 0.0 if field in ("cost", "cost_quadratic") else None)
 
 
-def _num(value: Any) -> str:
-    if value is None:
-        return "-"
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
-
 
 def _live(side: Mapping[str, Any]) -> str:
     return str(((side.get("evidence") or {}).get("live_state") or {}).get("last_sample_at") or "-")
@@ -303,17 +299,17 @@ def side_by_side_rows(doc: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     reasons (engineering units)."""
     open_doc, whatif = doc["open"] or {}, doc["whatif"]
     rows = [("", f"open {open_doc.get('id', '(none)')}", f"what-if {doc['whatif_run_id']}")]
-    rows += [(o["path"], _num(o["stored"]), "none" if o["value"] is None else _num(o["value"]))
+    rows += [(o["path"], num(o["stored"], 4), "none" if o["value"] is None else num(o["value"], 4))
              for o in doc["overrides"]]
     rows.append(("status", open_doc.get("status", "-"), whatif["status"]))
 
     def plan(side: Mapping[str, Any], key: str, row: int, j: int) -> str:
         values = side.get(key) or []
-        return _num(values[row][j]) if values else "-"
+        return num(values[row][j], 4) if values else "-"
 
     def banded(side: Mapping[str, Any], j: int) -> str:
         value, band = plan(side, "predicted", -1, j), (side.get("band") or [None] * (j + 1))[j]
-        return value if value == "-" or band is None else f"{value} ±{_num(band)}"
+        return value if value == "-" or band is None else f"{value} ±{num(band, 4)}"
 
     for j, tag in enumerate(whatif["mv_tags"]):
         rows.append((f"MV {tag} step 0", plan(open_doc, "controls", 0, j), plan(whatif, "controls", 0, j)))
@@ -323,7 +319,8 @@ def side_by_side_rows(doc: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     rows.append(("plan steps", str(len(open_doc.get("controls") or [])) if open_doc else "-",
                  str(len(whatif.get("controls") or []))))
     rows.append(("live state (last sample)", _live(open_doc), _live(whatif)))
-    rows.append(("economic value J (a cost)", _num(open_doc.get("economic_value")), _num(whatif.get("economic_value"))))
+    rows.append(("economic value J (a cost)", num(open_doc.get("economic_value"), 4),
+                 num(whatif.get("economic_value"), 4)))
     n = max(len(open_doc.get("reasons") or []), len(whatif.get("reasons") or []))
     for i in range(n):
         rows.append(("reasons" if i == 0 else "", *((side.get("reasons") or [])[i] if i < len(side.get("reasons") or [])
@@ -335,7 +332,8 @@ def side_by_side_text(doc: Mapping[str, Any]) -> str:
     """The comparison as aligned text lines (the CLI's table): a header, then `side_by_side_rows`."""
     rows = side_by_side_rows(doc)
     widths = [max(len(row[i]) for row in rows) for i in range(2)]
-    overrides = ", ".join(f"{o['path']}={'none' if o['value'] is None else _num(o['value'])}" for o in doc["overrides"])
+    overrides = ", ".join(f"{o['path']}={'none' if o['value'] is None else num(o['value'], 4)}"
+                          for o in doc["overrides"])
     lines = [f"what-if {doc['whatif_run_id']}  binding {doc['binding_id']}@r{doc['binding_revision']} "
              f"(unchanged)  overrides: {overrides}"]
     lines += [f"  {row[0]:<{widths[0]}}  {row[1]:<{widths[1]}}  {row[2]}".rstrip() for row in rows]
