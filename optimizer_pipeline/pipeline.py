@@ -40,6 +40,7 @@ from optimizer_pipeline.ledger import Ledger, LedgerError, OutcomeRecord, new_id
 from optimizer_pipeline.model import current_state, identify
 from optimizer_pipeline.model.artifact import local_artifact, local_fitter
 from optimizer_pipeline.model.local import GLOBAL, LOCAL, LocalFitter, OperatingPoint, settle_limit, steady_procedure
+from optimizer_pipeline.model.select import finite_or_none
 from optimizer_pipeline.model.statespace import MAX_SETTLING_STEPS, settling_steps
 from optimizer_pipeline.outcomes import model_outcome_condition
 from optimizer_pipeline.problem import needs_steady_layer
@@ -228,7 +229,7 @@ def evidence_snapshot(calibration: Calibration, artifact: ModelArtifact, u_now: 
 
 def _by_tag(tags: Sequence[str], values: np.ndarray) -> dict[str, float | None]:
     """{tag: value} as plain JSON numbers (None for a value that is not finite)."""
-    return {tag: float(v) if np.isfinite(v) else None for tag, v in zip(tags, np.asarray(values, float))}
+    return {tag: finite_or_none(v) for tag, v in zip(tags, np.asarray(values, float))}
 
 
 def newest_sample(split: HistorySplit) -> list[Condition]:

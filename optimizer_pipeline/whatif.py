@@ -242,7 +242,8 @@ def solve_from_ledger(ledger: Ledger, stored: StoredBinding, overrides: Sequence
     artifact = pipeline.load_artifact(ledger, stored)
     split, calibration = pipeline.load_split(ledger, stored), pipeline.load_calibration(ledger, artifact)
     source = ledger.sample_source(stored.spec.id) or EvidenceSource.REAL.value
-    pool, owned = acquire(1, settings.solver_request_timeout_ms, settings.solver_threads, settings.solver_cache_entries)
+    pool, owned = acquire(1, settings.solver_request_timeout_ms, settings.solver_threads,
+                          settings.solver_cache_entries)
     try:
         return solve_whatif(stored, overrides, artifact, split, calibration,
                             lambda problem: SolveResult.from_dict(pool.solve(problem)), ledger, settings, source, now,
@@ -285,7 +286,6 @@ def stored_value(spec: BindingSpec, path: str) -> float | int | None:
     tag, _, field = rest.rpartition(".")
     item = next(item for item in doc[section] if item["tag"] == tag)
     return item.get(field, 0.0 if field in ("cost", "cost_quadratic") else None)
-
 
 
 def _live(side: Mapping[str, Any]) -> str:

@@ -42,7 +42,6 @@ from optimizer_pipeline.ledger.whatif_rows import WhatIfRows
 from optimizer_pipeline.ledger.errors import LedgerError, NotFoundError, RunStateError
 from optimizer_pipeline.ledger.schema import DUCKDB
 from optimizer_pipeline.ledger.writes import retried
-from optimizer_pipeline.validation import nearest
 from optimizer_pipeline.ledger.records import (
     BindingUpsert,
     CandidateRecord,
@@ -54,6 +53,7 @@ from optimizer_pipeline.ledger.records import (
     naive_now,
     new_id,
 )
+from optimizer_pipeline.validation import nearest
 
 SAMPLE_SOURCES = (EvidenceSource.SIMULATION.value, EvidenceSource.REAL.value)
 RUN_END_STATUSES = ("succeeded", "failed", "interrupted")
