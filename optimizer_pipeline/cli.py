@@ -1,4 +1,4 @@
-"""The `optimizer-pipeline` command line (docs/ARCHITECTURE.md, "Interfaces"): demo, ingest, materialize,
+"""The `optimizer-pipeline` command line (docs/ARCHITECTURE.md, "Interfaces"): demo, ingest, export, materialize,
 recommendation, model, whatif, outcome, ledger, live, daemon, worker, ui. Bad input: one specific line on
 stderr, exit code 2, nothing partial written. Dagster is imported only by the commands that run it.
 """
@@ -8,10 +8,11 @@ import json
 import os
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, Sequence
 
-from optimizer_pipeline.contracts import ContractError, EvidenceSource, load_binding_file
+from optimizer_pipeline.contracts import ContractError, EvidenceSource, iso_from_seconds, load_binding_file, parse_iso_utc
 from optimizer_pipeline.recommendation_text import demo_table, num, recommendation_text
 from optimizer_pipeline.settings import dagster_home, disk_full, ledger_path, load_settings, resolve_home
 
@@ -146,6 +147,37 @@ def cmd_ingest(args: argparse.Namespace, home: Path) -> int:
     summary = ingest_history(lambda: open_ledger(home, settings), spec, args.history_file, args.source)
     print(json.dumps(summary, indent=2))
     return 0
+
+
+def cmd_export(args: argparse.Namespace, home: Path) -> int:
+    """Write a binding's stored samples as a history file that `ingest` reads back unchanged."""
+    from optimizer_pipeline.data.export import window, write_history
+
+    ledger = _existing_ledger(home)
+    spec = ledger.get_binding(args.binding_id).spec
+    since, until = (_iso_option(name, getattr(args, name)) for name in ("since", "until"))
+    if since and until and since > until:
+        raise UserError(f"export: --since {args.since} is after --until {args.until}")
+    stored = ledger.history_frame(spec.id, spec.tags)
+    frame = window(stored, since, until)
+    if frame.empty:
+        span = "no samples are stored" if stored.empty else \
+            f"its samples span {iso_from_seconds(stored['timestamp'].min())} to {iso_from_seconds(stored['timestamp'].max())}"
+        raise UserError(f"export: binding {spec.id!r} has no samples in that window; {span}")
+    write_history(frame, args.file)
+    print(json.dumps({"binding_id": spec.id, "binding_revision": ledger.get_binding(spec.id).revision,
+                      "file": str(args.file), "runs": int(frame["run_id"].nunique()), "rows": len(frame),
+                      "first": iso_from_seconds(frame["timestamp"].min()), "last": iso_from_seconds(frame["timestamp"].max()),
+                      "tags": list(spec.tags)}, indent=2))
+    return 0
+
+
+def _iso_option(name: str, text: str | None) -> datetime | None:
+    """An ISO 8601 command-line option (naive = UTC), or a one-line error naming it."""
+    try:
+        return None if text is None else parse_iso_utc(text)
+    except ValueError:
+        raise UserError(f"--{name}: {text!r} is not an ISO 8601 timestamp (e.g. 2026-12-01T06:00:00)") from None
 
 
 def cmd_materialize(args: argparse.Namespace, home: Path) -> int:
@@ -463,6 +495,14 @@ def build_parser() -> argparse.ArgumentParser:
                    default=EvidenceSource.REAL.value,
                    help="where the history comes from (default: real plant data)")
     p.set_defaults(func=cmd_ingest)
+
+    p = sub.add_parser("export", help="write a binding's stored samples as a history file (CSV or Parquet by the "
+                                      "file's extension) that ingest reads back unchanged")
+    p.add_argument("binding_id")
+    p.add_argument("file")
+    p.add_argument("--since", metavar="ISO", help="only samples at or after this time (ISO 8601, naive = UTC)")
+    p.add_argument("--until", metavar="ISO", help="only samples at or before this time (ISO 8601, naive = UTC)")
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("materialize", help="materialize the assets of binding partitions in process (one Dagster run "
                                            "for all of them); prints one JSON object, or a list for several / --all")

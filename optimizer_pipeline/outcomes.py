@@ -59,6 +59,7 @@ from optimizer_pipeline.contracts import (
     StateSpace,
     Template,
     content_hash,
+    iso_from_seconds,
     iso_utc,
     parse_iso_utc,
 )
@@ -257,7 +258,7 @@ def evaluate(rec: Mapping[str, Any], observation: Observation, applied_at_s: flo
 
     details = {
         "template": rec["template"], "rule": "steady_settled" if steady else "mpc_within_P",
-        "verdict_reason": reason, "applied_at": iso_utc(datetime.fromtimestamp(applied_at_s, tz=timezone.utc)),
+        "verdict_reason": reason, "applied_at": iso_from_seconds(applied_at_s),
         "period_s": period_s, "judged_steps": int(judged.sum()), "steps_aligned": steps_aligned,
         "steps_required": required, "trials": trials, "hits": hits,
         "inside_share": None if not trials or not has_band else hits / trials,

@@ -11,7 +11,7 @@ that names what to run first.
 import logging
 import os
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Callable, Sequence
 
 import numpy as np
@@ -32,6 +32,7 @@ from optimizer_pipeline.contracts import (
     SolveResult,
     StoredBinding,
     Template,
+    iso_from_seconds,
     iso_utc,
 )
 from optimizer_pipeline.data import prepare_history, validate_history_frame
@@ -221,7 +222,7 @@ def evidence_snapshot(calibration: Calibration, artifact: ModelArtifact, u_now: 
         uq_checks=tuple(uq.gate_checks(evidence, settings.uq_gate)), calibrated_at=evidence.calibrated_at,
         calibration_fresh=uq.is_fresh(evidence.calibrated_at, now, settings.uq_fresh_days),
         fresh_days=settings.uq_fresh_days, input_distance=uq.input_distance(artifact, u_now, y_now),
-        live_sample_at=iso_utc(datetime.fromtimestamp(live_t, timezone.utc)) if known else None,
+        live_sample_at=iso_from_seconds(live_t) if known else None,
         live_age_s=now.timestamp() - float(live_t) if known else None,
         live_max_age_s=max_live_age_s(settings.live_max_age_s, artifact.sample_period_s),
         live_values={"mvs": _by_tag(artifact.mv_tags, u_now), "cvs": _by_tag(artifact.cv_tags, y_now)})

@@ -4,7 +4,7 @@ import json
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from dagster import (AssetKey, RunRequest, SensorResult, SkipReason, build_schedule_context, build_sensor_context,
+from dagster import (RunRequest, SensorResult, SkipReason, build_schedule_context, build_sensor_context,
                      instance_for_test)
 
 from optimizer_pipeline.assets.compat import range_tags

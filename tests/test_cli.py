@@ -160,6 +160,7 @@ def test_ingest_refuses_an_infinite_value_or_a_future_timestamp_and_leaves_the_l
     (["recommendation", "nope"], "no ledger at"),
     (["materialize", "nope"], "no ledger at"),
     (["ledger", "--binding", "nope"], "no ledger at"),
+    (["export", "nope", "out.csv"], "no ledger at"),
     (["outcome", "rec-nope", "x.csv"], "no ledger at"),
     (["ingest", "missing.yaml", "missing.csv"], "missing.yaml: binding file not found"),
 ])

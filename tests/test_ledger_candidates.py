@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from optimizer_pipeline.contracts import CandidateKind, ContractError, SolveCandidate, canonical_json
-from optimizer_pipeline.ledger import Ledger
 from optimizer_pipeline.ledger.candidates import BULK_CANDIDATE_ROWS, CANDIDATE_ARROW_SCHEMA
 
 from ledger_helpers import candidates, recommendation, run_row

@@ -17,7 +17,7 @@ import pytest
 from dagster import AssetCheckKey, AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInstance, instance_for_test
 
 from optimizer_pipeline.ledger import Ledger
-from optimizer_pipeline.live import InboxSource, LedgerSource, LiveService
+from optimizer_pipeline.live import LedgerSource, LiveService
 from optimizer_pipeline.plants import get_plant
 from optimizer_pipeline.settings import load_settings
 from optimizer_pipeline.solver.pool import SolverPool

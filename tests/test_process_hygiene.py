@@ -7,7 +7,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
 from servers import alive as _alive
 from servers import descendants as _descendants

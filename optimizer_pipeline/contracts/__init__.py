@@ -4,7 +4,7 @@ One module per group of words; every name is re-exported here, so `from
 optimizer_pipeline.contracts import X` is the one way to use them:
 
   canonical       canonical JSON, fast_json, all_finite, sha256 / content hash, ContractError
-  timeutil        utc_now, iso_utc, parse_iso_utc
+  timeutil        utc_now, iso_utc, iso_from_seconds, parse_iso_utc
   transform       CVTransform (a saturating CV's logit) and its column-wise forward / inverse
   binding         Template, MV / CV / DV specs, ModelSettings, Profile, BindingSpec and its loaders, StoredBinding
   history         RunSeries, HistorySplit
@@ -55,7 +55,7 @@ from optimizer_pipeline.contracts.recommendation import (
     RecommendationStatus,
 )
 from optimizer_pipeline.contracts.solve import CandidateKind, SolveCandidate, SolveResult
-from optimizer_pipeline.contracts.timeutil import iso_utc, parse_iso_utc, utc_now
+from optimizer_pipeline.contracts.timeutil import iso_from_seconds, iso_utc, parse_iso_utc, utc_now
 from optimizer_pipeline.contracts.transform import CVTransform, forward_columns, inverse_columns
 
 __all__ = [
@@ -66,5 +66,5 @@ __all__ = [
     "Recommendation", "RecommendationStatus", "RunSeries", "Scores", "SolveCandidate", "SolveResult",
     "StateSpace", "StoredBinding", "Template", "UQEvidence", "all_finite", "binding_from_dict",
     "binding_from_json", "canonical_json", "content_hash", "fast_json", "forward_columns", "inverse_columns",
-    "iso_utc", "load_binding_file", "parse_iso_utc", "sha256_hex", "utc_now",
+    "iso_from_seconds", "iso_utc", "load_binding_file", "parse_iso_utc", "sha256_hex", "utc_now",
 ]

@@ -14,6 +14,11 @@ def iso_utc(moment: datetime) -> str:
     return moment.astimezone(timezone.utc).isoformat()
 
 
+def iso_from_seconds(seconds: float) -> str:
+    """`iso_utc` of a time given in seconds since the epoch (how samples are stored)."""
+    return iso_utc(datetime.fromtimestamp(float(seconds), timezone.utc))
+
+
 def parse_iso_utc(text: str) -> datetime:
     moment = datetime.fromisoformat(text)
     return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment.astimezone(timezone.utc)

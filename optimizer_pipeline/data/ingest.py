@@ -24,13 +24,12 @@ import io
 import logging
 import re
 from collections import Counter
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from optimizer_pipeline.contracts import BindingSpec, ContractError, iso_utc
+from optimizer_pipeline.contracts import BindingSpec, ContractError, iso_from_seconds
 from optimizer_pipeline.validation import closest
 
 log = logging.getLogger(__name__)
@@ -306,6 +305,12 @@ def _validate(frame: pd.DataFrame, binding: BindingSpec, source: str, *, lines: 
     return pd.DataFrame({RUN_ID: run_ids, TIMESTAMP: timestamps, **values})
 
 
+def epoch_seconds(moments: pd.Series) -> np.ndarray:
+    """Float seconds since the epoch of UTC datetimes, as every stored sample time was converted
+    (a time given again as text must compare equal to the stored one)."""
+    return ((moments - pd.Timestamp(0, tz="UTC")) / pd.Timedelta(seconds=1)).to_numpy(dtype=float)
+
+
 def _run_ids(column: pd.Series, source: str, where) -> np.ndarray:
     ids = column.astype("string").str.strip()
     empty = np.flatnonzero((ids.isna() | (ids == "")).to_numpy(dtype=bool))
@@ -317,14 +322,13 @@ def _run_ids(column: pd.Series, source: str, where) -> np.ndarray:
 def _timestamps(column: pd.Series, source: str, where, run_ids: np.ndarray, now_s: float | None) -> np.ndarray:
     """Seconds since the epoch (UTC) from numbers, ISO 8601 text (naive = UTC) or datetimes."""
     if isinstance(column.dtype, pd.DatetimeTZDtype) or pd.api.types.is_datetime64_dtype(column):
-        moments = column.dt.tz_localize("UTC") if column.dt.tz is None else column.dt.tz_convert("UTC")
-        seconds = ((moments - pd.Timestamp(0, tz="UTC")) / pd.Timedelta(seconds=1)).to_numpy(dtype=float)
+        seconds = epoch_seconds(column.dt.tz_localize("UTC") if column.dt.tz is None else column.dt.tz_convert("UTC"))
     else:
         seconds = pd.to_numeric(column, errors="coerce").to_numpy(dtype=float, copy=True)
         text = np.isnan(seconds) & column.notna().to_numpy()
         if text.any():
             parsed = pd.to_datetime(column[text].astype(str).str.strip(), utc=True, format="ISO8601", errors="coerce")
-            seconds[text] = ((parsed - pd.Timestamp(0, tz="UTC")) / pd.Timedelta(seconds=1)).to_numpy(dtype=float)
+            seconds[text] = epoch_seconds(parsed)
     bad = np.flatnonzero(~np.isfinite(seconds))
     if bad.size:
         i = bad[0]
@@ -335,13 +339,9 @@ def _timestamps(column: pd.Series, source: str, where, run_ids: np.ndarray, now_
     future = np.flatnonzero(seconds > now_s + CLOCK_SKEW_ALLOWANCE_S) if now_s is not None else ()
     if len(future):
         i = future[0]
-        raise HistoryError(f"{source}: run {run_ids[i]!r}: timestamp {_iso(seconds[i])} at {where(i)} is in the future "
-                           f"(more than {CLOCK_SKEW_ALLOWANCE_S:g} s after this host's clock, {_iso(now_s)})")
+        raise HistoryError(f"{source}: run {run_ids[i]!r}: timestamp {iso_from_seconds(seconds[i])} at {where(i)} is in the future "
+                           f"(more than {CLOCK_SKEW_ALLOWANCE_S:g} s after this host's clock, {iso_from_seconds(now_s)})")
     return seconds
-
-
-def _iso(seconds: float) -> str:
-    return iso_utc(datetime.fromtimestamp(seconds, timezone.utc))
 
 
 def _names(names) -> str:

@@ -10,7 +10,7 @@ from typing import Any, Mapping, NamedTuple, Sequence
 import orjson
 import pandas as pd
 
-from optimizer_pipeline.contracts import Recommendation, SolveCandidate, iso_utc
+from optimizer_pipeline.contracts import Recommendation, SolveCandidate, iso_from_seconds, iso_utc
 from optimizer_pipeline.ledger.records import RecommendationRecord, naive, naive_now
 from optimizer_pipeline.ledger.writes import retried
 
@@ -302,7 +302,7 @@ class LiveRows:
         live = self.latest_live_publication(rec.binding_id)
         if live is None or live.whole or live.run_id != rec.run_id or live.status != rec.status:
             return None
-        return {"live_t": iso_utc(datetime.fromtimestamp(live.live_t, timezone.utc)),
+        return {"live_t": iso_from_seconds(live.live_t),
                 "published_at": iso_utc(live.published_at.replace(tzinfo=timezone.utc)),
                 "advice": dict(live.advice), "reasons": list(live.reasons), "cost": live.cost}
 
