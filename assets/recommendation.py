@@ -19,6 +19,7 @@ from optimizer_pipeline.contracts import (
     binding_from_dict,
     utc_now,
 )
+from optimizer_pipeline.recommendation_text import num
 
 
 def _finite(value) -> bool:
@@ -26,11 +27,12 @@ def _finite(value) -> bool:
 
 
 def _plan_table(rec) -> MetadataValue:
-    """One row per step: MV values held during the step and predicted CVs at its end (engineering units)."""
-    columns = [TableColumn("step", "int")] + [TableColumn(f"mv:{t}", "float") for t in rec.mv_tags] + \
-              [TableColumn(f"cv:{t}", "float") for t in rec.cv_tags]
-    rows = [TableRecord({"step": k, **{f"mv:{t}": float(u) for t, u in zip(rec.mv_tags, controls)},
-                         **{f"cv:{t}": float(y) for t, y in zip(rec.cv_tags, predicted)}})
+    """One row per step: MV values held during the step and predicted CVs at its end (engineering units,
+    4 significant digits for reading: the recommendation in the ledger keeps full precision)."""
+    columns = [TableColumn("step", "int")] + [TableColumn(f"mv:{t}", "string") for t in rec.mv_tags] + \
+              [TableColumn(f"cv:{t}", "string") for t in rec.cv_tags]
+    rows = [TableRecord({"step": k, **{f"mv:{t}": num(float(u), 4) for t, u in zip(rec.mv_tags, controls)},
+                         **{f"cv:{t}": num(float(y), 4) for t, y in zip(rec.cv_tags, predicted)}})
             for k, (controls, predicted) in enumerate(zip(rec.controls, rec.predicted))]
     return MetadataValue.table(rows, schema=TableSchema(columns=columns))
 
@@ -44,23 +46,27 @@ def plan_plot(figures: plots.FigureQueue, spec: BindingSpec, split: HistorySplit
 
 
 def _candidates_table(candidates: tuple[SolveCandidate, ...]) -> MetadataValue:
-    """Every candidate with its solver and independent costs (normalised units) and verdicts."""
+    """Every candidate with its solver and independent costs (normalised units, 4 significant digits;
+    "-": none) and verdicts."""
     columns = [TableColumn("seq", "int"), TableColumn("kind", "string"), TableColumn("solver_status", "string"),
-               TableColumn("cost", "float"), TableColumn("independent_cost", "float"), TableColumn("feasible", "bool"),
-               TableColumn("verified", "bool")]
+               TableColumn("cost", "string"), TableColumn("independent_cost", "string"),
+               TableColumn("feasible", "bool"), TableColumn("verified", "bool")]
     return MetadataValue.table(
-        [TableRecord({"seq": c.seq, "kind": c.kind.value, "solver_status": c.solver_status, "cost": c.cost,
-                      "independent_cost": c.independent_cost, "feasible": c.feasible, "verified": c.verified})
+        [TableRecord({"seq": c.seq, "kind": c.kind.value, "solver_status": c.solver_status, "cost": num(c.cost, 4),
+                      "independent_cost": num(c.independent_cost, 4), "feasible": c.feasible,
+                      "verified": c.verified})
          for c in candidates], schema=TableSchema(columns=columns))
 
 
 def _conditions_table(conditions: tuple[Condition, ...]) -> MetadataValue:
-    """Every condition for `verified` with the value it was judged on, its limit and whether it holds."""
-    columns = [TableColumn("condition", "string"), TableColumn("value", "string"), TableColumn("limit", "string"),
-               TableColumn("holds", "bool")]
-    return MetadataValue.table([TableRecord({"condition": c.name, "value": c.value, "limit": c.limit,
-                                             "holds": c.holds}) for c in conditions],
-                               schema=TableSchema(columns=columns))
+    """Every condition for `verified`: whether it holds, the value it was judged on, its limit, its name,
+    and for one that fails the reason it gives in `reasons`. The short columns first: a long name or
+    reason pushes the columns after it out of a 1400 px window."""
+    columns = [TableColumn("holds", "bool"), TableColumn("value", "string"), TableColumn("limit", "string"),
+               TableColumn("condition", "string"), TableColumn("reason", "string")]
+    return MetadataValue.table([TableRecord({"holds": c.holds, "value": c.value, "limit": c.limit,
+                                             "condition": c.name, "reason": "" if c.holds else c.reason})
+                                for c in conditions], schema=TableSchema(columns=columns))
 
 
 def recommendation(env: StageEnv, inputs: BindingInputs) -> StageResult:
@@ -83,20 +89,20 @@ def recommendation_report(spec: BindingSpec, split: HistorySplit, artifact, cali
     """The recommendation asset's materialization metadata and its check, for a publication by a run
     (the asset above) or by the live service (assets/live_report.py): one description of both.
     `figures` None: no plan figure (the live service's reports between status changes)."""
-    metadata = {
+    metadata = {  # Dagster lists the entries in this order: what a reader needs first, first
         "status": rec.status.value, "status_label": rec.status_label,
-        **({} if figures is None else {"plot": plan_plot(figures, spec, split, rec, artifact.horizon)}),
         "reasons": MetadataValue.json(list(rec.reasons)),
         "conditions": _conditions_table(conditions),
+        **({} if figures is None else {"plot": plan_plot(figures, spec, split, rec, artifact.horizon)}),
+        "plan": _plan_table(rec),
+        "band_steps": rec.band_steps if rec.band_steps is not None else "no band",
         "recommendation_id": rec.id, "run_id": rec.run_id, "valid_until": rec.valid_until,
+        **(extra or {}),
         "problem_ir_hash": rec.problem_ir_hash, "model_artifact_hash": rec.model_artifact_hash,
         "calibration_id": calibration.calibration_id, "training_data_hash": artifact.training_data_hash,
         "evidence": MetadataValue.json(dict(rec.evidence)),
-        "band_steps": rec.band_steps if rec.band_steps is not None else "no band",
-        "plan": _plan_table(rec),
         "candidates": _candidates_table(result.candidates),
         **({} if expired_before is None else {"expired_past_valid_until": expired_before}),
-        **(extra or {}),
         # plain numbers: Dagster's Plots tab draws their history per partition
         **{name: float(value) for name, value in (
             ("cost", rec.cost), ("independent_cost", rec.independent_cost),

@@ -24,10 +24,12 @@ from dagster import (
 )
 
 from optimizer_pipeline.assets.outcomes import OUTCOMES_GROUP
+from optimizer_pipeline.assets.overview import overview_materialization
 from optimizer_pipeline.assets.partitions import BINDINGS, CALIBRATION_GROUP, RECOMMENDATION_GROUP
 from optimizer_pipeline.contracts import parse_iso_utc, utc_now
 from optimizer_pipeline.ledger import LedgerBusyError
 from optimizer_pipeline.outcomes import drift_finding
+from optimizer_pipeline.recommendation_text import duration
 from optimizer_pipeline.settings import Settings
 from optimizer_pipeline.assets.compat import range_tags
 from optimizer_pipeline.resources.ledger import LedgerResource, SettingsResource
@@ -261,6 +263,24 @@ def live_service_sensor():
     return live_service
 
 
+def site_overview_sensor():
+    """Materializes the site_overview asset (assets/overview.py) without a run whenever a binding's
+    status, first reason or revision changed since its last report; a tick otherwise skips."""
+
+    @sensor(name="site_overview", minimum_interval_seconds=30, default_status=DefaultSensorStatus.RUNNING)
+    def site_overview(context: SensorEvaluationContext, ledger: LedgerResource):
+        from optimizer_pipeline.overview import counts, overview_lines
+
+        now = utc_now()
+        lines = overview_lines(ledger.ledger().site_overview(), now)
+        state = json.dumps([[line.binding_id, line.revision, line.status, line.reason] for line in lines])
+        if state == context.cursor:
+            return SkipReason(f"no status changed since the last report ({counts(lines)})")
+        return SensorResult(asset_events=[overview_materialization(lines, now)], cursor=state)
+
+    return site_overview
+
+
 def in_flight(instance, job_name: str) -> set[str]:
     """The binding partitions covered by queued or running runs of `job_name` (one partition or a range)."""
     from dagster import DagsterRunStatus, RunsFilter
@@ -308,7 +328,7 @@ def uq_freshness_sensor():
                 continue  # requested by an earlier tick
             requests.append(RunRequest(partition_key=binding_id, run_key=f"{binding_id}@{calibration.id}",
                                        tags={"optimizer/reason": f"calibration {calibration.id} is "
-                                             f"{age.total_seconds() / 86400:.1f} days old"}))
+                                             f"{duration(age.total_seconds())} old"}))
         cursor = json.dumps(pending, sort_keys=True)
         if not requests:
             reason = (f"stale calibration(s) of {', '.join(sorted(pending))} already requested" if pending

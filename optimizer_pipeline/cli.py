@@ -1,5 +1,5 @@
 """The `optimizer-pipeline` command line (docs/ARCHITECTURE.md, "Interfaces"): demo, ingest, export, materialize,
-recommendation, model, whatif, outcome, ledger, live, daemon, worker, ui. Bad input: one specific line on
+recommendation, status, model, whatif, outcome, ledger, live, daemon, worker, ui. Bad input: one specific line on
 stderr, exit code 2, nothing partial written. Dagster is imported only by the commands that run it.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, Sequence
 
 from optimizer_pipeline.contracts import ContractError, EvidenceSource, iso_from_seconds, load_binding_file, parse_iso_utc
-from optimizer_pipeline.recommendation_text import demo_table, num, recommendation_text
+from optimizer_pipeline.recommendation_text import demo_table, recommendation_text
 from optimizer_pipeline.settings import dagster_home, disk_full, ledger_path, load_settings, resolve_home
 
 if TYPE_CHECKING:  # the ledger pulls in pandas and duckdb (~0.5 s): imported by the commands that use it
@@ -25,6 +25,7 @@ DEMO_SEED = 1
 JOBS = ("refresh", "recalibrate", "solve")
 # Dagster's console logger silenced: the CLI prints its own summary or one error line; the full
 # log, tracebacks included, is in the run's event log (UI).
+CODE_LOCATION = ("-m", "optimizer_pipeline.definitions")
 QUIET_RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 
 
@@ -224,6 +225,21 @@ def cmd_recommendation(args: argparse.Namespace, home: Path) -> int:
     return 0
 
 
+def cmd_status(args: argparse.Namespace, home: Path) -> int:
+    """Every binding's latest status, its age and first reason, worst first."""
+    import shutil
+
+    from optimizer_pipeline.contracts import utc_now
+    from optimizer_pipeline.overview import overview_lines, overview_text
+
+    ledger = _existing_ledger(home)
+    ledger.expire_past_valid_until()
+    lines = overview_lines(ledger.site_overview(), utc_now())
+    print(json.dumps([line.to_json_dict() for line in lines], indent=2) if args.json
+          else overview_text(lines, shutil.get_terminal_size().columns if sys.stdout.isatty() else None))
+    return 0
+
+
 def cmd_model(args: argparse.Namespace, home: Path) -> int:
     from optimizer_pipeline.model.step_response import step_response_table
 
@@ -277,46 +293,13 @@ def cmd_outcome(args: argparse.Namespace, home: Path) -> int:
     return 0
 
 
-def _override_text(override: dict[str, Any]) -> str:
-    """A recorded what-if override as it was given: PATH=VALUE."""
-    return f"{override['path']}={override['value']}"
-
-
 def cmd_ledger(args: argparse.Namespace, home: Path) -> int:
+    from optimizer_pipeline.ledger_listing import listing_json, listing_text
+
     ledger = _existing_ledger(home)
     if args.binding:
         ledger.get_binding(args.binding)
-    whatifs = ledger.list_whatifs(args.binding)
-    whatif_runs = {w.run_id for w in whatifs}
-    sections = {
-        "runs": (ledger.list_runs(args.binding),
-                 lambda r: f"{r.id}  {r.binding_id}@r{r.binding_revision}  {r.status:<9}  {r.started_at}"
-                           + ("  what-if" if r.id in whatif_runs else "")),
-        "whatifs": (whatifs,
-                    lambda w: f"{w.run_id}  {w.binding_id}@r{w.binding_revision}  {w.result.get('status')}  "
-                              f"{' '.join(_override_text(o) for o in w.overrides)}  "
-                              f"beside {w.compared_recommendation_id or '(no recommendation)'}"),
-        "candidates": (ledger.list_candidates(binding_id=args.binding),
-                       lambda c: f"{c.id}  {c.kind:<7}  {c.solver_status:<10}  cost {num(c.cost)}  "
-                                 f"verified {c.verified}" + ("  what-if" if c.run_id in whatif_runs else "")),
-        "recommendations": (ledger.list_recommendations(args.binding),
-                            lambda r: f"{r.id}  {r.binding_id}@r{r.binding_revision}  {r.status:<10}  "
-                                      f"valid until {r.valid_until}"),
-        "outcomes": (ledger.list_outcomes(args.binding),
-                     lambda o: f"{o.id}  {o.recommendation_id}  {o.verdict}  applied {o.applied_at}"),
-        "failures": (ledger.list_failures(args.binding),
-                     lambda f: f"{f.id}  {f.binding_id}@r{f.binding_revision}  {f.stage}  {f.created_at}  "
-                               f"{f.error}: {f.message}"),
-    }
-    if args.json:
-        print(json.dumps({name: [r.to_json_dict() for r in rows] for name, (rows, _) in sections.items()},
-                         indent=2, default=str))
-        return 0
-    print(f"ledger {ledger.path}")
-    for name, (rows, line) in sections.items():
-        print(f"{name} ({len(rows)})")
-        for row in rows:
-            print(f"  {line(row)}")
+    print(listing_json(ledger, args.binding) if args.json else listing_text(ledger, args.binding))
     return 0
 
 
@@ -355,13 +338,19 @@ def cmd_demo(args: argparse.Namespace, home: Path) -> int:
 
 
 def cmd_ui(args: argparse.Namespace, home: Path) -> int:
+    """The Dagster webserver and daemon for the home, as `dagster dev` starts them (which Dagster 1.13
+    marks superseded by `dg dev`, a command for projects in its `dg` layout): two supervised trees."""
     from optimizer_pipeline.supervise import run_supervised
 
     prepare_dagster_home(home)
     url = f"http://{args.host}:{args.port}"
     print(f"Dagster UI for home {home} at {url}  (Ctrl-C stops it)", flush=True)
-    return run_supervised([sys.executable, "-m", "dagster", "dev", "-m", "optimizer_pipeline.definitions",
-                           "-h", args.host, "-p", str(args.port)], os.environ)
+    return run_supervised([[sys.executable, "-m", "dagster_webserver", *CODE_LOCATION, "-h", args.host,
+                            "-p", str(args.port)], _daemon_command()], os.environ)
+
+
+def _daemon_command() -> list[str]:
+    return [str(Path(sys.executable).with_name("dagster-daemon")), "run", *CODE_LOCATION]
 
 
 def cmd_daemon(args: argparse.Namespace, home: Path) -> int:
@@ -369,9 +358,7 @@ def cmd_daemon(args: argparse.Namespace, home: Path) -> int:
 
     prepare_dagster_home(home)
     print(f"dagster-daemon for home {home} (queued runs, schedules, sensors, run monitoring)", flush=True)
-    return run_supervised([str(Path(sys.executable).with_name("dagster-daemon")), "run", "-m",
-                           "optimizer_pipeline.definitions"],
-                          os.environ)
+    return run_supervised([_daemon_command()], os.environ)
 
 
 def cmd_live(args: argparse.Namespace, home: Path) -> int:
@@ -422,8 +409,8 @@ def cmd_worker(args: argparse.Namespace, home: Path) -> int:
                **{WORKER_ENV: name})
     print(f"Celery worker {name} for home {home}, queue {args.queue}", flush=True)
     # -P solo: prefork children are daemonic and may not start the solver pool or the figure processes
-    return run_supervised([sys.executable, "-m", "celery", "-A", "dagster_celery.app", "worker", "-P", "solo",
-                           "-Q", args.queue, "-n", f"{name}@%h", "--loglevel", "INFO"], env,
+    return run_supervised([[sys.executable, "-m", "celery", "-A", "dagster_celery.app", "worker", "-P", "solo",
+                           "-Q", args.queue, "-n", f"{name}@%h", "--loglevel", "INFO"]], env,
                           on_death=lambda code: _fail_runs_of_dead_worker(settings, name, code))
 
 
@@ -518,6 +505,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_recommendation)
 
+    p = sub.add_parser("status", help="every binding's latest status, how long ago it was last confirmed and its "
+                                      "first reason, the bindings that need a look first")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_status)
+
     p = sub.add_parser("model", help="the step-response matrix of a binding's latest model: gain, dead time and "
                                      "settling time per CV and input, condition number and RGA")
     p.add_argument("binding_id")
@@ -565,7 +557,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--queue", default="dagster", help="the Celery queue of run tasks (default dagster)")
     p.set_defaults(func=cmd_worker)
 
-    p = sub.add_parser("ui", help="start the Dagster UI (dagster dev) for this home")
+    p = sub.add_parser("ui", help="start the Dagster UI (webserver and daemon) for this home")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=3000)
     p.set_defaults(func=cmd_ui)

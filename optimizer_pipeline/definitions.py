@@ -7,6 +7,7 @@ from dagster import BackfillPolicy, Definitions
 
 from optimizer_pipeline.assets.bindings import binding_stages
 from optimizer_pipeline.assets.outcomes import outcome_deltas
+from optimizer_pipeline.assets.overview import SITE_OVERVIEW_SPEC
 from optimizer_pipeline.automation import (
     binding_changes_sensor,
     history_inbox_sensor,
@@ -18,6 +19,7 @@ from optimizer_pipeline.automation import (
     recalibration_schedule,
     recommendation_expiry_sensor,
     refresh_job,
+    site_overview_sensor,
     solve_job,
     uq_freshness_sensor,
 )
@@ -35,7 +37,7 @@ def build_definitions(home: Path, solver: SolverResource | None = None) -> Defin
     policy = BackfillPolicy.multi_run(settings.dagster_max_partitions_per_run) \
         if settings.dagster_run_launcher == "celery" else BackfillPolicy.single_run()
     return Definitions(
-        assets=[binding_stages.with_attributes(backfill_policy=policy), outcome_deltas],
+        assets=[binding_stages.with_attributes(backfill_policy=policy), outcome_deltas, SITE_OVERVIEW_SPEC],
         resources={
             "ledger": LedgerResource(home=str(home)),
             "settings": SettingsResource(home=str(home)),
@@ -47,7 +49,8 @@ def build_definitions(home: Path, solver: SolverResource | None = None) -> Defin
         jobs=[recalibrate_job, solve_job, refresh_job, outcomes_job],
         schedules=[recalibration_schedule(settings)],
         sensors=[binding_changes_sensor(), history_inbox_sensor(), new_samples_sensor(), uq_freshness_sensor(),
-                 recommendation_expiry_sensor(), outcome_drift_sensor(), live_service_sensor()],
+                 recommendation_expiry_sensor(), outcome_drift_sensor(), live_service_sensor(),
+                 site_overview_sensor()],
     )
 
 

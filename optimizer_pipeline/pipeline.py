@@ -46,6 +46,7 @@ from optimizer_pipeline.model.statespace import MAX_SETTLING_STEPS, settling_ste
 from optimizer_pipeline.outcomes import model_outcome_condition
 from optimizer_pipeline.problem import needs_steady_layer
 from optimizer_pipeline.recommend import Decision, EvidenceSnapshot, decide, max_live_age_s
+from optimizer_pipeline.recommendation_text import duration
 from optimizer_pipeline.settings import Settings
 from optimizer_pipeline.solver.errors import STEADY_STAGE_INFEASIBLE, WORKER_INTERRUPTED, SolverError
 from optimizer_pipeline.solver.targets import SteadyLayerError, compile_steered, steady_layer
@@ -241,9 +242,9 @@ def newest_sample(split: HistorySplit) -> list[Condition]:
     if "live_tail_dropped" not in split.report:
         return []
     behind = split.report["live_behind_s"]
-    return [Condition("live state is the newest sample", f"{behind:.4g} s behind the newest sample",
+    return [Condition("live state is the newest sample", f"{duration(behind)} behind the newest sample",
                       "within half a sample period", not split.report["live_tail_dropped"],
-                      f"the live state is {behind:.4g} s older than the history's newest sample (the newest "
+                      f"the live state is {duration(behind)} older than the history's newest sample (the newest "
                       f"samples were dropped in cleaning)")]
 
 

@@ -30,13 +30,16 @@ from optimizer_pipeline.model.arx import window_rows
 
 log = logging.getLogger(__name__)
 
-DPI = 80  # measured: ~20-45 kB per figure at this size, well under 0.3 s to render
-WIDTH_IN = 7.5
+DPI = 80  # measured: ~20-60 kB per figure at this size, well under 0.3 s to render
+WIDTH_IN = 9.5  # 760 px: panels 6.55 in wide, then the legend column
 PANEL_HEIGHT_IN = 1.7
+# the column right of the panels that holds their legends: inside a panel a legend covered its data
+# (a CV at its target, its band); a label of ~30 characters at 7 pt fits
+LEGEND_IN = 2.2
 HISTORY_HORIZONS = 3  # the recommendation plot shows the last 3 * P samples of the live run
 MODEL_FIT_BLOCKS = 12  # P-step blocks shown on the test run (longer runs are cut for readability)
 PNG_DATA_URI_PREFIX = "data:image/png;base64,"
-MARGINS_IN = (0.45, 0.5, 0.75, 0.15)  # top, bottom, left, right of every figure
+MARGINS_IN = (0.45, 0.5, 0.75, LEGEND_IN)  # top, bottom, left, right of every figure
 # A step drawing at least this many figures draws them in background processes: measured ~0.35 s of
 # matplotlib per binding (3 figures) against ~1 s to start a process. Two processes, because the
 # step mostly waits for its figures at its end (its own work per binding is shorter than theirs),
@@ -150,6 +153,11 @@ def _figure(n_panels: int, title: str, gap: float = 0.25) -> tuple[Figure, list]
         ax.tick_params(labelsize=8)
         ax.grid(True, alpha=0.3)
     return fig, axes
+
+
+def _legend(ax) -> None:
+    """The panel's legend in the legend column (LEGEND_IN) beside it, top-aligned, clear of its data."""
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, framealpha=0.6)
 
 
 def _time_unit(span_s: float) -> tuple[float, str]:
@@ -271,7 +279,7 @@ def draw_plan(s: PlanSeries) -> Figure:
         t_pred = s.period_s * np.arange(1, n_plan + 1) / scale  # predicted CV at the end of each step
         t_steps = s.period_s * np.arange(n_plan + 1) / scale
         predicted, controls = s.predicted, s.controls
-    label = "steady-state prediction (time not to scale)" if s.steady else "predicted"
+    label = "steady-state prediction\n(time not to scale)" if s.steady else "predicted"
     other = None if s.compared is None else _compared_lines(s, scale)
     for j, (ax, tag) in enumerate(zip(axes, s.cv_tags)):
         ax.plot(s.t_hist / scale, s.y_hist[:, j], color=MEASURED, lw=1.2, label="measured")
@@ -311,7 +319,7 @@ def draw_plan(s: PlanSeries) -> Figure:
         ax.set_ylabel(f"MV {tag}", fontsize=8)
     for ax in axes:
         ax.axvline(0.0, color="black", lw=0.8, alpha=0.6)
-        ax.legend(fontsize=7, loc="upper left", ncols=5, framealpha=0.6)
+        _legend(ax)
     axes[-1].set_xlabel(f"time from now [{unit}]", fontsize=8)
     return fig
 
@@ -372,7 +380,7 @@ def draw_calibration(cv_tags: Sequence[str], val_scores: np.ndarray, test_scores
         ax.yaxis.set_minor_locator(NullLocator())  # measured: log minor ticks cost ~0.1 s per panel
         ax.yaxis.set_major_formatter(PLAIN_NUMBER)  # "0.01", not mathtext "10^-2": ~10 % of this figure
         ax.set_ylabel("block score", fontsize=8)
-        ax.legend(fontsize=7, loc="lower left", ncols=4, framealpha=0.8)  # low scores are sparse
+        _legend(ax)
     axes[-1].set_xlabel("block (val, then test)", fontsize=8)
     return fig
 
@@ -430,7 +438,7 @@ def draw_model_fit(s: FitSeries, title: str) -> Figure:
         ax.plot(s.t / scale, s.predicted[:, j], color=PREDICTED, lw=1.4,
                 label=f"{s.horizon}-step open-loop rollout")
         ax.set_ylabel(f"CV {tag}", fontsize=8)
-        ax.legend(fontsize=7, loc="upper left", ncols=2, framealpha=0.6)
+        _legend(ax)
     axes[-1].set_xlabel(f"time in test run {s.run_id} [{unit}]", fontsize=8)
     return fig
 
@@ -452,8 +460,8 @@ def draw_step_response(record: Mapping[str, Any], title: str) -> Figure:
     period, steps = record["sample_period_s"], record["steps"]
     scale, unit = _time_unit(period * steps)
     t = period * np.arange(steps + 1) / scale  # response[k] at the end of step k; 0 at the step
-    width_in = max(WIDTH_IN, 2.4 * len(inputs))
     (top, bottom, left, right), gap = MARGINS_IN, 0.5
+    width_in = max(WIDTH_IN, left + right + 2.2 * len(inputs))  # at least 2.2 in per input
     height = top + bottom + PANEL_HEIGHT_IN * len(cvs) + gap * (len(cvs) - 1)
     fig = Figure(figsize=(width_in, height), dpi=DPI)
     grid = fig.subplots(len(cvs), len(inputs), sharex=True, squeeze=False)
@@ -479,7 +487,7 @@ def draw_step_response(record: Mapping[str, Any], title: str) -> Figure:
         grid[i, 0].set_ylabel(f"CV {cv}", fontsize=8)
     for ax in grid[-1]:
         ax.set_xlabel(f"time after the step [{unit}]", fontsize=8)
-    grid[0, 0].legend(fontsize=7, loc="lower right", framealpha=0.6)
+    _legend(grid[0, -1])
     return fig
 
 
@@ -519,7 +527,7 @@ def draw_outcome(cv_tags: Sequence[str], t_s: np.ndarray, predicted: np.ndarray,
         if targets is not None:
             ax.axhline(targets[j], color=TARGET, ls=":", lw=1.2, label="target")
         ax.set_ylabel(f"CV {tag}", fontsize=8)
-        ax.legend(fontsize=7, loc="upper left", ncols=4, framealpha=0.6)
+        _legend(ax)
     axes[-1].set_xlabel(f"time since applied [{unit}]", fontsize=8)
     return fig
 

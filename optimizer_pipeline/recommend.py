@@ -33,6 +33,7 @@ from optimizer_pipeline.contracts import (
     parse_iso_utc,
 )
 from optimizer_pipeline.ledger import candidate_id, new_id
+from optimizer_pipeline.recommendation_text import duration, num
 from optimizer_pipeline.settings import Settings
 
 
@@ -55,12 +56,6 @@ def max_live_age_s(setting: float | None, sample_period_s: float) -> float:
     return float(setting) if setting is not None else max(LIVE_AGE_PERIODS * sample_period_s, LIVE_AGE_FLOOR_S)
 
 
-def _duration(seconds: float) -> str:
-    if abs(seconds) < 7200:
-        return f"{seconds:g} s"
-    return f"{seconds / 3600:.3g} h" if abs(seconds) < 172800 else f"{seconds / 86400:.3g} days"
-
-
 @dataclass(frozen=True)
 class Decision:
     recommendation: Recommendation
@@ -79,7 +74,8 @@ def choose_candidate(result: SolveResult) -> SolveCandidate | None:
 
 
 def _fmt(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.4g}"
+    """An engineering value in a condition: 4 significant digits."""
+    return "n/a" if value is None else num(value, 4)
 
 
 def conditions(artifact: ModelArtifact, evidence: EvidenceSnapshot, candidate: SolveCandidate | None,
@@ -94,8 +90,8 @@ def conditions(artifact: ModelArtifact, evidence: EvidenceSnapshot, candidate: S
         if evidence.calibrated_at is None:
             when = "calibration time unknown"
         else:
-            age = (now - parse_iso_utc(evidence.calibrated_at)).total_seconds() / 86400
-            when = f"calibrated {evidence.calibrated_at} ({age:.3g} days before)"
+            age = (now - parse_iso_utc(evidence.calibrated_at)).total_seconds()
+            when = f"{duration(age)} old"
         found.append(Condition("calibration fresh", when, f"<= {evidence.fresh_days:g} days",
                                evidence.calibration_fresh, "calibration is not fresh"))
     distance = evidence.input_distance
@@ -106,10 +102,11 @@ def conditions(artifact: ModelArtifact, evidence: EvidenceSnapshot, candidate: S
         else f"input distance {distance:.3g} exceeds {max_input_distance:g}"))
     age, limit = evidence.live_age_s, evidence.live_max_age_s
     found.append(Condition(
-        "live state age", "unknown" if age is None else f"{_duration(age)} (last sample {evidence.live_sample_at})",
+        "live state age", "unknown" if age is None else f"{duration(age)} old",
         f"<= {_fmt(limit)} s (live.max_age_s)", age is not None and limit is not None and age <= limit,
         "live state age unknown" if age is None else
-        f"live state is {_duration(age)} old (last sample {evidence.live_sample_at}); live.max_age_s allows {_fmt(limit)} s"))
+        f"live state is {duration(age)} old (last sample {evidence.live_sample_at}); "
+        f"live.max_age_s allows {_fmt(limit)} s"))
     found += [Condition(f"model gate {g.name}", _fmt(g.value), g.description, g.passed,
                         f"model gate {g.name} failed: {g.description} = {_fmt(g.value)} (threshold {_fmt(g.threshold)})")
               for g in artifact.gates]

@@ -1,7 +1,9 @@
 """How a recommendation reads in a terminal (`optimizer-pipeline recommendation`, `demo`): its status
 and reasons, each MV from its live value through the first move to the plan's end (with its limits),
 each CV from its live value to its predicted end with its band and target or limits, evidence,
-economic cost, and the live service's newest summarised advice where there is one."""
+economic cost, and the live service's newest summarised advice where there is one. Also how a
+number (`num`) and a duration (`duration`) read wherever a person reads them: the conditions for
+`verified` and their reasons, the UI's tables."""
 
 from typing import Any
 
@@ -10,6 +12,18 @@ from optimizer_pipeline.economics import economic_value
 
 def num(value: Any, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}g}" if isinstance(value, float) else str(value)
+
+
+def duration(seconds: float) -> str:
+    """`seconds` as a person reads an age: seconds to a tenth below 2 h ("12.3 s"), hours to 3 significant
+    digits below 2 days ("41.3 h"), then days (3 significant digits, whole days from 100 on: "2.5 days",
+    "335 days")."""
+    if abs(seconds) < 7200:
+        return f"{round(seconds, 1) or 0.0:g} s"  # `or`: -0.0 reads "0 s"
+    if abs(seconds) < 172800:
+        return f"{num(seconds / 3600)} h"
+    days = seconds / 86400
+    return f"{num(days) if abs(days) < 100 else round(days)} days"
 
 
 def _describe(doc: dict[str, Any], spec: Any) -> str:

@@ -1,10 +1,10 @@
-"""Running a long-lived child process tree for the CLI (`ui`, `daemon`, `worker`): SIGTERM / SIGINT
-forwarded to the whole tree, and nothing left behind when the command ends.
+"""Running long-lived child process trees for the CLI (`ui`: the webserver and the daemon; `daemon`;
+`worker`): SIGTERM / SIGINT forwarded to every tree, and nothing left behind when the command ends.
 
-The child leads its own process group (so a signal reaches its children too) and starts with the
+Each child leads its own process group (so a signal reaches its children too) and starts with the
 default signal dispositions: a shell that starts us in the background leaves SIGINT ignored, and
 Dagster copies an ignored SIGINT to SIGTERM, after which the tree would ignore our stop. On a
-signal, or when the child exits, the group gets SIGTERM, a bounded wait, then SIGKILL.
+signal, or when one child exits, every group gets SIGTERM, a bounded wait, then SIGKILL.
 """
 
 import os
@@ -54,13 +54,13 @@ def stop_group(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
     proc.wait()
 
 
-def run_supervised(cmd: Sequence[str], env: Mapping[str, str], grace_s: float = STOP_GRACE_S,
+def run_supervised(cmds: Sequence[Sequence[str]], env: Mapping[str, str], grace_s: float = STOP_GRACE_S,
                    on_death: Callable[[int], None] | None = None) -> int:
-    """Run `cmd` as its own process group until it exits or we get SIGTERM / SIGINT; then stop the
-    whole group. When the child ends on its own with a non-zero code (e.g. it was SIGKILLed),
-    `on_death(code)` runs after the group is stopped. Returns the child's exit code (0 when we
-    stopped it on a signal)."""
-    proc = subprocess.Popen(list(cmd), env=dict(env), start_new_session=True, preexec_fn=_default_signals)
+    """Run each command of `cmds` as its own process group until one of them exits or we get SIGTERM /
+    SIGINT; then stop every group. When a child ends on its own with a non-zero code (e.g. it was
+    SIGKILLed), `on_death(code)` runs after the groups are stopped. Returns that child's exit code
+    (0 when we stopped them on a signal)."""
+    procs = []
     stopping = []
 
     def forward(signum: int, _frame) -> None:
@@ -68,15 +68,20 @@ def run_supervised(cmd: Sequence[str], env: Mapping[str, str], grace_s: float = 
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        while proc.poll() is None and not stopping:
+        for cmd in cmds:
+            procs.append(subprocess.Popen(list(cmd), env=dict(env), start_new_session=True,
+                                          preexec_fn=_default_signals))
+        while all(proc.poll() is None for proc in procs) and not stopping:
             time.sleep(0.1)
     finally:
-        stop_group(proc, grace_s)
+        for proc in procs:
+            stop_group(proc, grace_s)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if stopping:
         return 0
-    code = int(proc.returncode or 0)
+    ended = next(proc for proc in procs if proc.returncode is not None)
+    code = int(ended.returncode or 0)
     if code != 0 and on_death is not None:
         on_death(code)
     return code

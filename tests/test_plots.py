@@ -3,6 +3,7 @@
 import base64
 import io
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -116,8 +117,6 @@ def test_rejected_recommendation_shows_history_only():
 
 
 def test_a_whatif_plan_is_drawn_with_the_open_recommendation_dashed_beside_it():
-    from dataclasses import replace
-
     from optimizer_pipeline.contracts import RunSeries
 
     spec = binding(n_mv=2, n_cv=2, na=1, nb=1, delay=1, horizon=4)
@@ -143,7 +142,7 @@ def test_a_whatif_plan_is_drawn_with_the_open_recommendation_dashed_beside_it():
 def test_steady_plan_is_drawn_as_settled_values_after_now():
     s = plan(n_plan=1, steady=True)
     ax = plots.draw_plan(s).axes[0]
-    predicted = lines(ax, "steady-state prediction (time not to scale)")[0]
+    predicted = lines(ax, "steady-state prediction\n(time not to scale)")[0]
     np.testing.assert_allclose(predicted.get_ydata()[1:], [s.predicted[0, 0]] * 2)
     assert predicted.get_xdata()[0] == 0 and np.all(predicted.get_xdata()[1:] > 0)
 
@@ -201,7 +200,52 @@ def test_outcome_figure_marks_the_observations_outside_the_band():
     axes = plots.draw_outcome(("a", "b"), t, predicted, observed, (0.1, None), "t", targets=(1.0, 1.2)).axes
     np.testing.assert_allclose(lines(axes[0], "outside band (3)")[0].get_ydata(), [1.3, 0.6, 1.11])
     assert not [line for line in axes[1].get_lines() if line.get_label().startswith("outside")]  # no band
-    assert decode(plots.outcome_figure(("a", "b"), t, predicted, observed, (0.1, None), "t")).shape[1] == 600
+    assert decode(plots.outcome_figure(("a", "b"), t, predicted, observed, (0.1, None), "t")).shape[1] == \
+        round(plots.WIDTH_IN * plots.DPI)
+
+
+def _step_response_record():
+    from test_step_response import HAND_SPEC, hand_built
+
+    from optimizer_pipeline.model.step_response import step_response_record
+
+    ss, replicates, norm = hand_built()
+    return step_response_record(ss, replicates, HAND_SPEC, norm)
+
+
+def _fit() -> plots.FitSeries:
+    t = 10.0 * np.arange(40)
+    measured = np.stack([np.sin(t / 50), np.cos(t / 50)], axis=1)
+    return plots.FitSeries("r", 6, ("a", "b"), t, measured, measured + 0.01)
+
+
+FIGURES = {  # every kind of figure, with the most legend entries each can have
+    "plan, band beyond P": lambda: plots.draw_plan(plan(band_steps=5)),
+    "steady plan": lambda: plots.draw_plan(plan(n_plan=1, steady=True)),
+    "what-if plan": lambda: plots.draw_plan(replace(plan(band_steps=5), compared=(
+        np.full((25, 3), 2.5), np.full((25, 2), 6.5)))),
+    "calibration": lambda: plots.draw_calibration(("a", "b"), np.full((20, 2), 0.1), np.linspace(0.01, 0.3, 40)
+                                                  .reshape(20, 2), (0.2, 0.15), (0.9, 0.8), 0.8, "t"),
+    "model fit": lambda: plots.draw_model_fit(_fit(), "t"),
+    "step response": lambda: plots.draw_step_response(_step_response_record(), "t"),
+    "outcome": lambda: plots.draw_outcome(("a", "b"), 10.0 * np.arange(8), np.ones((8, 2)),
+                                          np.ones((8, 2)) + 0.3 * (np.arange(8) % 2)[:, None], (0.1, 0.2), "t",
+                                          targets=(1.0, 1.2)),
+}
+
+
+@pytest.mark.parametrize("kind", FIGURES)
+def test_every_legend_sits_beside_the_panels_clear_of_their_data_and_inside_the_figure(kind):
+    figure = FIGURES[kind]()
+    figure.draw_without_rendering()  # lays the legends out
+    legends = [ax.get_legend() for ax in figure.axes if ax.get_legend() is not None]
+    boxes = [legend.get_window_extent() for legend in legends]
+    assert legends
+    for box in boxes:
+        assert not [ax for ax in figure.axes if box.overlaps(ax.get_window_extent())]
+        assert figure.bbox.x0 <= box.x0 and box.x1 <= figure.bbox.x1  # not cut off at the edge
+        assert figure.bbox.y0 <= box.y0 and box.y1 <= figure.bbox.y1
+    assert not [(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:] if a.overlaps(b)]
 
 
 def test_a_figure_that_cannot_be_drawn_becomes_one_line_of_markdown():
@@ -270,6 +314,33 @@ def test_recommendation_lists_every_condition_for_verified_and_all_hold(material
     assert {"model gate G1", "model gate G4", "candidate verified independently"} <= set(names)
     assert metadata["status"].value == "verified" and all(r["holds"] for r in rows)
     assert len(metadata["training_data_hash"].value) == 64
+
+
+def test_recommendation_metadata_shows_status_reasons_and_conditions_first(materialized):
+    """Dagster lists the entries in the order the step gave them."""
+    metadata = metadata_of(materialized, "recommendation")
+    assert list(metadata)[:6] == ["status", "status_label", "reasons", "conditions", "plot", "plan"]
+    assert list(metadata)[-3:] == ["cost", "independent_cost", "input_distance"]  # plain numbers: the Plots tab
+    assert all(isinstance(metadata[k].value, float) for k in ("cost", "independent_cost", "input_distance"))
+
+
+def test_recommendation_tables_show_4_significant_digits(materialized):
+    metadata = metadata_of(materialized, "recommendation")
+    plan_values = [v for r in metadata["plan"].value.records for k, v in r.data.items() if k != "step"]
+    costs = [r.data[k] for r in metadata["candidates"].value.records for k in ("cost", "independent_cost")]
+    assert plan_values and costs
+    assert all(re.fullmatch(r"-?\d+(\.\d+)?", v) and len(v.lstrip("-").replace(".", "").lstrip("0")) <= 4
+               for v in plan_values + costs)
+
+
+def test_the_conditions_table_shows_the_short_columns_first_and_the_reason_of_a_failing_condition():
+    from optimizer_pipeline.assets.recommendation import _conditions_table
+    from optimizer_pipeline.contracts import Condition
+
+    table = _conditions_table((Condition("calibration fresh", "9 days", "<= 7 days", False, "calibration is not fresh"),
+                               Condition("input distance", "1", "<= 4", True, "input distance 1 exceeds 4")))
+    assert [c.name for c in table.schema.columns] == ["holds", "value", "limit", "condition", "reason"]
+    assert [r.data["reason"] for r in table.records] == ["calibration is not fresh", ""]  # a holding one has none
 
 
 def test_calibration_shows_coverage_against_threshold_per_cv(materialized):

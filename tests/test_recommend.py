@@ -31,7 +31,6 @@ from optimizer_pipeline.model import ArxModel, Orders, artifact_from_model
 from optimizer_pipeline.model.artifact import steady_gain_record
 from optimizer_pipeline.problem import compile_problem
 from optimizer_pipeline.recommend import (
-    _duration,
     band_steps,
     choose_candidate,
     conditions,
@@ -39,6 +38,7 @@ from optimizer_pipeline.recommend import (
     gain_conditions,
     max_live_age_s,
 )
+from optimizer_pipeline.recommendation_text import duration
 
 NOW = datetime(2027, 3, 1, 12, 0, tzinfo=timezone.utc)
 SPEC = binding(n_mv=2, n_cv=2, na=1, nb=1, delay=1, horizon=4)  # u0, u1 / y0, y1; 1 s; valid for 3600 s
@@ -112,13 +112,17 @@ def test_the_default_live_age_limit_is_ten_periods_and_at_least_300_s():
 
 @pytest.mark.parametrize("seconds, text", [
     (0.0, "0 s"), (7199.5, "7199.5 s"), (-7199.0, "-7199 s"),
+    # seconds to a tenth: a calibration of the same run (~10 ms before) reads "0 s", never "1.14e-07 days"
+    (0.00985, "0 s"), (-0.04, "0 s"), (12.34, "12.3 s"), (12.36, "12.4 s"), (300.5, "300.5 s"),
     (7200.0, "2 h"), (9000.0, "2.5 h"), (-7200.0, "-2 h"), (172799.0, "48 h"), (-172799.0, "-48 h"),
     (172800.0, "2 days"), (302400.0, "3.5 days"), (-172800.0, "-2 days"),
     # just past a rounding edge: 148536 s = 41.26 h -> 41.3; 8683286.4 s = 100.501 days -> 101
     (148536.0, "41.3 h"), (8683286.4, "101 days"),
+    # whole days from 100 on, never "1.23e+03 days"
+    (99.5 * 86400, "99.5 days"), (1234.4 * 86400, "1234 days"),
 ])
 def test_a_duration_is_seconds_below_2_h_hours_below_2_days_then_days(seconds, text):
-    assert _duration(seconds) == text
+    assert duration(seconds) == text
 
 
 # ---------------------------------------------------------------------------- the candidate
@@ -144,11 +148,9 @@ def test_every_condition_holds_with_its_value_and_limit():
     found = conditions(ARTIFACT, snapshot(), ROBUST, 4.0, NOW)
     assert [(c.name, c.value, c.limit, c.holds) for c in found] == [
         ("feasible candidate", "robust (seq 2)", "robust, else nominal, feasible", True),
-        ("calibration fresh", f"calibrated {iso_utc(NOW - timedelta(days=1.5))} (1.5 days before)", "<= 7.5 days",
-         True),
+        ("calibration fresh", "36 h old", "<= 7.5 days", True),
         ("input distance (max |z| of current MVs, CVs)", "1", "<= 4", True),
-        ("live state age", f"30 s (last sample {iso_utc(NOW - timedelta(seconds=30))})",
-         "<= 300 s (live.max_age_s)", True),
+        ("live state age", "30 s old", "<= 300 s (live.max_age_s)", True),
         ("model gate G1", "0.9", "one-step fit R2", True),
         ("model gate G2", "0.1235", "free-run fit R2", False),  # 0.123456 to 4 significant digits
         ("candidate verified independently", "cost 1.5, independent 1.25", "feasible and costs agree", True)]
@@ -175,12 +177,16 @@ def test_the_uq_checks_keep_their_texts_and_gate_failures_are_prefixed():
         "no UQ evidence: few blocks", "UQ gate: coverage 0.7 < 0.8", "UQ gate: unused"]
 
 
-def test_the_calibration_age_is_in_days():
-    # 100.501 days (8 683 286.4 s) to 3 significant digits: 101
-    at = iso_utc(NOW - timedelta(days=100.501))
+@pytest.mark.parametrize("before, age", [
+    (timedelta(days=100.501), "101 days"),  # 8 683 286.4 s to 3 significant digits
+    (timedelta(milliseconds=9.85), "0 s"),  # calibrated in the same run
+    (timedelta(seconds=12.34), "12.3 s"), (timedelta(hours=3.2), "3.2 h"), (timedelta(days=2.1), "2.1 days"),
+])
+def test_the_calibration_age_reads_as_a_duration(before, age):
+    at = iso_utc(NOW - before)
     c = by_name(conditions(ARTIFACT, snapshot(calibrated_at=at, calibration_fresh=False), ROBUST, 4.0,
                            NOW))["calibration fresh"]
-    assert c.value == f"calibrated {at} (101 days before)"
+    assert c.value == f"{age} old"
 
 
 def test_calibration_freshness_is_judged_only_with_evidence():
@@ -227,7 +233,7 @@ def test_live_state_age_in_hours_and_unknown():
     sample = iso_utc(NOW - timedelta(hours=3))
     c = by_name(conditions(ARTIFACT, snapshot(live_age_s=10800.0, live_max_age_s=60.5, live_sample_at=sample),
                            ROBUST, 4.0, NOW))["live state age"]
-    assert (c.value, c.limit, c.holds) == (f"3 h (last sample {sample})", "<= 60.5 s (live.max_age_s)", False)
+    assert (c.value, c.limit, c.holds) == ("3 h old", "<= 60.5 s (live.max_age_s)", False)
     assert c.reason == f"live state is 3 h old (last sample {sample}); live.max_age_s allows 60.5 s"
     c = by_name(conditions(ARTIFACT, snapshot(live_age_s=None, live_sample_at=None), ROBUST, 4.0,
                            NOW))["live state age"]

@@ -35,11 +35,15 @@ from pipeline_fixtures import seed_home
 BINDING = "tanks-1"
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 SCREENSHOT = ARTIFACTS / "ui-recommendation-tanks-1.png"
+STATUS_SCREENSHOT = ARTIFACTS / "ui-recommendation-status-tanks-1.png"
+OVERVIEW_SCREENSHOT = ARTIFACTS / "ui-site-overview.png"
+OVERVIEW_TIMEOUT_S = 180  # the daemon's first tick of the site_overview sensor (every 30 s) after it starts
 UI_START_TIMEOUT_S = 120
 RENDER_TIMEOUT_S = 60
 STOP_TIMEOUT_S = 30
-PLOT_WIDTH_PX = 600  # plots.WIDTH_IN * plots.DPI
+PLOT_WIDTH_PX = 760  # plots.WIDTH_IN * plots.DPI
 STATUS_ROW = "//tr[td//span[text()='status']]"
+METADATA_ROW = "//tr[td//span[text()='{}']]"
 SHOW_PLOT = "//tr[td//span[text()='plot']]//a[contains(., 'Show Markdown')]"
 PLOT_IMAGE = "//img[starts-with(@src, 'data:image/png;base64,')]"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -55,7 +59,7 @@ def _free_port() -> int:
 
 def _default_signals() -> None:
     """Run in the child before exec: a non-interactive parent may ignore SIGINT, and Dagster copies
-    that to SIGTERM (docs/ARCHITECTURE.md, "Running dagster dev from scripts"), so the tree would ignore our stop."""
+    that to SIGTERM (docs/ARCHITECTURE.md, "Running the Dagster UI from scripts"), so the tree would ignore our stop."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
 
@@ -267,13 +271,44 @@ def browser(chromium, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def recommendation_page(ui_url, browser):
-    browser.open(f"{ui_url}/assets/recommendation?partition={BINDING}")
+    # the Partitions view: the binding's own latest materialization (the Overview tab shows whichever
+    # binding materialized last, in a narrower column)
+    browser.open(f"{ui_url}/assets/recommendation?view=partitions&partition={BINDING}")
     return browser
 
 
 def test_recommendation_page_shows_the_status_of_the_latest_materialization(recommendation_page):
     row = recommendation_page.wait_for(STATUS_ROW)
     assert "verified" in recommendation_page.text(row).split()
+
+
+def _box(page: WebDriver, element: str) -> dict:
+    """The element's top (page coordinates), its right edge, and the right edge of what shows of it:
+    the window's, or that of the nearest ancestor that clips its overflow (a scrolled table cell)."""
+    return page.script("""
+        const r = arguments[0].getBoundingClientRect();
+        let visible = window.innerWidth;
+        for (let e = arguments[0].parentElement; e; e = e.parentElement) {
+            if (getComputedStyle(e).overflowX !== 'visible') {
+                visible = Math.min(visible, e.getBoundingClientRect().right);
+            }
+        }
+        return {top: r.top + window.scrollY, right: r.right, visible: visible};""", element)
+
+
+def test_status_and_reasons_come_first_and_the_conditions_fit_1400_px(recommendation_page):
+    page = recommendation_page
+    tops = [_box(page, page.wait_for(METADATA_ROW.format(label)))["top"]
+            for label in ("status", "reasons", "conditions", "plot", "plan", "evidence")]
+    assert tops == sorted(tops), f"metadata rows out of order: {tops}"
+    conditions = METADATA_ROW.format("conditions")
+    for column in ("holds", "value", "limit", "condition"):
+        box = _box(page, page.wait_for(f"{conditions}//th[text()='{column}']"))
+        assert box["right"] <= box["visible"] + 1, f"the conditions column {column!r} is cut off: {box}"
+    page.script("arguments[0].scrollIntoView({block: 'start'})", page.wait_for(STATUS_ROW))
+    time.sleep(0.3)
+    page.screenshot(STATUS_SCREENSHOT)
+    assert STATUS_SCREENSHOT.stat().st_size > 10_000
 
 
 def test_recommendation_plot_opens_as_a_decoded_png_image_in_the_page(recommendation_page):
@@ -287,3 +322,21 @@ def test_recommendation_plot_opens_as_a_decoded_png_image_in_the_page(recommenda
     time.sleep(0.5)  # the dialog fades in; a screenshot during the fade shows the page through it
     recommendation_page.screenshot(SCREENSHOT)
     assert SCREENSHOT.stat().st_size > 10_000
+
+
+def test_site_overview_page_lists_every_binding_with_its_status(ui_url, browser):
+    """Reported by the daemon's site_overview sensor (no run): the page is reloaded until it is there."""
+    cell = "//td[text()='tanks-1']"
+    deadline = time.monotonic() + OVERVIEW_TIMEOUT_S
+    while True:
+        browser.open(f"{ui_url}/assets/site_overview")
+        try:
+            browser.wait_for(cell, timeout_s=10)
+            break
+        except AssertionError:
+            assert time.monotonic() < deadline, f"no site overview table after {OVERVIEW_TIMEOUT_S} s"
+    row = browser.text(browser.wait_for(f"//tr[{cell[2:]}]")).split()
+    assert row[:2] == ["verified", "tanks-1"], row
+    time.sleep(0.3)
+    browser.screenshot(OVERVIEW_SCREENSHOT)
+    assert OVERVIEW_SCREENSHOT.stat().st_size > 10_000

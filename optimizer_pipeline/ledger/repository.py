@@ -38,6 +38,7 @@ from optimizer_pipeline.ledger.candidates import BULK_CANDIDATE_ROWS, candidate_
 from optimizer_pipeline.ledger.duckdb_backend import DuckDBBackend
 from optimizer_pipeline.ledger.evidence_rows import EvidenceRows
 from optimizer_pipeline.ledger.live_rows import LiveRows
+from optimizer_pipeline.ledger.overview_rows import OverviewRows
 from optimizer_pipeline.ledger.whatif_rows import WhatIfRows
 from optimizer_pipeline.ledger.errors import LedgerError, NotFoundError, RunStateError
 from optimizer_pipeline.ledger.schema import DUCKDB
@@ -65,7 +66,7 @@ COUNTED_TABLES = ("bindings", "binding_revisions", "plant_samples", "history_spl
                   "live_services", "live_publications")
 
 
-class Ledger(EvidenceRows, WhatIfRows, LiveRows):
+class Ledger(EvidenceRows, WhatIfRows, LiveRows, OverviewRows):
     """The pipeline's append-only store. `Ledger(path)` opens the embedded DuckDB file; a backend
     (DuckDBBackend, PostgresBackend: the same interface) may be given instead (see `open_ledger`)."""
 

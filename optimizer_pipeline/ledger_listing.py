@@ -1,0 +1,54 @@
+"""What `optimizer-pipeline ledger` prints: the runs (a what-if run marked), what-ifs, candidates,
+recommendations, outcomes and binding failures of the ledger or of one binding, as text or JSON."""
+
+import json
+from typing import Any, Callable
+
+from optimizer_pipeline.ledger import Ledger
+from optimizer_pipeline.recommendation_text import num
+
+Section = tuple[list, Callable[[Any], str]]
+
+
+def _override_text(override: dict[str, Any]) -> str:
+    """A recorded what-if override as it was given: PATH=VALUE."""
+    return f"{override['path']}={override['value']}"
+
+
+def _sections(ledger: Ledger, binding: str | None) -> dict[str, Section]:
+    """Each section's rows (oldest first) and how one of them reads as a line."""
+    whatifs = ledger.list_whatifs(binding)
+    whatif_runs = {w.run_id for w in whatifs}
+    return {
+        "runs": (ledger.list_runs(binding),
+                 lambda r: f"{r.id}  {r.binding_id}@r{r.binding_revision}  {r.status:<9}  {r.started_at}"
+                           + ("  what-if" if r.id in whatif_runs else "")),
+        "whatifs": (whatifs,
+                    lambda w: f"{w.run_id}  {w.binding_id}@r{w.binding_revision}  {w.result.get('status')}  "
+                              f"{' '.join(_override_text(o) for o in w.overrides)}  "
+                              f"beside {w.compared_recommendation_id or '(no recommendation)'}"),
+        "candidates": (ledger.list_candidates(binding_id=binding),
+                       lambda c: f"{c.id}  {c.kind:<7}  {c.solver_status:<10}  cost {num(c.cost)}  "
+                                 f"verified {c.verified}" + ("  what-if" if c.run_id in whatif_runs else "")),
+        "recommendations": (ledger.list_recommendations(binding),
+                            lambda r: f"{r.id}  {r.binding_id}@r{r.binding_revision}  {r.status:<10}  "
+                                      f"valid until {r.valid_until}"),
+        "outcomes": (ledger.list_outcomes(binding),
+                     lambda o: f"{o.id}  {o.recommendation_id}  {o.verdict}  applied {o.applied_at}"),
+        "failures": (ledger.list_failures(binding),
+                     lambda f: f"{f.id}  {f.binding_id}@r{f.binding_revision}  {f.stage}  {f.created_at}  "
+                               f"{f.error}: {f.message}"),
+    }
+
+
+def listing_text(ledger: Ledger, binding: str | None) -> str:
+    lines = [f"ledger {ledger.path}"]
+    for name, (rows, line) in _sections(ledger, binding).items():
+        lines.append(f"{name} ({len(rows)})")
+        lines += [f"  {line(row)}" for row in rows]
+    return "\n".join(lines)
+
+
+def listing_json(ledger: Ledger, binding: str | None) -> str:
+    return json.dumps({name: [row.to_json_dict() for row in rows] for name, (rows, _) in
+                       _sections(ledger, binding).items()}, indent=2, default=str)
