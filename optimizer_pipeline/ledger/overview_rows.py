@@ -31,35 +31,32 @@ class BindingOverview:
         return doc
 
 
-_OVERVIEW = """
-WITH current_revision AS (
-    SELECT binding_id, max(revision) AS revision FROM binding_revisions GROUP BY binding_id),
-latest AS (
-    SELECT binding_id, id, binding_revision, status, reasons_json, expired_reason, created_at,
-           row_number() OVER (PARTITION BY binding_id ORDER BY created_at DESC, id DESC) AS n
-    FROM optimizer_recommendations),
-live AS (
-    SELECT binding_id, max(published_at) AS published_at FROM live_publications GROUP BY binding_id),
-failure AS (
-    SELECT binding_id, stage, message, created_at,
-           row_number() OVER (PARTITION BY binding_id ORDER BY created_at DESC, id DESC) AS n
-    FROM binding_failures)
-SELECT c.binding_id, c.revision, l.id, l.binding_revision, l.status, l.reasons_json, l.expired_reason,
-       l.created_at, v.published_at, f.stage, f.message, f.created_at
-FROM current_revision c
-LEFT JOIN latest l ON l.binding_id = c.binding_id AND l.n = 1
-LEFT JOIN live v ON v.binding_id = c.binding_id
-LEFT JOIN failure f ON f.binding_id = c.binding_id AND f.n = 1
-ORDER BY c.binding_id"""
-
-
 class OverviewRows:
     """Part of Ledger (it provides `backend`)."""
 
     def site_overview(self) -> list[BindingOverview]:
         """Every binding, by id (see BindingOverview)."""
         with self.backend.connection() as conn:
-            _, rows = self.backend.fetch(conn, _OVERVIEW)
+            _, rows = self.backend.fetch(conn, """
+            WITH current_revision AS (
+                SELECT binding_id, max(revision) AS revision FROM binding_revisions GROUP BY binding_id),
+            latest AS (
+                SELECT binding_id, id, binding_revision, status, reasons_json, expired_reason, created_at,
+                       row_number() OVER (PARTITION BY binding_id ORDER BY created_at DESC, id DESC) AS n
+                FROM optimizer_recommendations),
+            live AS (
+                SELECT binding_id, max(published_at) AS published_at FROM live_publications GROUP BY binding_id),
+            failure AS (
+                SELECT binding_id, stage, message, created_at,
+                       row_number() OVER (PARTITION BY binding_id ORDER BY created_at DESC, id DESC) AS n
+                FROM binding_failures)
+            SELECT c.binding_id, c.revision, l.id, l.binding_revision, l.status, l.reasons_json, l.expired_reason,
+                   l.created_at, v.published_at, f.stage, f.message, f.created_at
+            FROM current_revision c
+            LEFT JOIN latest l ON l.binding_id = c.binding_id AND l.n = 1
+            LEFT JOIN live v ON v.binding_id = c.binding_id
+            LEFT JOIN failure f ON f.binding_id = c.binding_id AND f.n = 1
+            ORDER BY c.binding_id""")
         return [_overview(*row) for row in rows]
 
 
