@@ -91,6 +91,26 @@ class Profile:
 
 
 @dataclass(frozen=True)
+class AdvisoryWiring:
+    """Where verified advice is written: an advisory node per advised MV tag (a subset of the MVs,
+    never a node the binding reads) and, optionally, a status node."""
+
+    nodes: Mapping[str, str]
+    status: str | None = None
+
+
+@dataclass(frozen=True)
+class OpcUaWiring:
+    """How a binding is wired to an OPC UA server: its endpoint (opc.tcp://...), the node id of every
+    MV, CV and DV tag (e.g. "ns=2;s=Tanks.y1"), and where advice goes. Wiring, not model: it is not
+    part of the spec's hash, so changing it alone keeps the revision and its recommendations."""
+
+    endpoint: str
+    nodes: Mapping[str, str]
+    advisory: AdvisoryWiring | None = None
+
+
+@dataclass(frozen=True)
 class BindingSpec:
     id: str
     sample_period_s: float
@@ -100,6 +120,7 @@ class BindingSpec:
     model: ModelSettings
     profile: Profile
     unit: str = ""
+    opcua: OpcUaWiring | None = None
 
     @property
     def mv_tags(self) -> tuple[str, ...]:
@@ -127,8 +148,10 @@ class BindingSpec:
 
     def canonical_json(self) -> str:
         """The spec as canonical JSON; zero costs and absent CV transforms are left out, so a binding
-        written before they existed keeps its hash (and its revision)."""
+        written before they existed keeps its hash (and its revision), and so is the OPC UA wiring (not
+        the model: see OpcUaWiring)."""
         doc = asdict(self)
+        del doc["opcua"]
         for kind in ("mvs", "cvs"):
             for item in doc[kind]:
                 for key in COST_FIELDS:
