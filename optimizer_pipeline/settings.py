@@ -12,6 +12,7 @@ from optimizer_pipeline.validation import (
     POSITIVE,
     Interval,
     Rule,
+    bool_rule,
     check_choice,
     check_mapping,
     check_rule,
@@ -79,6 +80,10 @@ class Settings:
     dagster_run_launcher: str = "in_process"  # in_process | celery
     dagster_broker: str | None = None  # redis://... for the celery run launcher
     dagster_max_partitions_per_run: int = 25  # bindings per run of a refresh launched through the instance
+    # an OPC UA reading whose StatusCode is Uncertain is a sample value (else missing, as a Bad one)
+    opcua_accept_uncertain: bool = False
+    # the live service writes verified advice to the bindings' advisory nodes (off: it only reads)
+    opcua_write_advice: bool = False
 
 
 # the five cron fields: (lowest, highest, names counted from the lowest); Sunday is 0 or 7
@@ -161,6 +166,8 @@ _SPEC: dict[str, tuple[str, Rule]] = {
     "dagster.run_launcher": ("dagster_run_launcher", choice_rule(("in_process", "celery"))),
     "dagster.broker": ("dagster_broker", Rule(_redis_url, "a URL such as 'redis://host:6379/0'")),
     "dagster.max_partitions_per_run": ("dagster_max_partitions_per_run", number_rule(int, Interval(1, 1000))),
+    "opcua.accept_uncertain": ("opcua_accept_uncertain", bool_rule()),
+    "opcua.write_advice": ("opcua_write_advice", bool_rule()),
 }
 
 

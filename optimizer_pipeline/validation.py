@@ -19,6 +19,7 @@ the way is not the user's business).
 
 import difflib
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Collection, Mapping, NoReturn, Sequence
 
@@ -110,17 +111,17 @@ def unknown(value: Any, known: Collection[Any], where: str, *, what: str,
                 f"(known: {', '.join(map(str, known))})") from None
 
 
-def closest(name: Any, known: Collection[Any]) -> str | None:
+def closest(name: Any, known: Collection[Any], cutoff: float = 0.6) -> str | None:
     """The known name `name` was most likely meant to be: one that differs only in case, else the
-    closest by difflib's similarity ratio (>= 0.6, its default: `targte` -> `target`, `dv` -> `dvs`);
-    None for a name that is not text or is close to nothing."""
+    closest by difflib's similarity ratio (>= `cutoff`, by default difflib's 0.6: `targte` -> `target`,
+    `dv` -> `dvs`); None for a name that is not text or is close to nothing."""
     if not isinstance(name, str):
         return None
     names = [k for k in known if isinstance(k, str)]
     same_but_case = [k for k in names if k.lower() == name.lower()]
     if same_but_case:
         return same_but_case[0]
-    close = difflib.get_close_matches(name, names, n=1)
+    close = difflib.get_close_matches(name, names, n=1, cutoff=cutoff)
     return close[0] if close else None
 
 
@@ -129,9 +130,9 @@ def nearest(name: str, known: Collection[str], n: int = 3) -> list[str]:
     return difflib.get_close_matches(name, list(known), n=n, cutoff=0.0)
 
 
-def did_you_mean(name: Any, known: Collection[Any]) -> str:
+def did_you_mean(name: Any, known: Collection[Any], cutoff: float = 0.6) -> str:
     """"; did you mean 'target'?" for the `closest` known name, "" when none is close."""
-    match = closest(name, known)
+    match = closest(name, known, cutoff)
     return "" if match is None else f"; did you mean {match!r}?"
 
 
@@ -276,6 +277,54 @@ def check_matrix(rows: Any, where: str, n_rows: int, n_cols: int, *,
         check_vector(row, f"{where}[{i}]", n_cols, error=error)
 
 
+# --------------------------------------------------------------------------- OPC UA addresses
+
+
+# OPC UA's binary transport: opc.tcp://host[:port][/path], the host a name, an IPv4 address or a
+# bracketed IPv6 one
+OPC_TCP_URL = re.compile(r"opc\.tcp://(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?)"
+                         r"(?::(?P<port>[0-9]{1,5}))?(?:/\S*)?")
+# A node id in OPC UA's string form (Part 6, "NodeId"): an optional namespace index, then a numeric,
+# string (no control characters), GUID or base64 ByteString identifier
+NODE_ID = re.compile(r"(?:ns=(?P<ns>[0-9]{1,5});)?(?:i=(?P<i>[0-9]{1,10})|s=(?P<s>[^\x00-\x1f\x7f]+)"
+                     r"|g=(?P<g>[0-9A-Fa-f]{8}(?:-[0-9A-Fa-f]{4}){3}-[0-9A-Fa-f]{12})"
+                     r"|b=(?P<b>(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{4}|[A-Za-z0-9+/]{3}=|[A-Za-z0-9+/]{2}==)))")
+UINT16_MAX, UINT32_MAX = 2**16 - 1, 2**32 - 1  # a port or namespace index, a numeric identifier
+
+
+def check_opc_endpoint(value: Any, where: str, *, error: type[ContractError] = ContractError) -> str:
+    """An opc.tcp://host[:port][/path] URL, its port from 1 to 65535. One with a user name or password
+    is refused without showing it: credentials belong in the host's settings, never in a document
+    that is stored and shown."""
+    authority = value.partition("://")[2].partition("/")[0] if isinstance(value, str) else ""
+    if "@" in authority:
+        raise error(f"{where}: a user name or password does not belong here (credentials go in the host's "
+                    "settings)") from None
+    match = OPC_TCP_URL.fullmatch(value) if isinstance(value, str) else None
+    if match is None or (match["port"] is not None and not 1 <= int(match["port"]) <= UINT16_MAX):
+        refuse(where, "an opc.tcp://host[:port][/path] URL (port 1 to 65535)", value, error=error)
+    return value
+
+
+def node_identity(value: Any, where: str, *, error: type[ContractError] = ContractError) -> tuple[int, str, str]:
+    """Which node `value`, an OPC UA node id in string form (optional `ns=<0..65535>;`, then
+    `i=<0..4294967295>`, `s=<text>`, `g=<GUID>` or `b=<base64>`), names: (namespace index, kind,
+    identifier), a number and a GUID normalised so that two spellings of one node ("i=5", "ns=0;i=05")
+    are the same. Refused when it is not a node id."""
+    match = NODE_ID.fullmatch(value) if isinstance(value, str) else None
+    if (match is None or int(match["ns"] or 0) > UINT16_MAX
+            or (match["i"] is not None and int(match["i"]) > UINT32_MAX)):
+        refuse(where, "an OPC UA node id: optional ns=<0..65535>; then i=<0..4294967295>, s=<text>, g=<GUID> "
+                      "or b=<base64>", value, error=error)
+    kind = next(k for k in ("i", "s", "g", "b") if match[k] is not None)
+    identifier = match[kind]
+    if kind == "i":
+        identifier = str(int(identifier))
+    elif kind == "g":
+        identifier = identifier.lower()
+    return int(match["ns"] or 0), kind, identifier
+
+
 # --------------------------------------------------------------------------- values written as text
 
 
@@ -315,6 +364,21 @@ def number_rule(kind: type = float, interval: Interval | None = None) -> Rule:
         return value
 
     return Rule(read, expectation("an integer" if kind is int else "a number", interval))
+
+
+def bool_rule() -> Rule:
+    """true or false: a YAML boolean, or as text (an environment variable) true / false / 1 / 0 / yes / no."""
+    def read(raw: Any) -> bool:
+        if isinstance(raw, bool):
+            return raw
+        text = raw.strip().lower() if isinstance(raw, str) else None
+        if text in ("true", "1", "yes"):
+            return True
+        if text in ("false", "0", "no"):
+            return False
+        raise ValueError(raw)
+
+    return Rule(read, "true or false")
 
 
 def choice_rule(choices: Sequence[str]) -> Rule:

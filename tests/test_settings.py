@@ -41,11 +41,25 @@ def test_file_overrides_defaults_and_environment_overrides_file(tmp_path):
     ({"OPTIMIZER_SCHEDULE_CRON": "*/0 3 * * *"}, "schedule.cron must be a 5-field cron expression"),
     ({"OPTIMIZER_SCHEDULE_CRON": "0 3 * foo *"}, "schedule.cron must be a 5-field cron expression"),
     ({"OPTIMIZER_SCHEDULE_CRON": "0 3 * *"}, "schedule.cron must be a 5-field cron expression"),
+    ({"OPTIMIZER_OPCUA_WRITE_ADVICE": "maybe"}, "opcua.write_advice must be true or false, got 'maybe'"),
+    ({"OPTIMIZER_OPCUA_ACCEPT_UNCERTAIN": "2"}, "opcua.accept_uncertain must be true or false, got '2'"),
 ])
 def test_bad_environment_setting_is_named(tmp_path, env, message):
     with pytest.raises(SettingsError) as err:
         load_settings(tmp_path, env)
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize("text, env, expected", [
+    ("", {}, (False, False)),  # reading only, Uncertain is missing: the defaults
+    ("opcua: {write_advice: true, accept_uncertain: yes}\n", {}, (True, True)),
+    ("opcua: {write_advice: true}\n", {"OPTIMIZER_OPCUA_WRITE_ADVICE": "false"}, (False, False)),
+    ("", {"OPTIMIZER_OPCUA_WRITE_ADVICE": " True ", "OPTIMIZER_OPCUA_ACCEPT_UNCERTAIN": "1"}, (True, True)),
+])
+def test_opcua_switches_from_file_and_environment(tmp_path, text, env, expected):
+    (tmp_path / "settings.yaml").write_text(text)
+    settings = load_settings(tmp_path, env)
+    assert (settings.opcua_write_advice, settings.opcua_accept_uncertain) == expected
 
 
 def test_unknown_key_in_file_is_refused_with_the_closest_and_the_known_ones(tmp_path):

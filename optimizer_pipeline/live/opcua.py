@@ -1,0 +1,293 @@
+"""OPC UA as a sample source of the live service: subscriptions in, one sample per binding per sample
+period out (docs/ARCHITECTURE.md, "Live samples over OPC UA").
+
+One client per endpoint, shared by the bindings wired to it (`BindingSpec.opcua`), runs in an asyncio
+loop on a thread of its own; the live service's loop only reads what it gathered. Every node is
+monitored once per endpoint: sampling interval at most the smallest sample period that reads it, no
+deadband, queue size 1, trigger StatusValueTimestamp. A notification sets the node's latest reading:
+its value when the StatusCode is Good (or Uncertain where `accept_uncertain` says so), else missing.
+
+Samples are formed on each binding's period grid, SETTLE_S after a grid time so that a change made at
+the boundary has arrived, stamped with the grid time: each tag's latest reading (sample-and-hold:
+OPC UA reports changes only, so a healthy constant value keeps giving samples however old its source
+timestamp). No value yet, or a Bad one: NaN, never an older value presented as new. While an
+endpoint's connection is down no sample is formed for its bindings: the gap stays a gap, and the
+client reconnects (asyncua re-creates the subscriptions) with a capped backoff. The samples are
+stored in one batch per poll, continuing the binding's newest stored run (a gap cuts it into pieces
+in cleaning, as for any history).
+"""
+
+import asyncio
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import pandas as pd
+
+from optimizer_pipeline.contracts import BindingSpec, EvidenceSource
+from optimizer_pipeline.ledger import Ledger
+
+log = logging.getLogger(__name__)
+
+SETTLE_S = 0.2  # a grid time's sample is formed this long after it (notifications in flight arrive)
+PUBLISH_MAX_MS = 1000.0  # the subscriptions publish at least this often (and 4 times per smallest period)
+CONNECT_TIMEOUT_S = 4.0
+BACKOFF_S = (1.0, 60.0)  # reconnect / first-connect retries: from, doubling up to
+STOP_TIMEOUT_S = 10.0
+
+
+@dataclass
+class _Reading:
+    """The latest notification of one node: value (NaN when not usable) and its quality."""
+
+    value: float
+    quality: str  # good | uncertain | bad
+
+
+def quality_of(status) -> str:
+    """An OPC UA StatusCode's quality: good, uncertain or bad (its two top bits)."""
+    return "good" if status.is_good() else "uncertain" if status.is_uncertain() else "bad"
+
+
+def usable(value, quality: str, accept_uncertain: bool) -> float:
+    """A reading as a sample value: the number for Good (and Uncertain if accepted), else NaN."""
+    if quality == "bad" or (quality == "uncertain" and not accept_uncertain):
+        return math.nan
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return math.nan
+    return number if math.isfinite(number) else math.nan
+
+
+@dataclass
+class _Endpoint:
+    """One server: its URL, the nodes read there (node id -> smallest sample period reading it), the
+    latest reading per node id, and whether the connection is up."""
+
+    url: str
+    periods: dict[str, float] = field(default_factory=dict)
+    readings: dict[str, _Reading] = field(default_factory=dict)
+    connected: bool = False
+    up_since: float = math.inf  # when the connection came up (wall clock); samples are formed for later times
+    error: str | None = None
+
+
+class _Handler:
+    """asyncua's subscription handler: every data change sets the node's latest reading."""
+
+    def __init__(self, endpoint: _Endpoint, accept_uncertain: bool, lock: threading.Lock):
+        self.endpoint, self.accept_uncertain, self.lock = endpoint, accept_uncertain, lock
+
+    def datachange_notification(self, node, val, data) -> None:
+        quality = quality_of(data.monitored_item.Value.StatusCode)
+        with self.lock:
+            self.endpoint.readings[node.nodeid.to_string()] = _Reading(usable(val, quality, self.accept_uncertain),
+                                                                       quality)
+
+    def status_change_notification(self, status) -> None:
+        log.warning("opcua %s: subscription status %s", self.endpoint.url, status.Status)
+
+
+class OpcUaSource:
+    """The SampleSource of the bindings wired to OPC UA (`specs`, each with `spec.opcua`): start() connects
+    (in the background), ready() says whether a grid time of any binding is due, poll() forms and stores
+    the due samples, stop() disconnects. `clock` is the wall clock (seconds since the epoch)."""
+
+    name = "opcua"
+
+    def __init__(self, specs: Iterable[BindingSpec], *, accept_uncertain: bool = False, clock=time.time):
+        from asyncua import ua
+
+        self.specs = {spec.id: spec for spec in specs if spec.opcua is not None}
+        self.accept_uncertain, self.clock = accept_uncertain, clock
+        self.endpoints: dict[str, _Endpoint] = {}
+        # binding id -> the node id of each tag, in the form notifications name it ("ns=2;s=Tanks.v1")
+        self.nodes = {b: tuple(ua.NodeId.from_string(spec.opcua.nodes[tag]).to_string() for tag in spec.tags)
+                      for b, spec in self.specs.items()}
+        for binding_id, spec in self.specs.items():
+            endpoint = self.endpoints.setdefault(spec.opcua.endpoint, _Endpoint(spec.opcua.endpoint))
+            for node in self.nodes[binding_id]:
+                endpoint.periods[node] = min(endpoint.periods.get(node, math.inf), spec.sample_period_s)
+        self._lock = threading.Lock()
+        self._next: dict[str, float] = {b: self._grid_after(b, self.clock()) for b in self.specs}
+        self._runs: dict[str, str] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping: asyncio.Event | None = None
+
+    # ------------------------------------------------------------------ the service's side
+
+    def _grid_after(self, binding_id: str, t: float) -> float:
+        period = self.specs[binding_id].sample_period_s
+        return (math.floor(t / period) + 1) * period
+
+    def ready(self, now_m: float) -> bool:
+        now = self.clock()
+        return any(now >= t + SETTLE_S for t in self._next.values())
+
+    def poll(self, ledger: Ledger) -> dict[str, list[pd.DataFrame]]:
+        """Form the samples of every binding whose grid time passed (the newest grid time only: a poll
+        late by periods does not invent the ones between), store them in one batch, return them."""
+        now = self.clock()
+        items = []
+        for binding_id, due in self._next.items():
+            if now < due + SETTLE_S:
+                continue
+            spec = self.specs[binding_id]
+            grid_t = math.floor((now - SETTLE_S) / spec.sample_period_s) * spec.sample_period_s
+            self._next[binding_id] = grid_t + spec.sample_period_s
+            row = self.sample(spec, grid_t)
+            if row is None:  # its endpoint was down at the grid time: a gap, nothing invented
+                continue
+            run_id = self._runs.get(binding_id) or self._runs.setdefault(binding_id, _run_for(ledger, spec, grid_t))
+            items.append((binding_id, pd.DataFrame({"run_id": [run_id], "timestamp": [grid_t], **{
+                tag: [value] for tag, value in zip(spec.tags, row)}}), spec.tags))
+        if not items:
+            return {}
+        by_source: dict[str, list] = {}
+        for item in items:
+            by_source.setdefault(ledger.sample_source(item[0]) or EvidenceSource.REAL.value, []).append(item)
+        for source, part in by_source.items():
+            ledger.append_samples_many(part, source)
+        return {binding_id: [frame] for binding_id, frame, _ in items}
+
+    def sample(self, spec: BindingSpec, at: float | None = None) -> list[float] | None:
+        """The binding's tags' latest readings (NaN without a usable one) as its sample at time `at`
+        (default: now); None when its endpoint is not connected, or was not yet at `at`."""
+        endpoint = self.endpoints[spec.opcua.endpoint]
+        with self._lock:
+            if not endpoint.connected or endpoint.up_since > (self.clock() if at is None else at):
+                return None
+            readings = [endpoint.readings.get(node) for node in self.nodes[spec.id]]
+        return [math.nan if r is None else r.value for r in readings]
+
+    # ------------------------------------------------------------------ the connections (asyncio thread)
+
+    def start(self) -> None:
+        """Connect every endpoint in the background (a failing one is retried; the others serve)."""
+        started = threading.Event()
+
+        def main() -> None:
+            self._loop = asyncio.new_event_loop()
+            self._stopping = asyncio.Event()
+            started.set()
+            self._loop.run_until_complete(self._serve_all())
+            self._loop.close()
+
+        self._thread = threading.Thread(target=main, name="opcua", daemon=True)
+        self._thread.start()
+        started.wait()
+
+    def stop(self) -> None:
+        """Disconnect every endpoint and end the thread."""
+        if self._thread is None:
+            return
+        self._loop.call_soon_threadsafe(self._stopping.set)
+        self._thread.join(STOP_TIMEOUT_S)
+        self._thread = None
+
+    async def _serve_all(self) -> None:
+        await asyncio.gather(*(self._serve(endpoint) for endpoint in self.endpoints.values()))
+
+    async def _serve(self, endpoint: _Endpoint) -> None:
+        """Connect (retrying with a capped backoff), subscribe, then follow the connection's state until
+        stopped; asyncua reconnects a lost connection and re-creates the subscription itself."""
+        from asyncua import Client
+
+        delay = BACKOFF_S[0]
+        while not self._stopping.is_set():
+            client = Client(endpoint.url, timeout=CONNECT_TIMEOUT_S, watchdog_intervall=1.0, auto_reconnect=True,
+                            reconnect_max_delay=BACKOFF_S[1])
+            try:
+                await client.connect()
+                await self._subscribe(client, endpoint)
+            except Exception as exc:  # noqa: BLE001 - any failure to reach the server is retried, said once
+                message = f"{type(exc).__name__}: {exc}".strip().rstrip(":")
+                if message != endpoint.error:
+                    log.warning("opcua %s: cannot connect (%s); retrying every %.0f s at most", endpoint.url,
+                                message, BACKOFF_S[1])
+                endpoint.error = message
+                await _quietly(client.disconnect())
+                if await _wait(self._stopping, delay):
+                    return
+                delay = min(BACKOFF_S[1], 2 * delay)
+                continue
+            endpoint.error, delay = None, BACKOFF_S[0]
+            log.info("opcua %s: connected, %d node(s) monitored", endpoint.url, len(endpoint.periods))
+            try:
+                await self._follow(client, endpoint)
+            finally:
+                with self._lock:
+                    endpoint.connected = False
+                await _quietly(client.disconnect())
+            return
+
+    async def _subscribe(self, client, endpoint: _Endpoint) -> None:
+        from asyncua import ua
+
+        smallest_ms = 1000.0 * min(endpoint.periods.values())
+        subscription = await client.create_subscription(min(PUBLISH_MAX_MS, smallest_ms / 4),
+                                                        _Handler(endpoint, self.accept_uncertain, self._lock))
+        requests = []
+        for handle, (node_id, period) in enumerate(sorted(endpoint.periods.items()), start=1):
+            item = ua.MonitoredItemCreateRequest()
+            item.ItemToMonitor = ua.ReadValueId(NodeId=ua.NodeId.from_string(node_id),
+                                                AttributeId=ua.AttributeIds.Value)
+            item.MonitoringMode = ua.MonitoringMode.Reporting
+            item.RequestedParameters = ua.MonitoringParameters(
+                ClientHandle=handle, SamplingInterval=min(PUBLISH_MAX_MS, 1000.0 * period / 4), QueueSize=1,
+                DiscardOldest=True, Filter=ua.DataChangeFilter(Trigger=ua.DataChangeTrigger.StatusValueTimestamp,
+                                                               DeadbandType=0, DeadbandValue=0.0))
+            requests.append(item)
+        results = await subscription.create_monitored_items(requests)
+        refused = [f"{node} ({r.name})" for (node, _), r in zip(sorted(endpoint.periods.items()), results)
+                   if isinstance(r, ua.StatusCode)]
+        if refused:
+            log.warning("opcua %s: the server refused to monitor %s; their tags stay missing", endpoint.url,
+                        ", ".join(refused))
+        with self._lock:
+            endpoint.connected, endpoint.up_since = True, self.clock()
+
+    async def _follow(self, client, endpoint: _Endpoint) -> None:
+        """Mirror the connection's state into `endpoint.connected` until stopped; a reconnect drops the
+        readings (a value read before the gap is not the value after it)."""
+        from asyncua.client.ua_client import UaClientState
+
+        while not await _wait(self._stopping, 0.2):
+            up = client.state is UaClientState.CONNECTED
+            with self._lock:
+                if endpoint.connected and not up:
+                    endpoint.readings.clear()
+                    log.warning("opcua %s: connection lost; no samples until it is back", endpoint.url)
+                elif up and not endpoint.connected:
+                    log.info("opcua %s: reconnected", endpoint.url)
+                    endpoint.up_since = self.clock()
+                endpoint.connected = up
+
+
+def _run_for(ledger: Ledger, spec: BindingSpec, grid_t: float) -> str:
+    """The run the samples continue: the binding's newest stored run, else a new one named after the time."""
+    newest = ledger.newest_run(spec.id)
+    return newest or f"opcua-{pd.Timestamp(grid_t, unit='s', tz='UTC'):%Y%m%dT%H%M%S}"
+
+
+async def _wait(event: asyncio.Event, seconds: float) -> bool:
+    """Whether `event` was set within `seconds`."""
+    try:
+        await asyncio.wait_for(event.wait(), seconds)
+        return True
+    except asyncio.TimeoutError:
+        return False
+
+
+async def _quietly(coroutine) -> None:
+    try:
+        await coroutine
+    except Exception:  # noqa: BLE001 - closing a connection that failed: nothing to do about it
+        log.debug("opcua: disconnect failed", exc_info=True)
+
+

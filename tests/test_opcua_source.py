@@ -1,0 +1,165 @@
+"""OPC UA as the live service's sample source (issue 36, "Sampling"), against a real asyncua server on
+loopback: one sample per binding per period on the grid, a constant value kept giving samples, Good /
+Uncertain / Bad qualities, nothing formed while the connection is down, the samples stored in the
+ledger; an unreachable endpoint is said once and retried while the others serve."""
+
+import logging
+import math
+import time
+from dataclasses import replace
+
+import pytest
+from asyncua import ua
+
+from optimizer_pipeline.contracts.binding import OpcUaWiring
+from optimizer_pipeline.ledger import Ledger
+from optimizer_pipeline.live.opcua import OpcUaSource
+from optimizer_pipeline.plants import get_plant
+
+from opcua_server import PlantServer
+from servers import free_port
+
+PERIOD_S = 0.5
+HEATER = get_plant("heater").spec  # tags q_heat (MV), t_out (CV), t_in (DV)
+
+
+def _wired(server_url: str, binding_id: str = "heater-1", prefix: str = "", nodes: dict | None = None):
+    nodes = nodes or {tag: f"ns=2;s={prefix}{tag}" for tag in HEATER.tags}
+    return replace(HEATER, id=binding_id, sample_period_s=PERIOD_S, opcua=OpcUaWiring(server_url, nodes))
+
+
+def _until(condition, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def _drive(source: OpcUaSource, ledger: Ledger, seconds: float) -> dict[str, list]:
+    """Poll as the live service does, for `seconds`; every frame returned, by binding."""
+    got: dict[str, list] = {}
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if source.ready(time.monotonic()):
+            for binding_id, frames in source.poll(ledger).items():
+                got.setdefault(binding_id, []).extend(frames)
+        time.sleep(0.02)
+    return got
+
+
+def _connected(source: OpcUaSource, url: str) -> bool:
+    return source.endpoints[url].connected
+
+
+@pytest.fixture
+def server():
+    with PlantServer(HEATER.tags) as plant:
+        for tag, value in zip(HEATER.tags, (100.0, 45.0, 15.0)):
+            plant.set(tag, value)
+        yield plant
+
+
+@pytest.fixture
+def ledger(tmp_path):
+    return Ledger(tmp_path / "optimizer.duckdb")
+
+
+def test_one_sample_per_period_on_the_grid_and_a_constant_value_keeps_giving_samples(server, ledger):
+    spec = _wired(server.url)
+    ledger.upsert_binding(spec)
+    source = OpcUaSource([spec])
+    source.start()
+    try:
+        _until(lambda: _connected(source, server.url))
+        _until(lambda: source.sample(spec) == [100.0, 45.0, 15.0])
+        frames = _drive(source, ledger, 6 * PERIOD_S)["heater-1"]
+    finally:
+        source.stop()
+    rows = [frame.iloc[0] for frame in frames]
+    times = [row["timestamp"] for row in rows]
+    assert len(rows) >= 4 and all(len(frame) == 1 for frame in frames)
+    assert all(t / PERIOD_S == round(t / PERIOD_S) for t in times)  # stamped with grid times
+    assert [b - a for a, b in zip(times, times[1:])] == [PERIOD_S] * (len(times) - 1)  # none skipped
+    assert all([row[tag] for tag in HEATER.tags] == [100.0, 45.0, 15.0] for row in rows)
+    stored = ledger.history_frame("heater-1", HEATER.tags)
+    assert list(stored["timestamp"]) == times and stored["run_id"].nunique() == 1
+    assert stored["run_id"].iloc[0].startswith("opcua-")
+
+
+def test_samples_continue_the_bindings_newest_stored_run(server, ledger):
+    spec = _wired(server.url)
+    history = get_plant("heater").history(1).frame
+    ledger.ingest(spec, history, "real")
+    newest = history.loc[history["timestamp"].idxmax(), "run_id"]
+    source = OpcUaSource([spec])
+    source.start()
+    try:
+        _until(lambda: _connected(source, server.url))
+        frames = _drive(source, ledger, 3 * PERIOD_S)["heater-1"]
+    finally:
+        source.stop()
+    assert {frame["run_id"].iloc[0] for frame in frames} == {newest}
+
+
+@pytest.mark.parametrize("accept_uncertain", [False, True])
+def test_good_gives_the_value_uncertain_only_when_accepted_bad_and_unknown_nodes_never(server, accept_uncertain):
+    spec = _wired(server.url, nodes={"q_heat": "ns=2;s=q_heat", "t_out": "ns=2;s=t_out", "t_in": "ns=2;s=nowhere"})
+    server.set("q_heat", 120.0, ua.StatusCodes.UncertainLastUsableValue)
+    server.set("t_out", 47.0, ua.StatusCodes.BadSensorFailure)
+    source = OpcUaSource([spec], accept_uncertain=accept_uncertain)
+    source.start()
+    try:
+        _until(lambda: _connected(source, server.url))
+        time.sleep(3 * PERIOD_S)
+        q_heat, t_out, t_in = source.sample(spec)
+        assert math.isnan(t_out) and math.isnan(t_in)  # Bad, and a node the server does not have
+        assert q_heat == 120.0 if accept_uncertain else math.isnan(q_heat)
+        server.set("t_out", 48.0)  # Good again: the value at once
+        _until(lambda: source.sample(spec)[1] == 48.0)
+    finally:
+        source.stop()
+
+
+def test_no_samples_while_the_server_is_down_and_samples_resume_when_it_is_back(ledger):
+    port = free_port()
+    first = PlantServer(HEATER.tags, port=port).start()
+    spec = _wired(first.url)
+    ledger.upsert_binding(spec)
+    source = OpcUaSource([spec])
+    source.start()
+    try:
+        _until(lambda: _connected(source, first.url))
+        before = _drive(source, ledger, 3 * PERIOD_S)["heater-1"]
+        first.close()
+        _until(lambda: not _connected(source, first.url))
+        down_at = time.time()
+        during = _drive(source, ledger, 4 * PERIOD_S)
+        assert during == {}  # nothing invented for the gap
+        with PlantServer(HEATER.tags, port=port) as second:
+            second.set("t_out", 52.0)
+            _until(lambda: _connected(source, second.url), timeout_s=60)
+            up_at = time.time()
+            _until(lambda: source.sample(spec)[1] == 52.0)
+            after = _drive(source, ledger, 3 * PERIOD_S)["heater-1"]
+    finally:
+        source.stop()
+    assert before and after
+    times = list(ledger.history_frame("heater-1", HEATER.tags)["timestamp"])
+    assert not [t for t in times if down_at + PERIOD_S < t < up_at - PERIOD_S], (down_at, up_at, times)  # a gap
+    assert after[-1]["t_out"].iloc[0] == 52.0
+
+
+def test_an_unreachable_endpoint_is_said_once_and_the_others_keep_being_served(server, ledger, caplog):
+    dead = f"opc.tcp://127.0.0.1:{free_port()}/plant"
+    good, lost = _wired(server.url), _wired(dead, binding_id="heater-2")
+    source = OpcUaSource([good, lost])
+    caplog.set_level(logging.WARNING, logger="optimizer_pipeline.live.opcua")
+    source.start()
+    try:
+        _until(lambda: _connected(source, server.url))
+        got = _drive(source, ledger, 4 * PERIOD_S)
+    finally:
+        source.stop()
+    assert set(got) == {"heater-1"}
+    said = [r.getMessage() for r in caplog.records if dead in r.getMessage()]
+    assert len(said) == 1 and "cannot connect" in said[0], said
