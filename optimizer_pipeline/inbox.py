@@ -36,13 +36,15 @@ def ingest_history(ledger_of: Callable[[], Ledger], spec: BindingSpec, path: str
     """Read and validate `path` for `spec` (samples from the future refused), then open the ledger
     (`ledger_of()`: only once the file is good, so a refused file leaves no ledger behind) and store
     it in one transaction: with `store_binding` the spec too (a changed spec bumps the revision and
-    expires the binding's open recommendations), else only the samples. Returns the summary."""
+    expires the binding's open recommendations; a changed OPC UA wiring alone does neither), else only
+    the samples. Returns the summary."""
     frame = read_history(path, spec, now_s=time.time())
     ledger = ledger_of()
     if store_binding:
         upsert, rows = ledger.ingest(spec, frame, source)
         summary = {"binding_id": spec.id, "revision": upsert.revision, "created": upsert.created,
-                   "changed": upsert.changed, "expired_recommendations": upsert.expired}
+                   "changed": upsert.changed, "expired_recommendations": upsert.expired,
+                   "wiring_changed": upsert.wiring_changed}
     else:
         rows = ledger.append_samples(spec.id, frame, spec.tags, source)
         summary = {"binding_id": spec.id}

@@ -238,14 +238,22 @@ def newest_sample(split: HistorySplit) -> list[Condition]:
     """The live state is the history's newest sample: when cleaning dropped the newest samples (e.g.
     the edge of a fast transient flagged by the outlier filter), the plan would start from an older
     state and an older MV, and its first move could break the rate limit from the MV the plant holds
-    now (data.prepare_history's live_tail_dropped). Not judged for a split without that record."""
+    now (data.prepare_history's live_tail_dropped). And the newest sample has a value of every MV and
+    CV (live_missing; one rule for a value missing from a file or refused by its source as bad: never
+    plan from a state not measured). Not judged for a split without those records."""
+    missing = split.report.get("live_missing")
+    found = [] if missing is None else [Condition(
+        "newest sample has every MV and CV", "all there" if not missing else f"no value of {', '.join(missing)}",
+        "a value of every MV and CV", not missing,
+        f"the newest sample has no value of {', '.join(missing)} (missing, or refused as bad by its source): "
+        f"the plan would start from a state not measured")]
     if "live_tail_dropped" not in split.report:
-        return []
+        return found
     behind = split.report["live_behind_s"]
-    return [Condition("live state is the newest sample", f"{duration(behind)} behind the newest sample",
-                      "within half a sample period", not split.report["live_tail_dropped"],
-                      f"the live state is {duration(behind)} older than the history's newest sample (the newest "
-                      f"samples were dropped in cleaning)")]
+    return found + [Condition("live state is the newest sample", f"{duration(behind)} behind the newest sample",
+                              "within half a sample period", not split.report["live_tail_dropped"],
+                              f"the live state is {duration(behind)} older than the history's newest sample (the "
+                              f"newest samples were dropped in cleaning)")]
 
 
 def score_rule_condition(evidence: uq.UQEvidence) -> list[Condition]:

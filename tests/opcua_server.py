@@ -12,9 +12,14 @@ from servers import free_port
 NAMESPACE = "urn:optimizer-tests"
 
 
+INITIAL = {ua.VariantType.String: "", ua.VariantType.Boolean: False}
+
+
 class PlantServer:
-    def __init__(self, names, port: int | None = None):
-        self.names, self.port = list(names), port or free_port()
+    """`types`: a variable's data type by name (default Double)."""
+
+    def __init__(self, names, port: int | None = None, types: dict | None = None):
+        self.names, self.port, self.types = list(names), port or free_port(), dict(types or {})
         self.url = f"opc.tcp://127.0.0.1:{self.port}/plant"
         self.nodes: dict = {}
         self._loop = asyncio.new_event_loop()
@@ -36,7 +41,9 @@ class PlantServer:
         assert index == 2
         plant = await self._server.nodes.objects.add_object(index, "Plant")
         for name in self.names:
-            self.nodes[name] = await plant.add_variable(ua.NodeId(name, index), name, ua.Variant(0.0, ua.VariantType.Double))
+            kind = self.types.get(name, ua.VariantType.Double)
+            initial = ua.Variant(INITIAL.get(kind, 0), kind)
+            self.nodes[name] = await plant.add_variable(ua.NodeId(name, index), name, initial, varianttype=kind)
             await self.nodes[name].set_writable()
         await self._server.start()
 
@@ -49,6 +56,11 @@ class PlantServer:
         """Write `value` with `status` (e.g. ua.StatusCodes.BadSensorFailure, UncertainLastUsableValue)."""
         data = ua.DataValue(ua.Variant(float(value), ua.VariantType.Double), StatusCode=ua.StatusCode(status))
         self._call(self.nodes[name].write_value(data))
+
+    def get(self, name: str):
+        """The variable's current value and its VariantType."""
+        value = self._call(self.nodes[name].read_data_value()).Value
+        return value.Value, value.VariantType
 
     async def _crash(self) -> None:
         # asyncua's own stop() waits for its connections to close, and a client that reconnects within

@@ -119,6 +119,27 @@ MISSPELT_KEYS = {
 }
 
 
+WIRED = _set(GOOD, ("opcua",), {"endpoint": "opc.tcp://127.0.0.1:4840/heater",
+                                 "nodes": {"q_heat": "ns=2;s=Heater.q", "t_out": "ns=2;s=Heater.t_out",
+                                           "t_in": "ns=2;s=Heater.t_in"},
+                                 "advisory": {"nodes": {"q_heat": "ns=2;s=Heater.q.advice"}}})
+# case: (the wired binding with one defect in its `opcua` section, the line after "error: <file>.")
+OPCUA_CASES = {
+    "opcua key misspelt": (_renamed(WIRED, ("opcua",), "endpoint", "end_point"),
+                           "opcua.end_point: unknown key; did you mean 'endpoint' (required, missing)?"),
+    "advisory key misspelt": (_renamed(WIRED, ("opcua", "advisory"), "nodes", "nodse"),
+                              "opcua.advisory.nodse: unknown key; did you mean 'nodes' (required, missing)?"),
+    "node of an unknown tag": (_renamed(WIRED, ("opcua", "nodes"), "t_out", "t_outt"),
+                               "opcua.nodes.t_outt: unknown tag; did you mean 't_out'?"),
+    "advice to a measurement": (_set(WIRED, ("opcua", "advisory", "nodes", "q_heat"), "ns=2;s=Heater.t_out"),
+                                "opcua.advisory.nodes.q_heat: 'ns=2;s=Heater.t_out' is the node opcua.nodes.t_out "
+                                "reads (advice is never written to a measurement node)"),
+    "endpoint with a password": (_set(WIRED, ("opcua", "endpoint"), "opc.tcp://op:pw@127.0.0.1:4840"),
+                                 "opcua.endpoint: a user name or password does not belong here (credentials go in "
+                                 "the host's settings)"),
+}
+
+
 def _history_cases():
     base = _history()
     cases = {}
@@ -240,6 +261,15 @@ def test_an_unknown_key_of_a_cv_transform_is_refused(seeded, capsys, tmp_path):
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(doc))
     line = _run_bad(capsys, home, "ingest", str(tmp_path / "bad.yaml"), str(folder / "good.csv"))
     assert line == f"error: {tmp_path / 'bad.yaml'}.cvs[0].transform.kindd: unknown key; did you mean 'kind'?"
+
+
+@pytest.mark.parametrize("case", sorted(OPCUA_CASES))
+def test_a_bad_opcua_section_is_refused_naming_its_path(seeded, capsys, case, tmp_path):
+    home, folder = seeded
+    doc, message = OPCUA_CASES[case]
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(doc))
+    line = _run_bad(capsys, home, "ingest", str(tmp_path / "bad.yaml"), str(folder / "good.csv"))
+    assert line == f"error: {tmp_path / 'bad.yaml'}.{message}"
 
 
 @pytest.mark.parametrize("case", sorted(HISTORY_CASES))

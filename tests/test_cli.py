@@ -99,6 +99,21 @@ def test_reingest_of_a_changed_binding_bumps_revision_and_expires(tmp_path, file
     assert Ledger(ledger_path(home)).get_recommendation(rec_id).status == "expired"
 
 
+def test_reingest_with_only_a_new_opcua_section_keeps_the_revision_and_says_the_wiring_changed(tmp_path, files):
+    home = tmp_path / "home"
+    binding, history = files
+    assert json.loads(cli(home, "ingest", str(binding), str(history)).stdout)["wiring_changed"] is False
+    doc = yaml.safe_load(binding.read_text())
+    doc["opcua"] = {"endpoint": "opc.tcp://127.0.0.1:4840/heater",
+                    "nodes": {"q_heat": "ns=2;s=Heater.q", "t_out": "ns=2;s=Heater.t_out",
+                              "t_in": "ns=2;s=Heater.t_in"}}
+    binding.write_text(yaml.safe_dump(doc))
+    wired = json.loads(cli(home, "ingest", str(binding), str(history)).stdout)
+    assert (wired["revision"], wired["changed"], wired["expired_recommendations"], wired["wiring_changed"]) == \
+        (1, False, 0, True)
+    assert Ledger(ledger_path(home)).get_binding("heater-1").spec.opcua.endpoint == "opc.tcp://127.0.0.1:4840/heater"
+
+
 def test_bad_binding_file_writes_nothing(tmp_path, files):
     home = tmp_path / "home"
     binding, history = files

@@ -165,6 +165,18 @@ def test_prepare_history_does_not_warn_about_grid_snapping_of_the_last_sample():
     assert split.report["live_behind_s"] == 2.0 and split.report["live_tail_dropped"] is False
 
 
+@pytest.mark.parametrize("empty, missing", [
+    ((), []), (("f1",), []),  # a DV without a value is not the state the plan starts from
+    (("y2",), ["y2"]), (("f1", "v1", "y1"), ["v1", "y1"]),
+])
+def test_prepare_history_names_the_mvs_and_cvs_without_a_value_in_the_newest_sample(empty, missing):
+    frame = _frame(4, [40, 40, 40, 40])
+    for tag in empty:
+        frame.loc[frame.index[-1], tag] = np.nan
+    frame.loc[frame.index[-2], "y1"] = np.nan  # one sample before the newest: cleaning's business
+    assert prepare_history(frame, _binding()).report["live_missing"] == missing
+
+
 def _in_pieces(run, cut):
     """`run` as cleaning splits it at a gap after row `cut`: two pieces of one run of the plant."""
     return [RunSeries(f"{run.run_id}#{i + 1}", run.t[rows], run.u[rows], run.y[rows], run.d[rows],

@@ -91,6 +91,7 @@ class World:
     plan_end: float = 1.0  # the plan's last MV (the live one is 1.0, MV std 1: the move in normalised units)
     gain_std: float | None = 0.125  # standard error of the steady gain (normalised); None: not recorded
     behind_newest_s: float | None = None  # live state behind the history's newest sample; None: not recorded
+    missing_now: tuple[str, ...] | None = None  # MV / CV tags without a value in the newest sample; None: not recorded
     # the CVs predicted at the plan's last step (y0's target is 0, range 200, band 1): the plan's and holding's
     planned_end: float = 0.0
     held_end: float = 12.0
@@ -136,6 +137,8 @@ def inputs(world: World):
     live = RunSeries("live", t, np.full((n, 1), 1.0), y, np.zeros((n, 0)))
     report = {} if world.behind_newest_s is None else {  # as data.prepare_history records it (period 1 s)
         "live_behind_s": world.behind_newest_s, "live_tail_dropped": world.behind_newest_s > 0.5}
+    if world.missing_now is not None:
+        report["live_missing"] = list(world.missing_now)
     split = HistorySplit((), (), (), live, NORMALISATION, report, "data-hash")
     calibrated_at = None if world.calibrated_before is None else iso_utc(NOW - world.calibrated_before)
     evidence = UQEvidence(**{**EVIDENCE, **world.evidence, "calibrated_at": calibrated_at})
@@ -274,6 +277,15 @@ MATRIX = [
          "cleaning)",)),
     Row("the newest sample snapped onto the grid", "live state is the newest sample",
         replace(BASE, behind_newest_s=0.5), VERIFIED),
+    # ---- the newest sample has every MV and CV (a missing one, or one its source refused as bad)
+    Row("the newest sample without its CV", "newest sample has every MV and CV", replace(BASE, missing_now=("y0",)),
+        UNVERIFIED, ("the newest sample has no value of y0 (missing, or refused as bad by its source): the plan "
+                     "would start from a state not measured",)),
+    Row("the newest sample without its MV and CV", "newest sample has every MV and CV",
+        replace(BASE, missing_now=("u0", "y0")), UNVERIFIED,
+        ("the newest sample has no value of u0, y0 (missing, or refused as bad by its source): the plan would "
+         "start from a state not measured",)),
+    Row("the newest sample complete", "newest sample has every MV and CV", replace(BASE, missing_now=()), VERIFIED),
     # ---- model gates
     Row("a model gate failed", "model gate G2",
         replace(BASE, gates=(BASE.gates[0], Gate("G2", "free-run fit R2", 0.21, 0.3, False))),

@@ -1,5 +1,5 @@
 """Schema migrations: version 2 (issue 8) turns a version-1 ledger's JSON plan texts into DOUBLE[][] columns,
-nothing lost; version 6 keys block scores by their score rule."""
+nothing lost; version 6 keys block scores by their score rule; version 9 stores the bindings' wiring."""
 
 import json
 from types import SimpleNamespace
@@ -9,8 +9,11 @@ import numpy as np
 import pytest
 
 from optimizer_pipeline import uq
+from optimizer_pipeline.contracts import binding_from_dict
 from optimizer_pipeline.ledger import SCHEMA_VERSION, Ledger
 from optimizer_pipeline.ledger.schema import apply_schema
+
+from test_binding_wiring import OPCUA
 
 # a version-1 candidate row as that release wrote it: plans and reports as JSON text
 V1_CONTROLS = "[[1.0,2.5],[0.3333333333333333,-0.0],[1e300,1e-310]]"
@@ -108,3 +111,18 @@ def test_a_version_5_ledger_keeps_its_block_scores_as_of_an_unrecorded_rule(back
     assert ledger.put_block_scores(artifact, uq.rule_key(uq.MAX_RESIDUAL), "val", ["r1"], [0], [[0.5, 0.75]]) == 2
     assert ledger.block_scores("a", uq.rule_key(uq.MAX_RESIDUAL))["score"].tolist() == [0.5, 0.75]
     assert SCHEMA_VERSION >= 6 and ledger.counts()["uq_block_scores"] == 4
+
+
+def test_a_version_8_ledger_reads_its_bindings_unwired_and_wires_one_in_the_same_revision(tmp_path, binding_doc):
+    path = tmp_path / "optimizer.duckdb"
+    conn = duckdb.connect(str(path))
+    assert apply_schema(conn, up_to=8) == list(range(1, 9))
+    spec = binding_from_dict(binding_doc)
+    conn.execute("INSERT INTO bindings VALUES ('tanks-1', '2026-01-02 03:04:05')")
+    conn.execute("INSERT INTO binding_revisions VALUES (?, ?, ?, ?, ?)",
+                 ["tanks-1", 1, spec.spec_hash, spec.canonical_json(), "2026-01-02 03:04:05"])
+    conn.close()
+    ledger = Ledger(path)
+    assert ledger.get_binding("tanks-1").spec.opcua is None
+    wired = ledger.upsert_binding(binding_from_dict({**binding_doc, "opcua": OPCUA}))
+    assert (wired.revision, wired.changed, wired.wiring_changed) == (1, False, True)

@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 from asyncua import ua
 
-from optimizer_pipeline.contracts.binding import OpcUaWiring
+from optimizer_pipeline.contracts import OpcUaWiring
 from optimizer_pipeline.ledger import Ledger
 from optimizer_pipeline.live.opcua import OpcUaSource
 from optimizer_pipeline.plants import get_plant
@@ -163,3 +163,61 @@ def test_an_unreachable_endpoint_is_said_once_and_the_others_keep_being_served(s
     assert set(got) == {"heater-1"}
     said = [r.getMessage() for r in caplog.records if dead in r.getMessage()]
     assert len(said) == 1 and "cannot connect" in said[0], said
+
+
+ADVICE_TYPES = {"q_heat.advice": ua.VariantType.Float, "advice.status": ua.VariantType.String}
+
+
+def _advice(status: str, values: dict | None):
+    from optimizer_pipeline.live.opcua import Advice
+
+    return Advice("heater-1", status, "rec-1", "2026-12-06T04:00:00+00:00", values)
+
+
+def test_verified_advice_is_written_in_each_nodes_own_type_and_anything_else_writes_the_status_only():
+    from optimizer_pipeline.contracts import AdvisoryWiring
+    from optimizer_pipeline.live.opcua import AdvisoryWriter
+
+    with PlantServer([*HEATER.tags, *ADVICE_TYPES], types=ADVICE_TYPES) as plant:
+        nodes = {tag: plant.node_id(tag) for tag in HEATER.tags}
+        spec = replace(_wired(plant.url), opcua=OpcUaWiring(plant.url, nodes, AdvisoryWiring(
+            {"q_heat": plant.node_id("q_heat.advice")}, plant.node_id("advice.status"))))
+        plant.set("q_heat", 100.0)
+        source = OpcUaSource([spec])
+        writer = AdvisoryWriter(source)
+        source.start()
+        try:
+            _until(lambda: _connected(source, plant.url))
+            writer.write(_advice("verified", {"q_heat": 108.25}))
+            _until(lambda: plant.get("advice.status")[0].startswith("status=verified"))
+            assert plant.get("q_heat.advice") == (108.25, ua.VariantType.Float)  # a Float node gets a Float
+            assert plant.get("advice.status")[0] == ("status=verified recommendation=rec-1 "
+                                                     "valid_until=2026-12-06T04:00:00+00:00")
+            writer.write(_advice("unverified", None))
+            _until(lambda: plant.get("advice.status")[0].startswith("status=unverified"))
+            assert plant.get("q_heat.advice")[0] == 108.25  # the advice stays as it was: not overwritten
+            assert plant.get("q_heat")[0] == 100.0  # the measurement is never written
+            writer.offline()
+            assert plant.get("advice.status")[0] == "status=offline"
+            assert writer.failures == 0
+        finally:
+            source.stop()
+
+
+def test_a_write_that_fails_is_counted_and_does_not_raise(server, caplog):
+    from optimizer_pipeline.contracts import AdvisoryWiring
+    from optimizer_pipeline.live.opcua import AdvisoryWriter
+
+    nodes = {tag: server.node_id(tag) for tag in HEATER.tags}
+    spec = replace(_wired(server.url), opcua=OpcUaWiring(server.url, nodes, AdvisoryWiring(
+        {"q_heat": "ns=2;s=not.there"})))
+    source = OpcUaSource([spec])
+    writer = AdvisoryWriter(source)
+    source.start()
+    try:
+        _until(lambda: _connected(source, server.url))
+        writer.write(_advice("verified", {"q_heat": 1.0}))
+        _until(lambda: writer.failures == 1)
+    finally:
+        source.stop()
+    assert any("writing ns=2;s=not.there failed" in r.getMessage() for r in caplog.records)

@@ -6,7 +6,8 @@ optimizer_pipeline.contracts import X` is the one way to use them:
   canonical       canonical JSON, fast_json, all_finite, sha256 / content hash, ContractError
   timeutil        utc_now, iso_utc, iso_from_seconds, parse_iso_utc
   transform       CVTransform (a saturating CV's logit) and its column-wise forward / inverse
-  binding         Template, MV / CV / DV specs, ModelSettings, Profile, BindingSpec and its loaders, StoredBinding
+  binding         Template, MV / CV / DV specs, ModelSettings, Profile, BindingSpec and its loaders, StoredBinding,
+                  the OPC UA wiring (OpcUaWiring, AdvisoryWiring, NodeIds)
   history         RunSeries, HistorySplit
   model           Normalisation, StateSpace, Gate, ModelArtifact, MIN_STD
   problem         ProblemIR
@@ -21,17 +22,21 @@ z = (x - mean) / std with the train statistics of the model artifact.
 
 from optimizer_pipeline.contracts.binding import (
     ID_PATTERN,
+    AdvisoryWiring,
     BindingSpec,
     CVSpec,
     DVSpec,
     ModelSettings,
     MVSpec,
+    NodeIds,
+    OpcUaWiring,
     Profile,
     Template,
     binding_from_dict,
     binding_from_json,
     StoredBinding,
     load_binding_file,
+    wiring_from_json,
 )
 from optimizer_pipeline.contracts.canonical import (
     ContractError,
@@ -59,12 +64,12 @@ from optimizer_pipeline.contracts.timeutil import iso_from_seconds, iso_utc, par
 from optimizer_pipeline.contracts.transform import CVTransform, forward_columns, inverse_columns
 
 __all__ = [
-    "BindingSpec", "BlockScores", "CVSpec", "CVTransform", "Calibration", "CandidateKind", "Condition",
-    "ContractError", "DVSpec", "EvidenceSnapshot", "EvidenceSource", "Gate", "HistorySplit", "ID_PATTERN", "MIN_STD",
-    "MVSpec",
-    "ModelArtifact", "ModelSettings", "Normalisation", "Outcome", "OutcomeVerdict", "ProblemIR", "Profile",
-    "Recommendation", "RecommendationStatus", "RunSeries", "Scores", "SolveCandidate", "SolveResult",
-    "StateSpace", "StoredBinding", "Template", "UQEvidence", "all_finite", "binding_from_dict",
-    "binding_from_json", "canonical_json", "content_hash", "fast_json", "forward_columns", "inverse_columns",
-    "iso_from_seconds", "iso_utc", "load_binding_file", "parse_iso_utc", "sha256_hex", "utc_now",
+    "AdvisoryWiring", "BindingSpec", "BlockScores", "CVSpec", "CVTransform", "Calibration", "CandidateKind",
+    "Condition", "ContractError", "DVSpec", "EvidenceSnapshot", "EvidenceSource", "Gate", "HistorySplit", "ID_PATTERN",
+    "MIN_STD", "MVSpec", "ModelArtifact", "ModelSettings", "NodeIds", "Normalisation", "OpcUaWiring", "Outcome",
+    "OutcomeVerdict", "ProblemIR", "Profile", "Recommendation", "RecommendationStatus", "RunSeries", "Scores",
+    "SolveCandidate", "SolveResult", "StateSpace", "StoredBinding", "Template", "UQEvidence", "all_finite",
+    "binding_from_dict", "binding_from_json", "canonical_json", "content_hash", "fast_json", "forward_columns",
+    "inverse_columns", "iso_from_seconds", "iso_utc", "load_binding_file", "parse_iso_utc", "sha256_hex", "utc_now",
+    "wiring_from_json",
 ]

@@ -29,14 +29,15 @@ def prepare_history(frame: pd.DataFrame, binding: BindingSpec, seed: int = 0,
     report["warnings"] collects the cleaning and split warnings, plus one when the live run does not
     reach the history's latest sample (its newest samples were dropped in cleaning, so "now" is
     older than the file says); report["live_behind_s"] is that lag (0 up to grid snapping) and
-    report["live_tail_dropped"] whether it happened (None / False without a live run).
+    report["live_tail_dropped"] whether it happened (None / False without a live run);
+    report["live_missing"] the MV and CV tags without a value in the newest sample (`newest_missing`).
     """
     runs, cleaning = clean_runs(frame, binding, default_min_length(binding) if min_length is None else min_length)
     split = split_runs(runs, binding, seed=seed)
     warnings = list(cleaning["warnings"]) + list(split.report["warnings"])
     tail = _live_tail(split.live, cleaning["latest_timestamp_s"], binding)
     return replace(split, report={**split.report, "warnings": warnings + tail.pop("warnings"), "cleaning": cleaning,
-                                  **tail})
+                                  **tail, "live_missing": newest_missing(frame, binding)})
 
 
 def with_live_run(split: HistorySplit, frame: pd.DataFrame, binding: BindingSpec,
@@ -44,7 +45,7 @@ def with_live_run(split: HistorySplit, frame: pd.DataFrame, binding: BindingSpec
     """`split` with its live run cleaned anew from `frame`, the live run's newest samples (validated,
     in time order, as from Ledger.recent_samples), as prepare_history cleans it (clean_newest_run: a
     run is cleaned on its own, the newest run's end kept): what a new sample changes of a split.
-    The live report (report["live"], "live_behind_s", "live_tail_dropped") is rebuilt; the train /
+    The live report (report["live"], "live_behind_s", "live_tail_dropped", "live_missing") is rebuilt; the train /
     val / test runs, the normalisation and the data hash are the split's. None when cleaning leaves
     no piece of the run long enough (then prepare the whole history: its live run is an older one)."""
     runs = clean_newest_run(frame, binding, default_min_length(binding) if min_length is None else min_length)
@@ -54,10 +55,20 @@ def with_live_run(split: HistorySplit, frame: pd.DataFrame, binding: BindingSpec
     tail = _live_tail(live, float(frame["timestamp"].max()), binding)
     base = [w for w in split.report.get("warnings", []) if "newest samples were dropped" not in w]
     report = {**split.report, "warnings": base + tail.pop("warnings"), **tail,
+              "live_missing": newest_missing(frame, binding),
               "live": {"run_id": live.run_id, "start_s": float(live.t[0]), "end_s": float(live.t[-1]),
                        "samples": len(live)},
               "runs": {**split.report.get("runs", {}), "live": [live.run_id]}}
     return replace(split, live=live, report=report)
+
+
+def newest_missing(frame: pd.DataFrame, binding: BindingSpec) -> list[str]:
+    """The MV and CV tags whose value is missing (NaN: absent from the file, or refused by its source as
+    bad) in the frame's newest sample: a plan must not start from a state it does not know."""
+    if frame.empty:
+        return []
+    newest = frame.loc[frame["timestamp"].idxmax()]
+    return [tag for tag in binding.mv_tags + binding.cv_tags if pd.isna(newest[tag])]
 
 
 def _live_tail(live: RunSeries | None, latest: float, binding: BindingSpec) -> dict:

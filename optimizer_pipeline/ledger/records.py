@@ -27,13 +27,15 @@ class _Record:
 
 @dataclass(frozen=True)
 class BindingUpsert:
-    """What storing a binding did: a new binding, a new revision, or nothing (same spec)."""
+    """What storing a binding did: a new binding, a new revision, or nothing (same spec); and whether
+    its OPC UA wiring, which is no part of a revision, changed."""
 
     binding_id: str
     revision: int
     created: bool  # first revision of a new binding
     changed: bool  # a new revision was written
     expired: int  # open recommendations expired by the change
+    wiring_changed: bool  # a wiring row was written: the wiring differs from the binding's latest
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ binding's open recommendation, so a binding has at most one open recommendation.
 """
 
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -40,6 +41,7 @@ from optimizer_pipeline.ledger.evidence_rows import EvidenceRows
 from optimizer_pipeline.ledger.live_rows import LiveRows
 from optimizer_pipeline.ledger.overview_rows import OverviewRows
 from optimizer_pipeline.ledger.whatif_rows import WhatIfRows
+from optimizer_pipeline.ledger.wiring_rows import WiringRows
 from optimizer_pipeline.ledger.errors import LedgerError, NotFoundError, RunStateError
 from optimizer_pipeline.ledger.schema import DUCKDB
 from optimizer_pipeline.ledger.writes import retried
@@ -60,13 +62,13 @@ SAMPLE_SOURCES = (EvidenceSource.SIMULATION.value, EvidenceSource.REAL.value)
 RUN_END_STATUSES = ("succeeded", "failed", "interrupted")
 OPEN_STATUSES = (RecommendationStatus.VERIFIED.value, RecommendationStatus.UNVERIFIED.value,
                  RecommendationStatus.REJECTED.value)
-COUNTED_TABLES = ("bindings", "binding_revisions", "plant_samples", "history_splits", "model_artifacts",
-                  "uq_block_scores", "uq_calibrations", "optimizer_runs", "optimizer_candidates",
+COUNTED_TABLES = ("bindings", "binding_revisions", "binding_wiring", "plant_samples", "history_splits",
+                  "model_artifacts", "uq_block_scores", "uq_calibrations", "optimizer_runs", "optimizer_candidates",
                   "optimizer_recommendations", "optimizer_outcomes", "binding_failures", "whatif_runs",
                   "live_services", "live_publications")
 
 
-class Ledger(EvidenceRows, WhatIfRows, LiveRows, OverviewRows):
+class Ledger(EvidenceRows, WhatIfRows, LiveRows, OverviewRows, WiringRows):
     """The pipeline's append-only store. `Ledger(path)` opens the embedded DuckDB file; a backend
     (DuckDBBackend, PostgresBackend: the same interface) may be given instead (see `open_ledger`)."""
 
@@ -109,8 +111,9 @@ class Ledger(EvidenceRows, WhatIfRows, LiveRows, OverviewRows):
 
     @retried
     def upsert_binding(self, spec: BindingSpec) -> BindingUpsert:
-        """Identical spec -> same revision, nothing written. Changed spec -> revision + 1, a revision
-        row and the binding's open recommendations expired, all in one transaction."""
+        """Identical spec -> same revision, no revision written. Changed spec -> revision + 1, a revision
+        row and the binding's open recommendations expired, all in one transaction. Its OPC UA wiring,
+        no part of the revision, is written in the same transaction when it changed (WiringRows)."""
         with self.backend.transaction() as tx:
             return self._upsert_binding(tx, spec)
 
@@ -122,7 +125,8 @@ class Ledger(EvidenceRows, WhatIfRows, LiveRows, OverviewRows):
                                             ORDER BY revision DESC LIMIT 1""", [spec.id])
         row, now = (rows[0] if rows else None), naive_now()
         if row is not None and row[1] == spec.spec_hash:
-            return BindingUpsert(spec.id, row[0], created=False, changed=False, expired=0)
+            return BindingUpsert(spec.id, row[0], created=False, changed=False, expired=0,
+                                 wiring_changed=self._store_wiring(tx, spec.id, spec.opcua, now))
         revision = 1 if row is None else row[0] + 1
         if row is None:
             tx.execute("INSERT INTO bindings VALUES (?, ?)", [spec.id, now])
@@ -130,9 +134,11 @@ class Ledger(EvidenceRows, WhatIfRows, LiveRows, OverviewRows):
                    [spec.id, revision, spec.spec_hash, spec.canonical_json(), now])
         expired = 0 if row is None else self._expire(tx, "binding_id = ?", [spec.id],
                                                      f"binding {spec.id} changed to revision {revision}")
-        return BindingUpsert(spec.id, revision, created=row is None, changed=True, expired=expired)
+        return BindingUpsert(spec.id, revision, created=row is None, changed=True, expired=expired,
+                             wiring_changed=self._store_wiring(tx, spec.id, spec.opcua, now))
 
     def get_binding(self, binding_id: str, revision: int | None = None) -> StoredBinding:
+        """The latest revision of the binding, or the given one, with the binding's latest wiring."""
         sql = "SELECT spec_json, revision, spec_hash, created_at FROM binding_revisions WHERE binding_id = ?"
         params: list[Any] = [binding_id]
         if revision is not None:
@@ -140,12 +146,13 @@ class Ledger(EvidenceRows, WhatIfRows, LiveRows, OverviewRows):
             params.append(revision)
         with self.backend.connection() as conn:
             _, rows = self.backend.fetch(conn, sql + " ORDER BY revision DESC LIMIT 1", params)
+            wiring = self._latest_wiring(conn, binding_id)
         if not rows:
             what = f"binding {binding_id!r}" + (f" revision {revision}" if revision is not None else "")
             raise NotFoundError(f"{what} is not in the ledger {self.path}{self._known_bindings(binding_id)}")
         spec_json, rev, spec_hash, created_at = rows[0]
-        return StoredBinding(binding_from_json(spec_json, source=f"ledger binding {binding_id}"), rev, spec_hash,
-                             created_at)
+        spec = binding_from_json(spec_json, source=f"ledger binding {binding_id}")
+        return StoredBinding(replace(spec, opcua=wiring), rev, spec_hash, created_at)
 
     def _known_bindings(self, binding_id: str) -> str:
         """" (2 bindings; closest: a, b)" for a message about an unknown `binding_id`."""
@@ -157,13 +164,15 @@ class Ledger(EvidenceRows, WhatIfRows, LiveRows, OverviewRows):
         return f" ({count}; closest: {', '.join(nearest(binding_id, [r[0] for r in rows]))})"
 
     def list_bindings(self) -> list[StoredBinding]:
-        """The latest revision of every binding, by id."""
+        """The latest revision of every binding, by id, with its latest wiring."""
         with self.backend.connection() as conn:
-            _, rows = self.backend.fetch(conn, """SELECT spec_json, revision, spec_hash, created_at
+            _, rows = self.backend.fetch(conn, """SELECT binding_id, spec_json, revision, spec_hash, created_at
                 FROM binding_revisions r
                 WHERE revision = (SELECT max(revision) FROM binding_revisions WHERE binding_id = r.binding_id)
                 ORDER BY binding_id""")
-        return [StoredBinding(binding_from_json(r[0]), r[1], r[2], r[3]) for r in rows]
+            wirings = self._latest_wirings(conn)
+        return [StoredBinding(replace(binding_from_json(spec_json), opcua=wirings.get(binding_id)), revision,
+                              spec_hash, created_at) for binding_id, spec_json, revision, spec_hash, created_at in rows]
 
     def binding_revisions(self, binding_id: str) -> list[tuple[int, str, datetime]]:
         with self.backend.connection() as conn:

@@ -298,6 +298,19 @@ MIGRATIONS: list[tuple[int, str, list[Statement]]] = [
         "ALTER TABLE live_publications ADD COLUMN advice_json VARCHAR",
         "ALTER TABLE live_publications ADD COLUMN cost DOUBLE",
     ]),
+    # A binding's OPC UA wiring (issue 36: its `opcua` section, contracts.binding.OpcUaWiring): wiring,
+    # not model, so it is no part of a revision (a changed endpoint or node keeps the revision and its
+    # recommendations). Append-only beside the revisions: a row whenever a stored binding's wiring
+    # differs from its latest row, null when the binding is stored without one; reads carry the latest.
+    (9, "binding wiring", [
+        """CREATE TABLE binding_wiring (
+            binding_id VARCHAR NOT NULL,
+            seq INTEGER NOT NULL,              -- 1, 2, ... per binding: the latest is the highest
+            wiring_json VARCHAR,               -- OpcUaWiring.canonical_json; null: the binding has no wiring
+            created_at TIMESTAMP NOT NULL,
+            PRIMARY KEY (binding_id, seq)
+        )""",
+    ]),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]

@@ -23,11 +23,11 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Callable, Iterable
 
 import pandas as pd
 
-from optimizer_pipeline.contracts import BindingSpec, EvidenceSource
+from optimizer_pipeline.contracts import BindingSpec, EvidenceSource, Recommendation, RecommendationStatus, Template
 from optimizer_pipeline.ledger import Ledger
 
 log = logging.getLogger(__name__)
@@ -95,15 +95,17 @@ class _Handler:
 class OpcUaSource:
     """The SampleSource of the bindings wired to OPC UA (`specs`, each with `spec.opcua`): start() connects
     (in the background), ready() says whether a grid time of any binding is due, poll() forms and stores
-    the due samples, stop() disconnects. `clock` is the wall clock (seconds since the epoch)."""
+    the due samples of the bindings the service `takes` (those it holds the lease of), stop() disconnects.
+    `clock` is the wall clock (seconds since the epoch)."""
 
     name = "opcua"
 
-    def __init__(self, specs: Iterable[BindingSpec], *, accept_uncertain: bool = False, clock=time.time):
+    def __init__(self, specs: Iterable[BindingSpec], *, accept_uncertain: bool = False,
+                 takes: Callable[[str], bool] = lambda binding_id: True, clock=time.time):
         from asyncua import ua
 
         self.specs = {spec.id: spec for spec in specs if spec.opcua is not None}
-        self.accept_uncertain, self.clock = accept_uncertain, clock
+        self.accept_uncertain, self.takes, self.clock = accept_uncertain, takes, clock
         self.endpoints: dict[str, _Endpoint] = {}
         # binding id -> the node id of each tag, in the form notifications name it ("ns=2;s=Tanks.v1")
         self.nodes = {b: tuple(ua.NodeId.from_string(spec.opcua.nodes[tag]).to_string() for tag in spec.tags)
@@ -115,6 +117,7 @@ class OpcUaSource:
         self._lock = threading.Lock()
         self._next: dict[str, float] = {b: self._grid_after(b, self.clock()) for b in self.specs}
         self._runs: dict[str, str] = {}
+        self.clients: dict[str, object] = {}  # endpoint -> its connected asyncua Client
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopping: asyncio.Event | None = None
@@ -140,6 +143,8 @@ class OpcUaSource:
             spec = self.specs[binding_id]
             grid_t = math.floor((now - SETTLE_S) / spec.sample_period_s) * spec.sample_period_s
             self._next[binding_id] = grid_t + spec.sample_period_s
+            if not self.takes(binding_id):  # another service holds it (and samples it)
+                continue
             row = self.sample(spec, grid_t)
             if row is None:  # its endpoint was down at the grid time: a gap, nothing invented
                 continue
@@ -182,6 +187,18 @@ class OpcUaSource:
         self._thread.start()
         started.wait()
 
+    def submit(self, coroutine, wait: bool = False) -> None:
+        """Run `coroutine` on the connections' thread; `wait`: until it is done (STOP_TIMEOUT_S at most)."""
+        if self._loop is None or self._thread is None:
+            coroutine.close()
+            return
+        future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        if wait:
+            try:
+                future.result(STOP_TIMEOUT_S)
+            except Exception:  # noqa: BLE001 - said by the coroutine itself
+                log.debug("opcua: a waited-for write failed", exc_info=True)
+
     def stop(self) -> None:
         """Disconnect every endpoint and end the thread."""
         if self._thread is None:
@@ -218,11 +235,14 @@ class OpcUaSource:
                 continue
             endpoint.error, delay = None, BACKOFF_S[0]
             log.info("opcua %s: connected, %d node(s) monitored", endpoint.url, len(endpoint.periods))
+            self.clients[endpoint.url] = client
             try:
                 await self._follow(client, endpoint)
             finally:
                 with self._lock:
                     endpoint.connected = False
+                await asyncio.sleep(0)  # writes sent before the stop go out first
+                self.clients.pop(endpoint.url, None)
                 await _quietly(client.disconnect())
             return
 
@@ -267,6 +287,93 @@ class OpcUaSource:
                     log.info("opcua %s: reconnected", endpoint.url)
                     endpoint.up_since = self.clock()
                 endpoint.connected = up
+
+
+@dataclass(frozen=True)
+class Advice:
+    """What goes to a binding's advisory nodes after a publication: its status, id and validity, and
+    per advised MV the value to set now (a move plan's first move; a steady plan's target), None when
+    the recommendation is not verified (then only the status is written)."""
+
+    binding_id: str
+    status: str
+    recommendation_id: str
+    valid_until: str
+    values: dict[str, float] | None
+
+    @classmethod
+    def of(cls, rec: Recommendation) -> "Advice":
+        values = None
+        if rec.status is RecommendationStatus.VERIFIED and rec.controls:
+            row = rec.controls[-1] if rec.template is Template.STEADY_RESPONSE else rec.controls[0]
+            values = dict(zip(rec.mv_tags, map(float, row)))
+        return cls(rec.binding_id, rec.status.value, rec.id, rec.valid_until, values)
+
+    def status_text(self) -> str:
+        return f"status={self.status} recommendation={self.recommendation_id} valid_until={self.valid_until}"
+
+
+class AdvisoryWriter:
+    """The live service's Reporter that writes verified advice to the bindings' advisory nodes over
+    `source`'s connections (opcua.write_advice). Writes are sent to the connections' thread and not
+    waited for: a slow or failing write never holds a solve; a failed one is logged and counted."""
+
+    def __init__(self, source: OpcUaSource):
+        self.source = source
+        self.failures = 0
+        self._types: dict[tuple[str, str], object] = {}  # (endpoint, node) -> its VariantType
+
+    def report(self, published) -> None:
+        for item in published:
+            self.write(Advice.of(item.solved.decision.recommendation))
+
+    def write(self, advice: Advice) -> None:
+        spec = self.source.specs.get(advice.binding_id)
+        if spec is None or spec.opcua.advisory is None:
+            return
+        values = {} if advice.values is None else {spec.opcua.advisory.nodes[tag]: value
+                                                   for tag, value in advice.values.items()
+                                                   if tag in spec.opcua.advisory.nodes}
+        status = spec.opcua.advisory.status
+        self.source.submit(self._write(spec.opcua.endpoint, values, status, advice.status_text()))
+
+    def offline(self) -> None:
+        """Say "offline" on every status node (the service stops), waiting for the writes."""
+        for spec in self.source.specs.values():
+            if spec.opcua.advisory is not None and spec.opcua.advisory.status is not None:
+                self.source.submit(self._write(spec.opcua.endpoint, {}, spec.opcua.advisory.status,
+                                               "status=offline"), wait=True)
+
+    async def _write(self, url: str, values: dict[str, float], status_node: str | None, status: str) -> None:
+        from asyncua import ua
+
+        client = self.source.clients.get(url)
+        writes = list(values.items()) + ([(status_node, status)] if status_node else [])
+        for node_id, value in writes:
+            try:
+                if client is None:
+                    raise ConnectionError("not connected")
+                node = client.get_node(node_id)
+                kind = self._types.get((url, node_id))
+                if kind is None:
+                    kind = self._types[(url, node_id)] = await node.read_data_type_as_variant_type()
+                await node.write_value(ua.DataValue(ua.Variant(_as(kind, value), kind)))
+            except Exception as exc:  # noqa: BLE001 - a write that fails is counted and said, never raised
+                self.failures += 1
+                log.warning("opcua %s: writing %s failed (%s: %s)", url, node_id, type(exc).__name__, exc)
+
+
+def _as(kind, value):
+    """`value` in the node's own data type (a Float node refuses a Double; an Int node a float)."""
+    from asyncua import ua
+
+    if kind is ua.VariantType.String:
+        return str(value)
+    if kind in (ua.VariantType.Float, ua.VariantType.Double):
+        return float(value)
+    if kind is ua.VariantType.Boolean:
+        return bool(value)
+    return int(round(float(value)))
 
 
 def _run_for(ledger: Ledger, spec: BindingSpec, grid_t: float) -> str:

@@ -25,6 +25,29 @@ class AlreadyServed(ContractError):
     """Another live service runs on this home."""
 
 
+class Reporters(list):
+    """Several reporters as one: each gets every batch of publications."""
+
+    def report(self, published) -> None:
+        for reporter in self:
+            reporter.report(published)
+
+
+def _opcua(ledger: Ledger, settings: Settings, bindings: Sequence[str] | None,
+           takes: Callable[[str], bool]) -> tuple[list, list]:
+    """The OPC UA source of the served bindings wired to OPC UA, and its advisory writer when the host's
+    settings allow writing (opcua.write_advice); none of either without such a binding (asyncua is then
+    not even imported)."""
+    specs = [stored.spec for stored in ledger.list_bindings()
+             if stored.spec.opcua is not None and (bindings is None or stored.spec.id in bindings)]
+    if not specs:
+        return [], []
+    from optimizer_pipeline.live.opcua import AdvisoryWriter, OpcUaSource
+
+    source = OpcUaSource(specs, accept_uncertain=settings.opcua_accept_uncertain, takes=takes)
+    return [source], [AdvisoryWriter(source)] if settings.opcua_write_advice else []
+
+
 def serve(home: Path, ledger: Ledger, settings: Settings, bindings: Sequence[str] | None = None,
           reporter: Reporter | None = None, on_ready: Callable[[LiveService], None] | None = None) -> LiveService:
     """Serve until SIGTERM / SIGINT (`on_ready` is called once the bindings are loaded). AlreadyServed
@@ -40,13 +63,21 @@ def serve(home: Path, ledger: Ledger, settings: Settings, bindings: Sequence[str
         with SolverPool(size=settings.solver_pool_size, request_timeout_ms=settings.solver_request_timeout_ms,
                         threads=settings.solver_threads, cache_entries=settings.solver_cache_entries) as pool:
             inbox = InboxSource(home, lambda b: service.ingests(b), lambda b: service.spec_of(b))
-            service = LiveService(ledger, settings, pool.solve, [inbox, LedgerSource()], bindings=bindings,
-                                  reporter=reporter, threads=settings.solver_pool_size)
+            opcua, writers = _opcua(ledger, settings, bindings, lambda b: b in service.held)
+            service = LiveService(ledger, settings, pool.solve, [inbox, LedgerSource(), *opcua], bindings=bindings,
+                                  reporter=Reporters([r for r in (reporter, *writers) if r is not None]),
+                                  threads=settings.solver_pool_size)
             previous = {sig: signal.signal(sig, lambda *_: service.request_stop())
                         for sig in (signal.SIGTERM, signal.SIGINT)}
+            for source in opcua:
+                source.start()
             try:
                 service.run(on_serving=on_ready)
             finally:
+                for writer in writers:
+                    writer.offline()
+                for source in opcua:
+                    source.stop()
                 for sig, handler in previous.items():
                     signal.signal(sig, handler)
         return service
