@@ -452,3 +452,25 @@ def submit_and_wait(home, ledger, binding_ids: Sequence[str], job_name: str, per
                 detail = failed.get(b, run_error)
                 results[b] = (b, not detail, run_id, detail)
     return [results[b] for b in binding_ids]
+
+
+def fail_runs_of_dead_worker(broker: str, name: str, code: int) -> list[str]:
+    """The Celery worker `name` died under its `optimizer-pipeline worker` (killed, crashed): its Celery
+    task stays STARTED forever, so nothing else would end its run. Report every run it was executing
+    as failed, so Dagster shows it and the next refresh can run the bindings; the ledger holds no
+    partial write of it (one transaction per binding), and the failure says which worker died.
+    Returns the runs reported."""
+    from celery import Celery
+    from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
+
+    app = Celery(broker=broker, backend=broker)
+    reported = []
+    with DagsterInstance.get() as instance:
+        for run in instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.STARTING, DagsterRunStatus.STARTED])):
+            task_id = run.tags.get(CELERY_TASK_ID_TAG)
+            info = app.AsyncResult(task_id).info if task_id else None
+            if isinstance(info, dict) and str(info.get("hostname", "")).startswith(f"{name}@"):
+                instance.report_run_failed(run, message=f"Celery worker {info['hostname']} died (exit code {code}) "
+                                                        f"while running this run")
+                reported.append(run.run_id)
+    return reported

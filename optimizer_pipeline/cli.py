@@ -1,6 +1,7 @@
-"""The `optimizer-pipeline` command line (docs/ARCHITECTURE.md, "Interfaces"): demo, ingest, export, materialize,
-recommendation, status, model, whatif, outcome, ledger, live, daemon, worker, ui. Bad input: one specific line on
-stderr, exit code 2, nothing partial written. Dagster is imported only by the commands that run it.
+"""The `optimizer-pipeline` command line (docs/ARCHITECTURE.md, "Interfaces"): demo, ingest, export,
+materialize, recommendation, status, model, whatif, outcome, ledger, live, simulate, daemon, worker, ui.
+Bad input: one specific line on stderr, exit code 2, nothing partial written. Dagster is imported only
+by the commands that run it.
 """
 
 import argparse
@@ -12,7 +13,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, Sequence
 
-from optimizer_pipeline.contracts import ContractError, EvidenceSource, iso_from_seconds, load_binding_file, parse_iso_utc
+from optimizer_pipeline.contracts import ContractError, EvidenceSource, load_binding_file, parse_iso_utc
 from optimizer_pipeline.recommendation_text import demo_table, recommendation_text
 from optimizer_pipeline.settings import dagster_home, disk_full, ledger_path, load_settings, resolve_home
 
@@ -152,24 +153,17 @@ def cmd_ingest(args: argparse.Namespace, home: Path) -> int:
 
 def cmd_export(args: argparse.Namespace, home: Path) -> int:
     """Write a binding's stored samples as a history file that `ingest` reads back unchanged."""
-    from optimizer_pipeline.data.export import window, write_history
+    from optimizer_pipeline.data.export import export_history
 
     ledger = _existing_ledger(home)
-    spec = ledger.get_binding(args.binding_id).spec
+    stored = ledger.get_binding(args.binding_id)
     since, until = (_iso_option(name, getattr(args, name)) for name in ("since", "until"))
     if since and until and since > until:
         raise UserError(f"export: --since {args.since} is after --until {args.until}")
-    stored = ledger.history_frame(spec.id, spec.tags)
-    frame = window(stored, since, until)
-    if frame.empty:
-        span = "no samples are stored" if stored.empty else \
-            f"its samples span {iso_from_seconds(stored['timestamp'].min())} to {iso_from_seconds(stored['timestamp'].max())}"
-        raise UserError(f"export: binding {spec.id!r} has no samples in that window; {span}")
-    write_history(frame, args.file)
-    print(json.dumps({"binding_id": spec.id, "binding_revision": ledger.get_binding(spec.id).revision,
-                      "file": str(args.file), "runs": int(frame["run_id"].nunique()), "rows": len(frame),
-                      "first": iso_from_seconds(frame["timestamp"].min()), "last": iso_from_seconds(frame["timestamp"].max()),
-                      "tags": list(spec.tags)}, indent=2))
+    summary = export_history(ledger.history_frame(stored.spec.id, stored.spec.tags), args.file, since, until,
+                             f"export: binding {stored.spec.id!r}")
+    print(json.dumps({"binding_id": stored.spec.id, "binding_revision": stored.revision, "file": str(args.file),
+                      **summary, "tags": list(stored.spec.tags)}, indent=2))
     return 0
 
 
@@ -353,6 +347,21 @@ def _daemon_command() -> list[str]:
     return [str(Path(sys.executable).with_name("dagster-daemon")), "run", *CODE_LOCATION]
 
 
+def cmd_simulate(args: argparse.Namespace, home: Path) -> int:
+    """A demo plant served over OPC UA until SIGTERM / SIGINT, its history and binding written first."""
+    from optimizer_pipeline.plants import get_plant
+    from optimizer_pipeline.plants.simulator import Simulation, run
+    from optimizer_pipeline.validation import check_opc_endpoint
+
+    if not args.speed > 0:
+        raise UserError(f"simulate: --speed must be > 0, got {args.speed:g}")
+    sim = Simulation(get_plant(args.plant), check_opc_endpoint(args.opcua, "--opcua"), args.speed, args.apply_advice)
+    for line in sim.write_files(args.history, args.binding):
+        print(line, flush=True)
+    run(sim, on_ready=lambda: print(sim.describe(), flush=True))
+    return 0
+
+
 def cmd_daemon(args: argparse.Namespace, home: Path) -> int:
     from optimizer_pipeline.supervise import run_supervised
 
@@ -373,6 +382,7 @@ def cmd_live(args: argparse.Namespace, home: Path) -> int:
     prepare_dagster_home(home)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     logging.getLogger("optimizer_pipeline.live").setLevel(logging.INFO)  # one line per publication
+    logging.getLogger("asyncua").setLevel(logging.ERROR)  # live/opcua.py says what a user needs, once
     reporter = DagsterReporter(DagsterInstance.get(), settings.live_report_interval_s)
     ready = lambda service: print(f"live service {service.id} for home {home}: {len(service.served)} binding(s) "  # noqa: E731
                                   f"served (SIGTERM / Ctrl-C stops it)", flush=True)
@@ -415,24 +425,10 @@ def cmd_worker(args: argparse.Namespace, home: Path) -> int:
 
 
 def _fail_runs_of_dead_worker(settings: Any, name: str, code: int) -> None:
-    """The Celery worker died under us (killed, crashed): its Celery task stays STARTED forever, so
-    nothing else would end its run. Report every run it was executing as failed, so Dagster shows it
-    and the next refresh can run the bindings; the ledger holds no partial write of it (one
-    transaction per binding), and the failure says which worker died."""
-    from celery import Celery
-    from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
+    from optimizer_pipeline.automation import fail_runs_of_dead_worker
 
-    from optimizer_pipeline.automation import CELERY_TASK_ID_TAG
-
-    app = Celery(broker=settings.dagster_broker, backend=settings.dagster_broker)
-    with DagsterInstance.get() as instance:
-        for run in instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.STARTING, DagsterRunStatus.STARTED])):
-            task_id = run.tags.get(CELERY_TASK_ID_TAG)
-            info = app.AsyncResult(task_id).info if task_id else None
-            if isinstance(info, dict) and str(info.get("hostname", "")).startswith(f"{name}@"):
-                instance.report_run_failed(run, message=f"Celery worker {info['hostname']} died (exit code {code}) "
-                                                        f"while running this run")
-                print(f"run {run.run_id} reported failed: its worker {name} died", file=sys.stderr)
+    for run_id in fail_runs_of_dead_worker(settings.dagster_broker, name, code):
+        print(f"run {run_id} reported failed: its worker {name} died", file=sys.stderr)
 
 
 # ------------------------------------------------------------------ the command itself
@@ -548,6 +544,16 @@ def build_parser() -> argparse.ArgumentParser:
                                     "new samples (inbox, ingest), publishes in the ledger and reports to Dagster")
     p.add_argument("--binding", action="append", help="serve only this binding (repeatable; default: every binding)")
     p.set_defaults(func=cmd_live)
+
+    p = sub.add_parser("simulate", help="serve a demo plant over OPC UA in real time (its MVs, CVs, DVs, advisory "
+                                        "and status nodes), for trying the live service")
+    p.add_argument("plant", help="tanks, heater, blend or blend-econ")
+    p.add_argument("--opcua", required=True, metavar="ENDPOINT", help="opc.tcp://host:port/path to serve at")
+    p.add_argument("--speed", type=float, default=1.0, help="times real time (default 1)")
+    p.add_argument("--apply-advice", action="store_true", help="the MVs follow a verified advice (closes the loop)")
+    p.add_argument("--history", metavar="FILE", help="first write a history to identify from (.csv / .parquet)")
+    p.add_argument("--binding", metavar="FILE", help="first write the plant's binding, wired to this server (YAML)")
+    p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser("daemon", help="several hosts: dagster-daemon for this home (runs stay queued without it)")
     p.set_defaults(func=cmd_daemon)

@@ -16,7 +16,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from optimizer_pipeline.data.ingest import CSV_SUFFIXES, PARQUET_SUFFIXES, RUN_ID, TIMESTAMP, HistoryError, epoch_seconds
+from optimizer_pipeline.contracts import iso_from_seconds
+from optimizer_pipeline.data.ingest import (CSV_SUFFIXES, PARQUET_SUFFIXES, RUN_ID, TIMESTAMP, HistoryError,
+                                            epoch_seconds)
 
 
 def window(frame: pd.DataFrame, since: datetime | None, until: datetime | None) -> pd.DataFrame:
@@ -25,6 +27,22 @@ def window(frame: pd.DataFrame, since: datetime | None, until: datetime | None) 
     lo = -np.inf if since is None else epoch_seconds(pd.Series([pd.Timestamp(since)]))[0]
     hi = np.inf if until is None else epoch_seconds(pd.Series([pd.Timestamp(until)]))[0]
     return frame[(frame[TIMESTAMP] >= lo) & (frame[TIMESTAMP] <= hi)].reset_index(drop=True)
+
+
+def export_history(stored: pd.DataFrame, path: str | Path, since: datetime | None, until: datetime | None,
+                   what: str) -> dict:
+    """Write the rows of the history frame `stored` in the window to `path` (`write_history`); returns
+    the runs, rows and the first and last sample time written. HistoryError naming `what` when the
+    window holds no sample (nothing is written)."""
+    frame = window(stored, since, until)
+    if frame.empty:
+        times = stored[TIMESTAMP]
+        span = "no samples are stored" if stored.empty else \
+            f"its samples span {iso_from_seconds(times.min())} to {iso_from_seconds(times.max())}"
+        raise HistoryError(f"{what} has no samples in that window; {span}")
+    write_history(frame, path)
+    return {"runs": int(frame[RUN_ID].nunique()), "rows": len(frame),
+            "first": iso_from_seconds(frame[TIMESTAMP].min()), "last": iso_from_seconds(frame[TIMESTAMP].max())}
 
 
 def _exact_moments(seconds: pd.Series) -> pd.Series:
