@@ -298,6 +298,8 @@ def cmd_ledger(args: argparse.Namespace, home: Path) -> int:
 
 
 def cmd_demo(args: argparse.Namespace, home: Path) -> int:
+    from dataclasses import replace
+
     from optimizer_pipeline.ledger import open_ledger
     from optimizer_pipeline.plants import demo_plants
 
@@ -305,23 +307,22 @@ def cmd_demo(args: argparse.Namespace, home: Path) -> int:
     plants = demo_plants()
     print(f"home {home}: seeding {len(plants)} demo plants (simulated history)")
     seeded = ledger.newest_samples()
+    wirings = {b.spec.id: b.spec.opcua for b in ledger.list_bindings()}  # a demo spec has none: keep a user's
     for plant in plants:
+        spec = replace(plant.spec, opcua=wirings[plant.spec.id]) if plant.spec.id in wirings else plant.spec
         if plant.spec.id in seeded:  # a second copy under later timestamps would count its data twice
-            upsert = ledger.upsert_binding(plant.spec)
+            upsert = ledger.upsert_binding(spec)
             age = time.time() - seeded[plant.spec.id]
             print(f"  {plant.spec.id:<13} revision {upsert.revision}, already seeded (history ends {age / 60:.0f} min "
                   "ago: a fresh --home seeds a current live state)")
             continue
-        upsert, rows = ledger.ingest(plant.spec, plant.history(DEMO_SEED).frame,
-                                     EvidenceSource.SIMULATION.value)
+        upsert, rows = ledger.ingest(spec, plant.history(DEMO_SEED).frame, EvidenceSource.SIMULATION.value)
         print(f"  {plant.spec.id:<13} revision {upsert.revision}, {rows} new samples")
     print("materializing every asset of every binding through Dagster (job refresh) ...")
     results = run_partitions(home, [p.spec.id for p in plants])
     failed = [f"{run.binding_id} ({run.detail})" for run in results if not run.ok]
     latest = [ledger.latest_recommendation(run.binding_id) for run in results if run.ok]
-    print()
-    print(demo_table([rec.document() for rec in latest if rec is not None], plants))
-    print()
+    print(f"\n{demo_table([rec.document() for rec in latest if rec is not None], plants)}\n")
     exe = _command_name()
     print(f"Open the Dagster UI on this home:  {exe} --home {home} ui   (then http://127.0.0.1:3000)")
     print(f"One recommendation as JSON:         {exe} --home {home} recommendation {plants[0].spec.id} --json")

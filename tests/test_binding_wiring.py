@@ -8,8 +8,11 @@ import pickle
 import pandas as pd
 import pytest
 
+from optimizer_pipeline import cli
 from optimizer_pipeline.contracts import ContractError, binding_from_dict, wiring_from_json
 from optimizer_pipeline.inbox import ingest_history
+from optimizer_pipeline.ledger import open_ledger
+from optimizer_pipeline.plants import get_plant
 
 from ledger_helpers import solve
 
@@ -366,3 +369,22 @@ def test_a_refused_ingest_stores_no_wiring(ledger, binding_doc, wired, tmp_path)
     with pytest.raises(ContractError, match="sample source"):
         ledger.ingest(binding_from_dict(wired), frame, "historian")  # refused after the binding was written
     assert ledger.counts()["binding_wiring"] == 0 and ledger.get_binding("tanks-1").spec.opcua is None
+
+
+# ---------------------------------------------------------------------------------------------- the demo
+
+
+@pytest.mark.parametrize("seeded", [False, True], ids=["before-its-history", "after-its-history"])
+def test_demo_keeps_the_wiring_a_user_gave_a_demo_binding(tmp_path, monkeypatch, seeded):
+    """`demo` stores the demo specs, which have no `opcua` section, again: a demo binding wired through
+    ingest keeps its wiring, whether `demo` then seeds its history or finds it seeded."""
+    monkeypatch.setattr(cli, "run_partitions", lambda home, binding_ids: [])  # Dagster's refresh: not under test
+    home = tmp_path / "home"
+    if seeded:
+        assert cli.main(["--home", str(home), "demo"]) == 0
+    ledger = open_ledger(home)
+    wired = binding_from_dict({**get_plant("tanks").binding_doc(), "opcua": OPCUA})
+    ledger.upsert_binding(wired)
+    assert cli.main(["--home", str(home), "demo"]) == 0
+    assert ledger.get_binding("tanks-1").spec.opcua == wired.opcua
+    assert ledger.counts()["binding_wiring"] == 1  # no row unwiring it in between

@@ -6,8 +6,8 @@ optimizer_pipeline.contracts import X` is the one way to use them:
   canonical       canonical JSON, fast_json, all_finite, sha256 / content hash, ContractError
   timeutil        utc_now, iso_utc, iso_from_seconds, parse_iso_utc
   transform       CVTransform (a saturating CV's logit) and its column-wise forward / inverse
-  binding         Template, MV / CV / DV specs, ModelSettings, Profile, BindingSpec and its loaders, StoredBinding,
-                  the OPC UA wiring (OpcUaWiring, AdvisoryWiring, NodeIds)
+  wiring          a binding's OPC UA wiring: OpcUaWiring, AdvisoryWiring, NodeIds, wiring_from_json
+  binding         Template, MV / CV / DV specs, ModelSettings, Profile, BindingSpec and its loaders, StoredBinding
   history         RunSeries, HistorySplit
   model           Normalisation, StateSpace, Gate, ModelArtifact, MIN_STD
   problem         ProblemIR
@@ -22,21 +22,17 @@ z = (x - mean) / std with the train statistics of the model artifact.
 
 from optimizer_pipeline.contracts.binding import (
     ID_PATTERN,
-    AdvisoryWiring,
     BindingSpec,
     CVSpec,
     DVSpec,
     ModelSettings,
     MVSpec,
-    NodeIds,
-    OpcUaWiring,
     Profile,
     Template,
     binding_from_dict,
     binding_from_json,
     StoredBinding,
     load_binding_file,
-    wiring_from_json,
 )
 from optimizer_pipeline.contracts.canonical import (
     ContractError,
@@ -62,6 +58,7 @@ from optimizer_pipeline.contracts.recommendation import (
 from optimizer_pipeline.contracts.solve import CandidateKind, SolveCandidate, SolveResult
 from optimizer_pipeline.contracts.timeutil import iso_from_seconds, iso_utc, parse_iso_utc, utc_now
 from optimizer_pipeline.contracts.transform import CVTransform, forward_columns, inverse_columns
+from optimizer_pipeline.contracts.wiring import AdvisoryWiring, NodeIds, OpcUaWiring, wiring_from_json
 
 __all__ = [
     "AdvisoryWiring", "BindingSpec", "BlockScores", "CVSpec", "CVTransform", "Calibration", "CandidateKind",

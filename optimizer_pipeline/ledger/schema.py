@@ -298,7 +298,7 @@ MIGRATIONS: list[tuple[int, str, list[Statement]]] = [
         "ALTER TABLE live_publications ADD COLUMN advice_json VARCHAR",
         "ALTER TABLE live_publications ADD COLUMN cost DOUBLE",
     ]),
-    # A binding's OPC UA wiring (issue 36: its `opcua` section, contracts.binding.OpcUaWiring): wiring,
+    # A binding's OPC UA wiring (issue 36: its `opcua` section, contracts.wiring.OpcUaWiring): wiring,
     # not model, so it is no part of a revision (a changed endpoint or node keeps the revision and its
     # recommendations). Append-only beside the revisions: a row whenever a stored binding's wiring
     # differs from its latest row, null when the binding is stored without one; reads carry the latest.
