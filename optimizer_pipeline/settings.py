@@ -1,6 +1,7 @@
 """Home directory resolution and validated settings (environment > <home>/settings.yaml > defaults)."""
 
 import os
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
@@ -14,9 +15,12 @@ from optimizer_pipeline.validation import (
     Rule,
     bool_rule,
     check_choice,
+    check_keys,
     check_mapping,
+    check_opc_endpoint,
     check_rule,
     choice_rule,
+    endpoint_identity,
     number_rule,
     refuse,
 )
@@ -48,6 +52,32 @@ def dagster_home(home: Path, environ: Mapping[str, str] | None = None) -> Path:
     return Path(environ.get("DAGSTER_HOME") or Path(home) / "dagster").resolve()
 
 
+SECURITY_POLICIES = ("None", "Basic256Sha256", "Aes128_Sha256_RsaOaep", "Aes256_Sha256_RsaPss")
+SECURITY_MODES = ("Sign", "SignAndEncrypt")
+
+
+@dataclass(frozen=True)
+class EndpointSecurity:
+    """How the live service connects to one OPC UA endpoint (`opcua.endpoints` in settings.yaml): the
+    security policy and, with one other than None, the message security mode, the client's certificate
+    and private key and the one server certificate trusted (None: the one the server presents); the user
+    name and the NAME of the environment variable holding its password, read when connecting and never
+    kept here. Files are absolute paths, readable when the settings were loaded."""
+
+    url: str
+    security_policy: str = "None"  # one of SECURITY_POLICIES
+    mode: str | None = None  # one of SECURITY_MODES; None with the policy None
+    certificate: Path | None = None
+    private_key: Path | None = None
+    server_certificate: Path | None = None
+    username: str | None = None
+    password_env: str | None = None
+
+    def setting(self, name: str) -> str:
+        """The path of one of its settings, as messages name it: opcua.endpoints['opc.tcp://...'].mode."""
+        return f"{ENDPOINTS_KEY}[{self.url!r}].{name}"
+
+
 @dataclass(frozen=True)
 class Settings:
     uq_fresh_days: float = 7.0
@@ -67,7 +97,8 @@ class Settings:
     solver_cache_entries: int = 256
     schedule_cron: str = "0 3 * * *"
     schedule_timezone: str = "UTC"
-    live_max_age_s: float | None = None  # unset: max(10 x sample_period_s, 300 s) per binding (recommend.max_live_age_s)
+    # unset: max(10 x sample_period_s, 300 s) per binding (recommend.max_live_age_s)
+    live_max_age_s: float | None = None
     # the live service reports a binding's publication to Dagster at most this often, a status change at
     # once; 0 reports every publication (optimizer_pipeline/live/service.py)
     live_report_interval_s: float = 300.0
@@ -84,6 +115,15 @@ class Settings:
     opcua_accept_uncertain: bool = False
     # the live service writes verified advice to the bindings' advisory nodes (off: it only reads)
     opcua_write_advice: bool = False
+    # security and credentials per OPC UA endpoint, from settings.yaml only (EndpointSecurity)
+    opcua_endpoints: tuple[EndpointSecurity, ...] = ()
+
+    def opcua_security(self, url: str) -> EndpointSecurity:
+        """The security of the endpoint `url` (a binding's opcua.endpoint) names: its entry in opcua.endpoints
+        (the same host, port and path however spelt: opc.tcp://Plant/ is opc.tcp://plant:4840), else none and
+        an anonymous session."""
+        identity = endpoint_identity(url)
+        return next((e for e in self.opcua_endpoints if endpoint_identity(e.url) == identity), EndpointSecurity(url))
 
 
 # the five cron fields: (lowest, highest, names counted from the lowest); Sunday is 0 or 7
@@ -109,7 +149,8 @@ def _cron(text: Any) -> str:
         for part in field.lower().split(","):
             span, _, step = part.partition("/")
             span, _, nth = span.partition("#")
-            if (step and not (step.isdigit() and int(step) > 0)) or (nth and not (nth.isdigit() and 1 <= int(nth) <= 5)):
+            if (step and not (step.isdigit() and int(step) > 0)) or \
+                    (nth and not (nth.isdigit() and 1 <= int(nth) <= 5)):
                 raise ValueError
             for bound in span.split("-"):
                 if not (bound in ("*", "?", "l") or bound in names or (bound.isdigit() and lo <= int(bound) <= hi)):
@@ -203,6 +244,77 @@ def redact_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{password}@", ":***@", 1)))
 
 
+ENDPOINTS_KEY = "opcua.endpoints"  # read from settings.yaml only: a mapping has no one-line environment form
+_ENDPOINT_KEYS = ("security_policy", "mode", "certificate", "private_key", "server_certificate", "username",
+                  "password_env")
+_ENV_VAR = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _opcua_endpoints(raw: Any, source: str, home: Path) -> tuple[EndpointSecurity, ...]:
+    """opcua.endpoints: endpoint URL -> its security settings, each URL an opc.tcp one without credentials
+    and naming an endpoint no other key names."""
+    if not isinstance(raw, Mapping):
+        refuse(source, "a mapping of endpoint URL to its security settings", raw, name=ENDPOINTS_KEY,
+               error=SettingsError)
+    endpoints: list[EndpointSecurity] = []
+    for url, body in raw.items():
+        if isinstance(url, str) and "@" in url.partition("://")[2].partition("/")[0]:
+            raise SettingsError(f"{source}: {ENDPOINTS_KEY} key {redact_url(url)!r}: a user name or password does "
+                                "not belong in the URL (use username and password_env)")
+        check_opc_endpoint(url, f"{source}: {ENDPOINTS_KEY} key", error=SettingsError)
+        same = [e.url for e in endpoints if endpoint_identity(e.url) == endpoint_identity(url)]
+        if same:
+            raise SettingsError(f"{source}: {ENDPOINTS_KEY}[{url!r}] names the same endpoint as {same[0]!r}")
+        endpoints.append(_endpoint_security(url, body, source, home))
+    return tuple(endpoints)
+
+
+def _endpoint_security(url: str, body: Any, source: str, home: Path) -> EndpointSecurity:
+    """One endpoint's settings: a policy other than None needs mode, certificate and private_key, and
+    only such a policy takes them and server_certificate; password_env needs username."""
+    path = f"{ENDPOINTS_KEY}[{url!r}]"
+    if not isinstance(body, Mapping):
+        refuse(source, "a mapping of its security settings", body, name=path, error=SettingsError)
+    if "password" in body:  # said without the value: it is the password
+        raise SettingsError(f"{source}: {path}.password: a password does not belong in settings.yaml; name the "
+                            "environment variable holding it in password_env")
+    check_keys(body, _ENDPOINT_KEYS, f"{source}: {path}", error=SettingsError)
+    given = {key: value for key, value in body.items() if value is not None}
+    policy = check_rule(given.get("security_policy", "None"), choice_rule(SECURITY_POLICIES), source,
+                        f"{path}.security_policy", error=SettingsError)
+    secured = ("mode", "certificate", "private_key")
+    for key in (*secured, "server_certificate"):
+        if policy == "None" and key in given:
+            raise SettingsError(f"{source}: {path}.{key} needs a security_policy other than 'None'")
+        if policy != "None" and key in secured and key not in given:
+            raise SettingsError(f"{source}: {path}.{key} is required with security_policy {policy!r}")
+    mode = None if policy == "None" else check_rule(given["mode"], choice_rule(SECURITY_MODES), source,
+                                                    f"{path}.mode", error=SettingsError)
+    files = {key: _readable_file(given[key], source, f"{path}.{key}", home)
+             for key in ("certificate", "private_key", "server_certificate") if key in given}
+    username, password_env = given.get("username"), given.get("password_env")
+    if username is not None and not (isinstance(username, str) and username.strip()):
+        refuse(source, "a user name", username, name=f"{path}.username", error=SettingsError)
+    if password_env is not None and username is None:
+        raise SettingsError(f"{source}: {path}.password_env needs {path}.username (the user it is the password of)")
+    if password_env is not None and not (isinstance(password_env, str) and _ENV_VAR.fullmatch(password_env)):
+        raise SettingsError(f"{source}: {path}.password_env must be the name of an environment variable (letters, "
+                            "digits and _, not starting with a digit); its value is not shown: it may be a password")
+    return EndpointSecurity(url, policy, mode, **files, username=username, password_env=password_env)
+
+
+def _readable_file(raw: Any, source: str, name: str, home: Path) -> Path:
+    """A file path (relative: to the home folder) that can be opened for reading now, as an absolute path."""
+    if not (isinstance(raw, str) and raw.strip()):
+        refuse(source, "a file path", raw, name=name, error=SettingsError)
+    path = (Path(home) / Path(raw).expanduser()).absolute()  # not resolved: a symlink swapped on renewal is followed
+    try:
+        path.open("rb").close()
+    except OSError as exc:
+        raise SettingsError(f"{source}: {name} cannot be read: {str(path)!r} ({exc.strerror})") from None
+    return path
+
+
 def _flatten(doc: Mapping[str, Any], source: str) -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for section, body in doc.items():
@@ -210,7 +322,7 @@ def _flatten(doc: Mapping[str, Any], source: str) -> dict[str, Any]:
             refuse(source, "a mapping of settings", body, name=f"section {section!r}", error=SettingsError)
         for name, value in body.items():
             key = f"{section}.{name}"
-            check_choice(key, sorted(_SPEC), source, what="setting", error=SettingsError)
+            check_choice(key, sorted([*_SPEC, ENDPOINTS_KEY]), source, what="setting", error=SettingsError)
             flat[key] = value
     return flat
 
@@ -229,7 +341,13 @@ def load_settings(home: Path, environ: Mapping[str, str] | None = None) -> Setti
             raise SettingsError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
         check_mapping(doc, str(path), what="a mapping such as 'uq: {fresh_days: 7}'", error=SettingsError)
         for key, raw in _flatten(doc, str(path)).items():
-            values[_SPEC[key][0]] = _parse(key, raw, str(path))
+            if key == ENDPOINTS_KEY:
+                values["opcua_endpoints"] = _opcua_endpoints(raw, str(path), Path(home))
+            else:
+                values[_SPEC[key][0]] = _parse(key, raw, str(path))
+    if env_name(ENDPOINTS_KEY) in environ:  # refused rather than ignored: it would leave the file's in force
+        raise SettingsError(f"environment variable {env_name(ENDPOINTS_KEY)}: {ENDPOINTS_KEY} is read from "
+                            f"{path} only")
     for key in _SPEC:
         name = env_name(key)
         if name in environ:

@@ -282,8 +282,9 @@ def check_matrix(rows: Any, where: str, n_rows: int, n_cols: int, *,
 
 # OPC UA's binary transport: opc.tcp://host[:port][/path], the host a name, an IPv4 address or a
 # bracketed IPv6 one
-OPC_TCP_URL = re.compile(r"opc\.tcp://(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?)"
-                         r"(?::(?P<port>[0-9]{1,5}))?(?:/\S*)?")
+OPC_TCP_URL = re.compile(r"opc\.tcp://(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?)"
+                         r"(?::(?P<port>[0-9]{1,5}))?(?P<path>/\S*)?")
+OPC_TCP_PORT = 4840  # OPC UA's registered port: what a URL without one means
 # A node id in OPC UA's string form (Part 6, "NodeId"): an optional namespace index, then a numeric,
 # string (no control characters), GUID or base64 ByteString identifier
 NODE_ID = re.compile(r"(?:ns=(?P<ns>[0-9]{1,5});)?(?:i=(?P<i>[0-9]{1,10})|s=(?P<s>[^\x00-\x1f\x7f]+)"
@@ -304,6 +305,13 @@ def check_opc_endpoint(value: Any, where: str, *, error: type[ContractError] = C
     if match is None or (match["port"] is not None and not 1 <= int(match["port"]) <= UINT16_MAX):
         refuse(where, "an opc.tcp://host[:port][/path] URL (port 1 to 65535)", value, error=error)
     return value
+
+
+def endpoint_identity(url: str) -> tuple[str, int, str]:
+    """Which endpoint `url`, an opc.tcp URL `check_opc_endpoint` accepts, names: (host in lower case, port,
+    path without trailing slashes), so that opc.tcp://Plant/ua/ and opc.tcp://plant:4840/ua are one."""
+    match = OPC_TCP_URL.fullmatch(url)
+    return match["host"].lower(), int(match["port"] or OPC_TCP_PORT), (match["path"] or "").rstrip("/")
 
 
 def node_identity(value: Any, where: str, *, error: type[ContractError] = ContractError) -> tuple[int, str, str]:

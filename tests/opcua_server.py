@@ -1,11 +1,24 @@
 """A real asyncua OPC UA server on a free loopback port for the tests, in a thread with its own event
 loop: variables by name in namespace urn:optimizer-tests (node ids "ns=2;s=<name>"), written with a
-StatusCode of the test's choosing; started and stopped by the test (a context manager)."""
+StatusCode of the test's choosing; started and stopped by the test (a context manager). Without security
+by default; with a ServerSecurity, Basic256Sha256 SignAndEncrypt only, its users and client certificates
+checked (certificates made by `make_certificate`)."""
 
 import asyncio
+import socket
 import threading
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 from asyncua import Server, ua
+from asyncua.common.utils import ServiceError
+from asyncua.crypto import cert_gen
+from asyncua.crypto.permission_rules import User, UserRole
+from asyncua.crypto.validator import CertificateValidator, CertificateValidatorOptions
+from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding
+from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from servers import free_port
 
@@ -13,13 +26,63 @@ NAMESPACE = "urn:optimizer-tests"
 
 
 INITIAL = {ua.VariantType.String: "", ua.VariantType.Boolean: False}
+SERVER_URI = "urn:freeopcua:python:server"  # asyncua's server's ApplicationUri
+
+
+def make_certificate(folder: Path, name: str, uri: str, server: bool = False) -> tuple[Path, Path]:
+    """A self-signed application certificate (DER) naming `uri` and this host, and its private key (PEM):
+    `<name>.der` and `<name>-key.pem` in `folder`."""
+    key = cert_gen.generate_private_key()
+    use = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
+    certificate = cert_gen.generate_self_signed_app_certificate(
+        key, name, {}, [x509.UniformResourceIdentifier(uri), x509.DNSName(socket.gethostname())], extended=[use])
+    paths = folder / f"{name}.der", folder / f"{name}-key.pem"
+    paths[0].write_bytes(certificate.public_bytes(Encoding.DER))
+    paths[1].write_bytes(cert_gen.dump_private_key_as_pem(key))
+    return paths
+
+
+@dataclass(frozen=True)
+class ServerSecurity:
+    """The server's certificate and key; `users` (name -> password) the only users accepted, no anonymous
+    session (None: anyone); `trusted` the only client certificates (files) accepted (None: any)."""
+
+    certificate: Path
+    private_key: Path
+    users: dict[str, str] | None = None
+    trusted: tuple[Path, ...] | None = None
+
+
+class _Users:
+    """asyncua's user manager: a user of `users` with its password, else refused (BadUserAccessDenied)."""
+
+    def __init__(self, users: dict[str, str]):
+        self.users = users
+
+    def get_user(self, iserver, username=None, password=None, certificate=None):
+        return User(role=UserRole.User) if username in self.users and self.users[username] == password else None
+
+
+class _Trusted(CertificateValidator):
+    """Time range and application URI checked as asyncua does, then trusted only when one of `trusted`."""
+
+    def __init__(self, trusted: tuple[Path, ...]):
+        super().__init__(CertificateValidatorOptions.BASIC_VALIDATION | CertificateValidatorOptions.PEER_CLIENT)
+        self.trusted = {x509.load_der_x509_certificate(path.read_bytes()) for path in trusted}
+
+    async def validate(self, cert, app_description) -> None:
+        await super().validate(cert, app_description)
+        if cert not in self.trusted:
+            raise ServiceError(ua.StatusCodes.BadCertificateUntrusted)
 
 
 class PlantServer:
-    """`types`: a variable's data type by name (default Double)."""
+    """`types`: a variable's data type by name (default Double); `security`: see ServerSecurity."""
 
-    def __init__(self, names, port: int | None = None, types: dict | None = None):
+    def __init__(self, names, port: int | None = None, types: dict | None = None, historize: bool = False,
+                 security: ServerSecurity | None = None):
         self.names, self.port, self.types = list(names), port or free_port(), dict(types or {})
+        self.historize, self.security = historize, security
         self.url = f"opc.tcp://127.0.0.1:{self.port}/plant"
         self.nodes: dict = {}
         self._loop = asyncio.new_event_loop()
@@ -33,10 +96,21 @@ class PlantServer:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
 
     async def _start(self) -> None:
-        self._server = Server()
+        security = self.security
+        self._server = Server(user_manager=None if security is None or security.users is None
+                              else _Users(security.users))
         await self._server.init()
         self._server.set_endpoint(self.url)
-        self._server.set_security_policy([ua.SecurityPolicyType.NoSecurity])
+        if security is None:
+            self._server.set_security_policy([ua.SecurityPolicyType.NoSecurity])
+        else:
+            self._server.set_security_policy([ua.SecurityPolicyType.Basic256Sha256_SignAndEncrypt])
+            await self._server.load_certificate(str(security.certificate))
+            await self._server.load_private_key(str(security.private_key))
+            if security.users is not None:
+                self._server.set_identity_tokens([ua.UserNameIdentityToken])
+            if security.trusted is not None:
+                self._server.set_certificate_validator(_Trusted(security.trusted))
         index = await self._server.register_namespace(NAMESPACE)
         assert index == 2
         plant = await self._server.nodes.objects.add_object(index, "Plant")
@@ -45,6 +119,8 @@ class PlantServer:
             initial = ua.Variant(INITIAL.get(kind, 0), kind)
             self.nodes[name] = await plant.add_variable(ua.NodeId(name, index), name, initial, varianttype=kind)
             await self.nodes[name].set_writable()
+        if self.historize:  # HistoryRead of every value written from here on
+            await self._server.historize_node_data_change(list(self.nodes.values()), period=timedelta(hours=1))
         await self._server.start()
 
     def start(self) -> "PlantServer":
@@ -53,8 +129,11 @@ class PlantServer:
         return self
 
     def set(self, name: str, value: float, status: int = ua.StatusCodes.Good) -> None:
-        """Write `value` with `status` (e.g. ua.StatusCodes.BadSensorFailure, UncertainLastUsableValue)."""
-        data = ua.DataValue(ua.Variant(float(value), ua.VariantType.Double), StatusCode=ua.StatusCode(status))
+        """Write `value` with `status` (e.g. ua.StatusCodes.BadSensorFailure, UncertainLastUsableValue), stamped
+        now (the source timestamp a historian records)."""
+        now = datetime.now(timezone.utc)
+        data = ua.DataValue(ua.Variant(float(value), ua.VariantType.Double), StatusCode=ua.StatusCode(status),
+                            SourceTimestamp=now, ServerTimestamp=now)
         self._call(self.nodes[name].write_value(data))
 
     def get(self, name: str):

@@ -8,6 +8,8 @@ import math
 import time
 from dataclasses import replace
 
+import numpy as np
+import pandas as pd
 import pytest
 from asyncua import ua
 
@@ -221,3 +223,52 @@ def test_a_write_that_fails_is_counted_and_does_not_raise(server, caplog):
     finally:
         source.stop()
     assert any("writing ns=2;s=not.there failed" in r.getMessage() for r in caplog.records)
+
+
+def test_the_samples_missed_since_the_newest_stored_one_are_filled_from_the_servers_history(ledger):
+    with PlantServer(HEATER.tags, historize=True) as plant:
+        spec = _wired(plant.url)
+        start = math.floor(time.time() / PERIOD_S) * PERIOD_S
+        ledger.ingest(spec, pd.DataFrame({"run_id": "r1", "timestamp": start - PERIOD_S * np.arange(3)[::-1],
+                                          "q_heat": 90.0, "t_out": 39.0, "t_in": 15.0}), "real")
+        written = []  # (time, t_out) as the server recorded them
+        first_write = time.time()
+        plant.set("q_heat", 100.0)
+        plant.set("t_in", 15.5)
+        for k in range(6):
+            plant.set("t_out", 40.0 + k)
+            written.append((time.time(), 40.0 + k))
+            time.sleep(PERIOD_S)
+        source = OpcUaSource([spec])
+        source.start()
+        try:
+            _until(lambda: _connected(source, plant.url))
+            frames = _drive(source, ledger, 2 * PERIOD_S)["heater-1"]
+        finally:
+            source.stop()
+    first = frames[0]
+    assert len(first) > 4 and (first["run_id"] == "r1").all()  # the run continues
+    times = first["timestamp"].to_numpy()
+    # every missed grid time from the first at which the server had values (none invented before it)
+    assert start < times[0] and times[0] - PERIOD_S < first_write and (np.diff(times) == PERIOD_S).all()
+    for t, t_out in zip(times[:-1], first["t_out"].to_numpy()[:-1]):  # the filled ones: held as the server had them
+        before = [value for at, value in written if at <= t]
+        assert t_out == before[-1] if before else math.isnan(t_out)
+    assert (first["q_heat"].iloc[1:-1] == 100.0).all()
+
+
+def test_without_a_server_history_the_gap_stays_and_it_is_said_once(server, ledger, caplog):
+    spec = _wired(server.url)
+    start = math.floor(time.time() / PERIOD_S) * PERIOD_S - 5.0
+    ledger.ingest(spec, pd.DataFrame({"run_id": "r1", "timestamp": [start], "q_heat": 90.0, "t_out": 39.0,
+                                      "t_in": 15.0}), "real")
+    source = OpcUaSource([spec])
+    source.start()
+    try:
+        _until(lambda: _connected(source, server.url))
+        frames = _drive(source, ledger, 3 * PERIOD_S)["heater-1"]
+    finally:
+        source.stop()
+    assert all(len(frame) == 1 for frame in frames)  # the current sample only
+    said = [r.getMessage() for r in caplog.records if "history" in r.getMessage() and "warms up" in r.getMessage()]
+    assert len(said) == 1 and server.url in said[0]

@@ -25,10 +25,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
+import numpy as np
 import pandas as pd
 
 from optimizer_pipeline.contracts import BindingSpec, EvidenceSource, Recommendation, RecommendationStatus, Template
 from optimizer_pipeline.ledger import Ledger
+from optimizer_pipeline.settings import EndpointSecurity
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +39,7 @@ PUBLISH_MAX_MS = 1000.0  # the subscriptions publish at least this often (and 4 
 CONNECT_TIMEOUT_S = 4.0
 BACKOFF_S = (1.0, 60.0)  # reconnect / first-connect retries: from, doubling up to
 STOP_TIMEOUT_S = 10.0
+MAX_BACKFILL = 2000  # missed grid samples filled from a server's history after a gap (the live window's length)
 
 
 @dataclass
@@ -74,6 +77,8 @@ class _Endpoint:
     connected: bool = False
     up_since: float = math.inf  # when the connection came up (wall clock); samples are formed for later times
     error: str | None = None
+    history: bool = True  # whether the server may keep history (False once a HistoryRead failed)
+    said_no_history: bool = False  # a gap its history held nothing of was logged
 
 
 class _Handler:
@@ -96,16 +101,20 @@ class OpcUaSource:
     """The SampleSource of the bindings wired to OPC UA (`specs`, each with `spec.opcua`): start() connects
     (in the background), ready() says whether a grid time of any binding is due, poll() forms and stores
     the due samples of the bindings the service `takes` (those it holds the lease of), stop() disconnects.
-    `clock` is the wall clock (seconds since the epoch)."""
+    `security` gives an endpoint's security and credentials (Settings.opcua_security); a connection the
+    server refuses for them is said once and retried every BACKOFF_S[1] only. `clock` is the wall clock
+    (seconds since the epoch)."""
 
     name = "opcua"
 
     def __init__(self, specs: Iterable[BindingSpec], *, accept_uncertain: bool = False,
-                 takes: Callable[[str], bool] = lambda binding_id: True, clock=time.time):
+                 takes: Callable[[str], bool] = lambda binding_id: True,
+                 security: Callable[[str], EndpointSecurity] = EndpointSecurity, clock=time.time):
         from asyncua import ua
 
         self.specs = {spec.id: spec for spec in specs if spec.opcua is not None}
         self.accept_uncertain, self.takes, self.clock = accept_uncertain, takes, clock
+        self.security = security  # endpoint URL -> how to connect to it (the host's opcua.endpoints)
         self.endpoints: dict[str, _Endpoint] = {}
         # binding id -> the node id of each tag, in the form notifications name it ("ns=2;s=Tanks.v1")
         self.nodes = {b: tuple(ua.NodeId.from_string(spec.opcua.nodes[tag]).to_string() for tag in spec.tags)
@@ -116,7 +125,8 @@ class OpcUaSource:
                 endpoint.periods[node] = min(endpoint.periods.get(node, math.inf), spec.sample_period_s)
         self._lock = threading.Lock()
         self._next: dict[str, float] = {b: self._grid_after(b, self.clock()) for b in self.specs}
-        self._runs: dict[str, str] = {}
+        self._runs: dict[str, str] = {}  # binding -> the run its samples continue
+        self._last: dict[str, float | None] = {}  # binding -> its newest stored sample time
         self.clients: dict[str, object] = {}  # endpoint -> its connected asyncua Client
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -134,7 +144,9 @@ class OpcUaSource:
 
     def poll(self, ledger: Ledger) -> dict[str, list[pd.DataFrame]]:
         """Form the samples of every binding whose grid time passed (the newest grid time only: a poll
-        late by periods does not invent the ones between), store them in one batch, return them."""
+        late by periods does not invent the ones between), after the grid times missing since the
+        binding's newest stored sample filled from the server's history where it keeps one
+        (`_backfill`); store them in one batch, return them."""
         now = self.clock()
         items = []
         for binding_id, due in self._next.items():
@@ -148,9 +160,14 @@ class OpcUaSource:
             row = self.sample(spec, grid_t)
             if row is None:  # its endpoint was down at the grid time: a gap, nothing invented
                 continue
-            run_id = self._runs.get(binding_id) or self._runs.setdefault(binding_id, _run_for(ledger, spec, grid_t))
-            items.append((binding_id, pd.DataFrame({"run_id": [run_id], "timestamp": [grid_t], **{
-                tag: [value] for tag, value in zip(spec.tags, row)}}), spec.tags))
+            if binding_id not in self._runs:
+                self._runs[binding_id], self._last[binding_id] = _newest_stored(ledger, spec, grid_t)
+            frame = pd.DataFrame([[grid_t, *row]], columns=["timestamp", *spec.tags])
+            missed = self._backfill(spec, self._last[binding_id], grid_t)
+            frame = pd.concat([missed, frame], ignore_index=True) if missed is not None else frame
+            frame.insert(0, "run_id", self._runs[binding_id])
+            self._last[binding_id] = grid_t
+            items.append((binding_id, frame, spec.tags))
         if not items:
             return {}
         by_source: dict[str, list] = {}
@@ -159,6 +176,61 @@ class OpcUaSource:
         for source, part in by_source.items():
             ledger.append_samples_many(part, source)
         return {binding_id: [frame] for binding_id, frame, _ in items}
+
+    def _backfill(self, spec: BindingSpec, last_t: float | None, grid_t: float) -> pd.DataFrame | None:
+        """The grid times between the binding's newest stored sample (`last_t`) and `grid_t`, at most
+        MAX_BACKFILL of the newest, as samples from the server's history (HistoryRead, bounds included):
+        each tag's latest historical value at or before the grid time, NaN where the history holds none
+        (never a value carried over a time the server does not vouch for). None without a gap, or when
+        the server keeps no history of these nodes (said once per endpoint: the gap stays)."""
+        period = spec.sample_period_s
+        if last_t is None or grid_t - last_t < 1.5 * period:
+            return None
+        endpoint = self.endpoints[spec.opcua.endpoint]
+        if not endpoint.history:
+            return None
+        first = max(last_t + period, grid_t - MAX_BACKFILL * period)
+        times = first + period * np.arange(int(round((grid_t - first) / period)))
+        try:
+            history = self.submit(self._read_history(endpoint.url, self.nodes[spec.id], last_t, grid_t), wait=True,
+                                  raise_errors=True)
+        except Exception as exc:  # noqa: BLE001 - no history kept (or not readable): the gap stays
+            endpoint.history = False
+            log.warning("opcua %s: no history to fill the gap before t=%.3f from (%s: %s); %s warms up from "
+                        "its live samples", endpoint.url, grid_t, type(exc).__name__, exc, spec.id)
+            return None
+        columns = {}
+        for tag, (stamps, values) in zip(spec.tags, history):
+            at = np.searchsorted(stamps, times, side="right") - 1
+            columns[tag] = np.where(at >= 0, values[np.maximum(at, 0)] if len(values) else np.nan, np.nan)
+        frame = pd.DataFrame({"timestamp": times, **columns})
+        frame = frame[frame[list(spec.tags)].notna().any(axis=1)]
+        if frame.empty:
+            if not endpoint.said_no_history:
+                log.warning("opcua %s: the server's history holds nothing of the gap before t=%.3f; %s warms up from "
+                            "its live samples (said once per endpoint)", endpoint.url, grid_t, spec.id)
+            endpoint.said_no_history = True
+            return None
+        log.info("opcua %s: %s: %d of %d missed sample(s) filled from the server's history", endpoint.url, spec.id,
+                 len(frame), len(times))
+        return frame
+
+    async def _read_history(self, url: str, nodes: tuple[str, ...], start: float, end: float) -> list:
+        """Per node: (source times in s since the epoch, sample values) of its raw history in [start, end]."""
+        from datetime import datetime, timezone
+
+        client = self.clients.get(url)
+        if client is None:
+            raise ConnectionError("not connected")
+        out = []
+        for node_id in nodes:
+            values = await client.get_node(node_id).read_raw_history(
+                datetime.fromtimestamp(start, timezone.utc), datetime.fromtimestamp(end, timezone.utc))
+            points = sorted((_seconds(v.SourceTimestamp or v.ServerTimestamp),
+                             usable(v.Value.Value if v.Value is not None else None, quality_of(v.StatusCode),
+                                    self.accept_uncertain)) for v in values)
+            out.append((np.array([t for t, _ in points], float), np.array([x for _, x in points], float)))
+        return out
 
     def sample(self, spec: BindingSpec, at: float | None = None) -> list[float] | None:
         """The binding's tags' latest readings (NaN without a usable one) as its sample at time `at`
@@ -187,17 +259,24 @@ class OpcUaSource:
         self._thread.start()
         started.wait()
 
-    def submit(self, coroutine, wait: bool = False) -> None:
-        """Run `coroutine` on the connections' thread; `wait`: until it is done (STOP_TIMEOUT_S at most)."""
+    def submit(self, coroutine, wait: bool = False, raise_errors: bool = False):
+        """Run `coroutine` on the connections' thread; `wait`: until it is done (STOP_TIMEOUT_S at most)
+        and return its result (its error raised with `raise_errors`, else logged at debug level)."""
         if self._loop is None or self._thread is None:
             coroutine.close()
-            return
+            if raise_errors:
+                raise ConnectionError("the OPC UA connections are not running")
+            return None
         future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
-        if wait:
-            try:
-                future.result(STOP_TIMEOUT_S)
-            except Exception:  # noqa: BLE001 - said by the coroutine itself
-                log.debug("opcua: a waited-for write failed", exc_info=True)
+        if not wait:
+            return None
+        try:
+            return future.result(STOP_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - said by the coroutine itself, or by the caller
+            if raise_errors:
+                raise
+            log.debug("opcua: a waited-for call failed", exc_info=True)
+            return None
 
     def stop(self) -> None:
         """Disconnect every endpoint and end the thread."""
@@ -215,21 +294,26 @@ class OpcUaSource:
         stopped; asyncua reconnects a lost connection and re-creates the subscription itself."""
         from asyncua import Client
 
+        from optimizer_pipeline.live.opcua_security import configure, permanent_failure
+
+        security = self.security(endpoint.url)
         delay = BACKOFF_S[0]
         while not self._stopping.is_set():
             client = Client(endpoint.url, timeout=CONNECT_TIMEOUT_S, watchdog_intervall=1.0, auto_reconnect=True,
                             reconnect_max_delay=BACKOFF_S[1])
             try:
+                await configure(client, security)  # may ask the server for its endpoints
                 await client.connect()
                 await self._subscribe(client, endpoint)
             except Exception as exc:  # noqa: BLE001 - any failure to reach the server is retried, said once
-                message = f"{type(exc).__name__}: {exc}".strip().rstrip(":")
+                refused = permanent_failure(exc, security)  # credentials or certificates: not a storm of retries
+                message = refused or f"opcua {endpoint.url}: cannot connect ({type(exc).__name__}: {exc}".strip() + \
+                    f"); retrying every {BACKOFF_S[1]:.0f} s at most"
                 if message != endpoint.error:
-                    log.warning("opcua %s: cannot connect (%s); retrying every %.0f s at most", endpoint.url,
-                                message, BACKOFF_S[1])
+                    log.warning("%s", message)
                 endpoint.error = message
                 await _quietly(client.disconnect())
-                if await _wait(self._stopping, delay):
+                if await _wait(self._stopping, BACKOFF_S[1] if refused else delay):
                     return
                 delay = min(BACKOFF_S[1], 2 * delay)
                 continue
@@ -376,10 +460,21 @@ def _as(kind, value):
     return int(round(float(value)))
 
 
-def _run_for(ledger: Ledger, spec: BindingSpec, grid_t: float) -> str:
-    """The run the samples continue: the binding's newest stored run, else a new one named after the time."""
+def _newest_stored(ledger: Ledger, spec: BindingSpec, grid_t: float) -> tuple[str, float | None]:
+    """The run the samples continue — the binding's newest stored run, else a new one named after the
+    time — and its newest sample time (None: a new run)."""
     newest = ledger.newest_run(spec.id)
-    return newest or f"opcua-{pd.Timestamp(grid_t, unit='s', tz='UTC'):%Y%m%dT%H%M%S}"
+    if newest is None:
+        return f"opcua-{pd.Timestamp(grid_t, unit='s', tz='UTC'):%Y%m%dT%H%M%S}", None
+    last = ledger.recent_samples(spec.id, spec.tags, run_id=newest, rows=1)
+    return newest, (float(last["timestamp"].iloc[-1]) if len(last) else None)
+
+
+def _seconds(moment) -> float:
+    """An OPC UA DateTime (asyncua: a datetime, naive meaning UTC) as seconds since the epoch."""
+    from datetime import timezone
+
+    return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp()
 
 
 async def _wait(event: asyncio.Event, seconds: float) -> bool:

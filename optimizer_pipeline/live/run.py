@@ -44,7 +44,8 @@ def _opcua(ledger: Ledger, settings: Settings, bindings: Sequence[str] | None,
         return [], []
     from optimizer_pipeline.live.opcua import AdvisoryWriter, OpcUaSource
 
-    source = OpcUaSource(specs, accept_uncertain=settings.opcua_accept_uncertain, takes=takes)
+    source = OpcUaSource(specs, accept_uncertain=settings.opcua_accept_uncertain, takes=takes,
+                         security=settings.opcua_security)
     return [source], [AdvisoryWriter(source)] if settings.opcua_write_advice else []
 
 

@@ -18,7 +18,7 @@ import math
 import signal
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable
 
@@ -150,8 +150,10 @@ class Simulation:
                 if self.apply_advice and (await status.read_value()).startswith(VERIFIED_STATUS):
                     self._follow([float(await advice[tag].read_value()) for tag in spec.mv_tags])
                 self._step(plant)
-                for tag, value in (self._values(plant, rng)).items():
-                    await measured[tag].write_value(ua.Variant(value, ua.VariantType.Double))
+                now = datetime.now(timezone.utc)  # the source time its history keeps
+                for tag, value in self._values(plant, rng).items():
+                    await measured[tag].write_value(ua.DataValue(ua.Variant(value, ua.VariantType.Double),
+                                                                 SourceTimestamp=now, ServerTimestamp=now))
                 next_t += self.period_s
 
     def _follow(self, advised: list[float]) -> None:
