@@ -249,7 +249,14 @@ def newest_sample(split: HistorySplit) -> list[Condition]:
         f"the plan would start from a state not measured")]
     if "live_tail_dropped" not in split.report:
         return found
-    behind = split.report["live_behind_s"]
+    behind, warming = split.report["live_behind_s"], split.report.get("live_warming_up")
+    if warming:  # the newest samples since a gap are fewer than the model's window
+        return found + [Condition(
+            "live state is the newest sample", f"warming up: {warming['samples']} of {warming['needed']} samples",
+            "within half a sample period", False,
+            f"warming up: {warming['samples']} of {warming['needed']} samples since "
+            f"{iso_from_seconds(warming['since'])} (after a gap, a live state needs the model's window; until then "
+            f"it is the one before the gap, {duration(behind)} older than the newest sample)")]
     return found + [Condition("live state is the newest sample", f"{duration(behind)} behind the newest sample",
                               "within half a sample period", not split.report["live_tail_dropped"],
                               f"the live state is {duration(behind)} older than the history's newest sample (the "

@@ -92,6 +92,7 @@ class World:
     gain_std: float | None = 0.125  # standard error of the steady gain (normalised); None: not recorded
     behind_newest_s: float | None = None  # live state behind the history's newest sample; None: not recorded
     missing_now: tuple[str, ...] | None = None  # MV / CV tags without a value in the newest sample; None: not recorded
+    warming: tuple[int, int] | None = None  # (samples since a gap, the model's window) when fewer
     # the CVs predicted at the plan's last step (y0's target is 0, range 200, band 1): the plan's and holding's
     planned_end: float = 0.0
     held_end: float = 12.0
@@ -139,6 +140,9 @@ def inputs(world: World):
         "live_behind_s": world.behind_newest_s, "live_tail_dropped": world.behind_newest_s > 0.5}
     if world.missing_now is not None:
         report["live_missing"] = list(world.missing_now)
+    if world.warming is not None:
+        report["live_warming_up"] = {"samples": world.warming[0], "needed": world.warming[1],
+                                     "since": NOW.timestamp() - world.warming[0]}
     split = HistorySplit((), (), (), live, NORMALISATION, report, "data-hash")
     calibrated_at = None if world.calibrated_before is None else iso_utc(NOW - world.calibrated_before)
     evidence = UQEvidence(**{**EVIDENCE, **world.evidence, "calibrated_at": calibrated_at})
@@ -277,6 +281,10 @@ MATRIX = [
          "cleaning)",)),
     Row("the newest sample snapped onto the grid", "live state is the newest sample",
         replace(BASE, behind_newest_s=0.5), VERIFIED),
+    Row("the newest samples since a gap fewer than the model's window", "live state is the newest sample",
+        replace(BASE, behind_newest_s=40.0, warming=(7, 25)), UNVERIFIED,
+        ("warming up: 7 of 25 samples since 2027-01-15T08:59:53+00:00 (after a gap, a live state needs the "
+         "model's window; until then it is the one before the gap, 40 s older than the newest sample)",)),
     # ---- the newest sample has every MV and CV (a missing one, or one its source refused as bad)
     Row("the newest sample without its CV", "newest sample has every MV and CV", replace(BASE, missing_now=("y0",)),
         UNVERIFIED, ("the newest sample has no value of y0 (missing, or refused as bad by its source): the plan "

@@ -88,7 +88,10 @@ def test_a_version_4_ledger_opens_keeps_its_recommendation_and_records_whatifs(t
     _SCHEMA_CHECKED.add(str(path.resolve()))  # ... with the on-open migration held back
     try:
         old.backend = DuckDBBackend(path)
-        old.upsert_binding(spec)
+        with old.backend.transaction() as tx:  # the binding as a v4 release stored it (no wiring table yet)
+            tx.execute("INSERT INTO bindings VALUES (?, now())", [spec.id])
+            tx.execute("INSERT INTO binding_revisions VALUES (?, 1, ?, ?, now())",
+                       [spec.id, spec.spec_hash, spec.canonical_json()])
         _, rec_id = solve(old)
         assert "whatif_runs" not in set(old.query("SELECT table_name FROM information_schema.tables")["table_name"])
     finally:

@@ -30,14 +30,18 @@ def prepare_history(frame: pd.DataFrame, binding: BindingSpec, seed: int = 0,
     reach the history's latest sample (its newest samples were dropped in cleaning, so "now" is
     older than the file says); report["live_behind_s"] is that lag (0 up to grid snapping) and
     report["live_tail_dropped"] whether it happened (None / False without a live run);
-    report["live_missing"] the MV and CV tags without a value in the newest sample (`newest_missing`).
+    report["live_missing"] the MV and CV tags without a value in the newest sample (`newest_missing`);
+    report["live_warming_up"] how far the newest samples are from a live state (`warming_up`).
     """
-    runs, cleaning = clean_runs(frame, binding, default_min_length(binding) if min_length is None else min_length)
+    need = default_min_length(binding) if min_length is None else min_length
+    runs, cleaning = clean_runs(frame, binding, need)
     split = split_runs(runs, binding, seed=seed)
     warnings = list(cleaning["warnings"]) + list(split.report["warnings"])
     tail = _live_tail(split.live, cleaning["latest_timestamp_s"], binding)
     return replace(split, report={**split.report, "warnings": warnings + tail.pop("warnings"), "cleaning": cleaning,
-                                  **tail, "live_missing": newest_missing(frame, binding)})
+                                  **tail, "live_missing": newest_missing(frame, binding),
+                                  "live_warming_up": warming_up(frame, binding, need) if tail["live_tail_dropped"]
+                                  else None})
 
 
 def with_live_run(split: HistorySplit, frame: pd.DataFrame, binding: BindingSpec,
@@ -45,10 +49,12 @@ def with_live_run(split: HistorySplit, frame: pd.DataFrame, binding: BindingSpec
     """`split` with its live run cleaned anew from `frame`, the live run's newest samples (validated,
     in time order, as from Ledger.recent_samples), as prepare_history cleans it (clean_newest_run: a
     run is cleaned on its own, the newest run's end kept): what a new sample changes of a split.
-    The live report (report["live"], "live_behind_s", "live_tail_dropped", "live_missing") is rebuilt; the train /
+    The live report (report["live"], "live_behind_s", "live_tail_dropped", "live_missing",
+    "live_warming_up") is rebuilt; the train /
     val / test runs, the normalisation and the data hash are the split's. None when cleaning leaves
     no piece of the run long enough (then prepare the whole history: its live run is an older one)."""
-    runs = clean_newest_run(frame, binding, default_min_length(binding) if min_length is None else min_length)
+    need = default_min_length(binding) if min_length is None else min_length
+    runs = clean_newest_run(frame, binding, need)
     if not runs:
         return None
     live = max(runs, key=lambda r: (float(r.t[-1]), r.run_id))
@@ -56,6 +62,7 @@ def with_live_run(split: HistorySplit, frame: pd.DataFrame, binding: BindingSpec
     base = [w for w in split.report.get("warnings", []) if "newest samples were dropped" not in w]
     report = {**split.report, "warnings": base + tail.pop("warnings"), **tail,
               "live_missing": newest_missing(frame, binding),
+              "live_warming_up": warming_up(frame, binding, need) if tail["live_tail_dropped"] else None,
               "live": {"run_id": live.run_id, "start_s": float(live.t[0]), "end_s": float(live.t[-1]),
                        "samples": len(live)},
               "runs": {**split.report.get("runs", {}), "live": [live.run_id]}}
@@ -69,6 +76,20 @@ def newest_missing(frame: pd.DataFrame, binding: BindingSpec) -> list[str]:
         return []
     newest = frame.loc[frame["timestamp"].idxmax()]
     return [tag for tag in binding.mv_tags + binding.cv_tags if pd.isna(newest[tag])]
+
+
+def warming_up(frame: pd.DataFrame, binding: BindingSpec, need: int) -> dict | None:
+    """When the newest run's last piece (after a gap cleaning cuts it at) holds fewer samples after
+    cleaning than the model's window `need`, it cannot be a live state yet (cleaning drops it):
+    {"samples": how many, "needed": need, "since": the piece's first time (s)}; else None."""
+    if frame.empty:
+        return None
+    newest = frame[frame["run_id"] == frame.loc[frame["timestamp"].idxmax(), "run_id"]].sort_values("timestamp")
+    pieces = clean_newest_run(newest, binding, 1)  # every piece, however short
+    if not pieces:
+        return None
+    piece = max(pieces, key=lambda run: float(run.t[-1]))
+    return {"samples": len(piece), "needed": int(need), "since": float(piece.t[0])} if len(piece) < need else None
 
 
 def _live_tail(live: RunSeries | None, latest: float, binding: BindingSpec) -> dict:
