@@ -206,6 +206,33 @@ def test_verified_advice_is_written_in_each_nodes_own_type_and_anything_else_wri
             source.stop()
 
 
+def test_a_status_whose_recommendation_lapses_says_expired_unless_a_newer_one_came():
+    from optimizer_pipeline.contracts import AdvisoryWiring, iso_from_seconds
+    from optimizer_pipeline.live.opcua import Advice, AdvisoryWriter
+
+    with PlantServer([*HEATER.tags, *ADVICE_TYPES], types=ADVICE_TYPES) as plant:
+        nodes = {tag: plant.node_id(tag) for tag in HEATER.tags}
+        spec = replace(_wired(plant.url), opcua=OpcUaWiring(plant.url, nodes, AdvisoryWiring(
+            {"q_heat": plant.node_id("q_heat.advice")}, plant.node_id("advice.status"))))
+        source = OpcUaSource([spec])
+        writer = AdvisoryWriter(source)
+        source.start()
+        try:
+            _until(lambda: _connected(source, plant.url))
+            soon = iso_from_seconds(time.time() + 1.0)
+            writer.write(Advice("heater-1", "verified", "rec-1", soon, {"q_heat": 101.0}))
+            later = iso_from_seconds(time.time() + 60.0)
+            writer.write(Advice("heater-1", "verified", "rec-2", later, {"q_heat": 102.0}))
+            time.sleep(1.5)  # rec-1's valid_until passed, but rec-2 is the one shown
+            assert plant.get("advice.status")[0].startswith("status=verified recommendation=rec-2")
+            lapsing = iso_from_seconds(time.time() + 1.0)
+            writer.write(Advice("heater-1", "verified", "rec-3", lapsing, {"q_heat": 103.0}))
+            _until(lambda: plant.get("advice.status")[0].startswith("status=expired recommendation=rec-3"))
+            assert plant.get("q_heat.advice")[0] == 103.0
+        finally:
+            source.stop()
+
+
 def test_a_write_that_fails_is_counted_and_does_not_raise(server, caplog):
     from optimizer_pipeline.contracts import AdvisoryWiring
     from optimizer_pipeline.live.opcua import AdvisoryWriter

@@ -234,6 +234,19 @@ class LiveRows:
                                                "ORDER BY ts DESC, run_id DESC LIMIT 1", [binding_id])
         return rows[0][0] if rows else None
 
+    def live_runs(self) -> dict[str, tuple[str, float, str]]:
+        """Every binding with samples: its live run (the run with the latest sample; ties: the larger run
+        id), that sample's time and the samples' source ('real' when any is real, else 'simulation'), in
+        one read (a sampling source starting on a thousand bindings)."""
+        with self.backend.connection() as conn:
+            _, rows = self.backend.fetch(conn, """
+                SELECT s.binding_id, max(s.run_id), max(s.ts), max(m.any_real)
+                FROM plant_samples s JOIN (
+                    SELECT binding_id, max(ts) AS ts, max(CASE WHEN source = 'real' THEN 1 ELSE 0 END) AS any_real
+                    FROM plant_samples GROUP BY binding_id) m ON s.binding_id = m.binding_id AND s.ts = m.ts
+                GROUP BY s.binding_id""")
+        return {b: (run_id, float(ts), "real" if real else "simulation") for b, run_id, ts, real in rows}
+
     # ------------------------------------------------------------------ publications
 
     @retried

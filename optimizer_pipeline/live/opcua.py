@@ -77,8 +77,7 @@ class _Endpoint:
     connected: bool = False
     up_since: float = math.inf  # when the connection came up (wall clock); samples are formed for later times
     error: str | None = None
-    history: bool = True  # whether the server may keep history (False once a HistoryRead failed)
-    said_no_history: bool = False  # a gap its history held nothing of was logged
+    history: bool = True  # whether the server may keep history (False once a HistoryRead failed or held nothing)
 
 
 class _Handler:
@@ -127,6 +126,8 @@ class OpcUaSource:
         self._next: dict[str, float] = {b: self._grid_after(b, self.clock()) for b in self.specs}
         self._runs: dict[str, str] = {}  # binding -> the run its samples continue
         self._last: dict[str, float | None] = {}  # binding -> its newest stored sample time
+        self._sources: dict[str, str] = {}  # binding -> the source its samples are stored as
+        self._stored: dict[str, tuple[str, float, str]] | None = None  # ledger.live_runs(), read once
         self.clients: dict[str, object] = {}  # endpoint -> its connected asyncua Client
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -161,7 +162,7 @@ class OpcUaSource:
             if row is None:  # its endpoint was down at the grid time: a gap, nothing invented
                 continue
             if binding_id not in self._runs:
-                self._runs[binding_id], self._last[binding_id] = _newest_stored(ledger, spec, grid_t)
+                self._continue(ledger, binding_id, grid_t)
             frame = pd.DataFrame([[grid_t, *row]], columns=["timestamp", *spec.tags])
             missed = self._backfill(spec, self._last[binding_id], grid_t)
             frame = pd.concat([missed, frame], ignore_index=True) if missed is not None else frame
@@ -172,10 +173,20 @@ class OpcUaSource:
             return {}
         by_source: dict[str, list] = {}
         for item in items:
-            by_source.setdefault(ledger.sample_source(item[0]) or EvidenceSource.REAL.value, []).append(item)
+            by_source.setdefault(self._sources[item[0]], []).append(item)
         for source, part in by_source.items():
             ledger.append_samples_many(part, source)
         return {binding_id: [frame] for binding_id, frame, _ in items}
+
+    def _continue(self, ledger: Ledger, binding_id: str, grid_t: float) -> None:
+        """What a binding's first samples continue: its live run and newest sample time, and the source
+        its samples are stored as ('real' unless its stored samples are all simulated); read for every
+        binding at once (ledger.live_runs) the first time one is needed."""
+        if self._stored is None:
+            self._stored = ledger.live_runs()
+        run_id, last_t, source = self._stored.pop(binding_id, (None, None, EvidenceSource.REAL.value))
+        self._runs[binding_id] = run_id or f"opcua-{pd.Timestamp(grid_t, unit='s', tz='UTC'):%Y%m%dT%H%M%S}"
+        self._last[binding_id], self._sources[binding_id] = last_t, source
 
     def _backfill(self, spec: BindingSpec, last_t: float | None, grid_t: float) -> pd.DataFrame | None:
         """The grid times between the binding's newest stored sample (`last_t`) and `grid_t`, at most
@@ -205,11 +216,10 @@ class OpcUaSource:
             columns[tag] = np.where(at >= 0, values[np.maximum(at, 0)] if len(values) else np.nan, np.nan)
         frame = pd.DataFrame({"timestamp": times, **columns})
         frame = frame[frame[list(spec.tags)].notna().any(axis=1)]
-        if frame.empty:
-            if not endpoint.said_no_history:
-                log.warning("opcua %s: the server's history holds nothing of the gap before t=%.3f; %s warms up from "
-                            "its live samples (said once per endpoint)", endpoint.url, grid_t, spec.id)
-            endpoint.said_no_history = True
+        if frame.empty:  # a server keeping no history of these nodes: not asked again
+            endpoint.history = False
+            log.warning("opcua %s: the server's history holds nothing of the gap before t=%.3f; %s warms up from "
+                        "its live samples (the server is not asked for history again)", endpoint.url, grid_t, spec.id)
             return None
         log.info("opcua %s: %s: %d of %d missed sample(s) filled from the server's history", endpoint.url, spec.id,
                  len(frame), len(times))
@@ -400,12 +410,15 @@ class Advice:
 class AdvisoryWriter:
     """The live service's Reporter that writes verified advice to the bindings' advisory nodes over
     `source`'s connections (opcua.write_advice). Writes are sent to the connections' thread and not
-    waited for: a slow or failing write never holds a solve; a failed one is logged and counted."""
+    waited for: a slow or failing write never holds a solve; a failed one is logged and counted. A
+    status node whose recommendation reaches its valid_until with no newer one written says
+    `status=expired`."""
 
     def __init__(self, source: OpcUaSource):
         self.source = source
         self.failures = 0
         self._types: dict[tuple[str, str], object] = {}  # (endpoint, node) -> its VariantType
+        self._latest: dict[str, str] = {}  # binding -> the recommendation its status node shows
 
     def report(self, published) -> None:
         for item in published:
@@ -419,7 +432,10 @@ class AdvisoryWriter:
                                                    for tag, value in advice.values.items()
                                                    if tag in spec.opcua.advisory.nodes}
         status = spec.opcua.advisory.status
+        self._latest[advice.binding_id] = advice.recommendation_id
         self.source.submit(self._write(spec.opcua.endpoint, values, status, advice.status_text()))
+        if status is not None:
+            self.source.submit(self._expire(advice, spec.opcua.endpoint, status))
 
     def offline(self) -> None:
         """Say "offline" on every status node (the service stops), waiting for the writes."""
@@ -427,6 +443,15 @@ class AdvisoryWriter:
             if spec.opcua.advisory is not None and spec.opcua.advisory.status is not None:
                 self.source.submit(self._write(spec.opcua.endpoint, {}, spec.opcua.advisory.status,
                                                "status=offline"), wait=True)
+
+    async def _expire(self, advice: Advice, url: str, status_node: str) -> None:
+        """At the advice's valid_until: `status=expired` when no newer recommendation was written since."""
+        from optimizer_pipeline.contracts import parse_iso_utc
+
+        await asyncio.sleep(max(0.0, parse_iso_utc(advice.valid_until).timestamp() - self.source.clock()))
+        if self._latest.get(advice.binding_id) == advice.recommendation_id:
+            await self._write(url, {}, status_node, f"status=expired recommendation={advice.recommendation_id} "
+                                                    f"valid_until={advice.valid_until}")
 
     async def _write(self, url: str, values: dict[str, float], status_node: str | None, status: str) -> None:
         from asyncua import ua
@@ -458,16 +483,6 @@ def _as(kind, value):
     if kind is ua.VariantType.Boolean:
         return bool(value)
     return int(round(float(value)))
-
-
-def _newest_stored(ledger: Ledger, spec: BindingSpec, grid_t: float) -> tuple[str, float | None]:
-    """The run the samples continue — the binding's newest stored run, else a new one named after the
-    time — and its newest sample time (None: a new run)."""
-    newest = ledger.newest_run(spec.id)
-    if newest is None:
-        return f"opcua-{pd.Timestamp(grid_t, unit='s', tz='UTC'):%Y%m%dT%H%M%S}", None
-    last = ledger.recent_samples(spec.id, spec.tags, run_id=newest, rows=1)
-    return newest, (float(last["timestamp"].iloc[-1]) if len(last) else None)
 
 
 def _seconds(moment) -> float:
