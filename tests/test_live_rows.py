@@ -200,3 +200,22 @@ def test_a_lease_is_taken_once_renewed_by_its_holder_and_free_again_when_release
     time.sleep(3.1)
     assert "b1" not in any_ledger.live_leases()
     assert any_ledger.live_lease("live-b", take=["b1"], keep=["b2", "b3"], release=[], ttl_s=60) == {"b1", "b2", "b3"}
+
+
+def test_live_runs_names_each_bindings_live_run_newest_sample_and_source_in_one_read(any_ledger, binding_doc):
+    from optimizer_pipeline.contracts import binding_from_dict
+
+    spec = binding_from_dict(binding_doc)
+    any_ledger.upsert_binding(spec)
+    other = binding_from_dict({**binding_doc, "id": "tanks-2"})
+    any_ledger.upsert_binding(other)
+
+    def rows(run_id, times):
+        return pd.DataFrame({"run_id": run_id, "timestamp": times, **{tag: 1.0 for tag in spec.tags}})
+
+    any_ledger.append_samples("tanks-1", rows("r1", [10.0, 20.0]), spec.tags, "simulation")
+    any_ledger.append_samples("tanks-1", rows("r2", [15.0, 30.0]), spec.tags, "real")
+    any_ledger.append_samples("tanks-2", rows("a", [5.0]), spec.tags, "simulation")
+    any_ledger.append_samples("tanks-2", rows("b", [5.0]), spec.tags, "simulation")  # a tie: the larger run id
+    assert any_ledger.live_runs() == {"tanks-1": ("r2", 30.0, "real"), "tanks-2": ("b", 5.0, "simulation")}
+    assert any_ledger.newest_run("tanks-2") == "b"
