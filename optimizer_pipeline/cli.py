@@ -26,7 +26,6 @@ DEMO_SEED = 1
 JOBS = ("refresh", "recalibrate", "solve")
 # Dagster's console logger silenced: the CLI prints its own summary or one error line; the full
 # log, tracebacks included, is in the run's event log (UI).
-CODE_LOCATION = ("-m", "optimizer_pipeline.definitions")
 QUIET_RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 
 
@@ -333,19 +332,18 @@ def cmd_demo(args: argparse.Namespace, home: Path) -> int:
 
 
 def cmd_ui(args: argparse.Namespace, home: Path) -> int:
-    """The Dagster webserver and daemon for the home, as `dagster dev` starts them (which Dagster 1.13
-    marks superseded by `dg dev`, a command for projects in its `dg` layout): two supervised trees."""
+    """The Dagster webserver and daemon for the home, as `dagster dev` starts them (Dagster 1.13 marks
+    it superseded by `dg dev`, for projects in its `dg` layout); the instance's storage is made first
+    (the two would race to make it)."""
+    from dagster import DagsterInstance
+
+    from optimizer_pipeline.deployment import daemon_command, webserver_command
     from optimizer_pipeline.supervise import run_supervised
 
     prepare_dagster_home(home)
-    url = f"http://{args.host}:{args.port}"
-    print(f"Dagster UI for home {home} at {url}  (Ctrl-C stops it)", flush=True)
-    return run_supervised([[sys.executable, "-m", "dagster_webserver", *CODE_LOCATION, "-h", args.host,
-                            "-p", str(args.port)], _daemon_command()], os.environ)
-
-
-def _daemon_command() -> list[str]:
-    return [str(Path(sys.executable).with_name("dagster-daemon")), "run", *CODE_LOCATION]
+    DagsterInstance.get().dispose()
+    print(f"Dagster UI for home {home} at http://{args.host}:{args.port}  (Ctrl-C stops it)", flush=True)
+    return run_supervised([webserver_command(args.host, args.port), daemon_command()], os.environ)
 
 
 def cmd_simulate(args: argparse.Namespace, home: Path) -> int:
@@ -364,11 +362,12 @@ def cmd_simulate(args: argparse.Namespace, home: Path) -> int:
 
 
 def cmd_daemon(args: argparse.Namespace, home: Path) -> int:
+    from optimizer_pipeline.deployment import daemon_command
     from optimizer_pipeline.supervise import run_supervised
 
     prepare_dagster_home(home)
     print(f"dagster-daemon for home {home} (queued runs, schedules, sensors, run monitoring)", flush=True)
-    return run_supervised([_daemon_command()], os.environ)
+    return run_supervised([daemon_command()], os.environ)
 
 
 def cmd_live(args: argparse.Namespace, home: Path) -> int:

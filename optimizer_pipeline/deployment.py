@@ -9,6 +9,7 @@ prefetch 1, late acks), run monitoring on (a run whose worker died ends failed),
 files (hosts share nothing but the servers). Telemetry and the first-visit dialog are always off.
 """
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import yaml
 
 from optimizer_pipeline.settings import Settings
 
+CODE_LOCATION = ("-m", "optimizer_pipeline.definitions")  # how the Dagster processes load this code location
 WORKER_ENV = "OPTIMIZER_WORKER_NAME"  # set by `optimizer-pipeline worker`: where a run ran (ledger runs' context)
 RUN_QUEUE = "dagster"  # the Celery queue of run tasks (a worker's default --queue)
 # run monitoring: how often the daemon asks a run's worker for its health, and how long a run may
@@ -79,3 +81,13 @@ def broker_problem(url: str, timeout_s: float = 3.0) -> str | None:
             return None
     except OSError as exc:
         return exc.strerror or type(exc).__name__
+
+
+def webserver_command(host: str, port: int) -> list[str]:
+    """dagster-webserver for the code location, as `ui` runs it (beside the daemon)."""
+    return [sys.executable, "-m", "dagster_webserver", *CODE_LOCATION, "-h", host, "-p", str(port)]
+
+
+def daemon_command() -> list[str]:
+    """dagster-daemon for the code location (queued runs, schedules, sensors, run monitoring)."""
+    return [str(Path(sys.executable).with_name("dagster-daemon")), "run", *CODE_LOCATION]

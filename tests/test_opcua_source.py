@@ -170,10 +170,13 @@ def test_an_unreachable_endpoint_is_said_once_and_the_others_keep_being_served(s
 ADVICE_TYPES = {"q_heat.advice": ua.VariantType.Float, "advice.status": ua.VariantType.String}
 
 
+VALID_UNTIL = "2099-12-06T04:00:00+00:00"
+
+
 def _advice(status: str, values: dict | None):
     from optimizer_pipeline.live.opcua import Advice
 
-    return Advice("heater-1", status, "rec-1", "2026-12-06T04:00:00+00:00", values)
+    return Advice("heater-1", status, "rec-1", VALID_UNTIL, values)
 
 
 def test_verified_advice_is_written_in_each_nodes_own_type_and_anything_else_writes_the_status_only():
@@ -193,8 +196,7 @@ def test_verified_advice_is_written_in_each_nodes_own_type_and_anything_else_wri
             writer.write(_advice("verified", {"q_heat": 108.25}))
             _until(lambda: plant.get("advice.status")[0].startswith("status=verified"))
             assert plant.get("q_heat.advice") == (108.25, ua.VariantType.Float)  # a Float node gets a Float
-            assert plant.get("advice.status")[0] == ("status=verified recommendation=rec-1 "
-                                                     "valid_until=2026-12-06T04:00:00+00:00")
+            assert plant.get("advice.status")[0] == f"status=verified recommendation=rec-1 valid_until={VALID_UNTIL}"
             writer.write(_advice("unverified", None))
             _until(lambda: plant.get("advice.status")[0].startswith("status=unverified"))
             assert plant.get("q_heat.advice")[0] == 108.25  # the advice stays as it was: not overwritten

@@ -37,7 +37,7 @@ def test_sigterm_to_ui_leaves_no_process_of_its_tree(tmp_path):
                 urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=2).read()
                 break
             except OSError:
-                assert proc.poll() is None, "ui exited before the webserver came up"
+                assert proc.poll() is None, f"ui exited before the webserver came up: {log.read_text()[-2000:]}"
                 assert time.monotonic() < deadline, "the UI did not come up within 180 s"
                 time.sleep(0.5)
         tree = _descendants(proc.pid)

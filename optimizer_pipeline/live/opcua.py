@@ -314,6 +314,7 @@ class OpcUaSource:
             try:
                 await configure(client, security)  # may ask the server for its endpoints
                 await client.connect()
+                self.clients[endpoint.url] = client  # before `connected`: advice may be written from then on
                 await self._subscribe(client, endpoint)
             except Exception as exc:  # noqa: BLE001 - any failure to reach the server is retried, said once
                 refused = permanent_failure(exc, security)  # credentials or certificates: not a storm of retries
@@ -322,6 +323,7 @@ class OpcUaSource:
                 if message != endpoint.error:
                     log.warning("%s", message)
                 endpoint.error = message
+                self.clients.pop(endpoint.url, None)
                 await _quietly(client.disconnect())
                 if await _wait(self._stopping, BACKOFF_S[1] if refused else delay):
                     return
@@ -329,7 +331,6 @@ class OpcUaSource:
                 continue
             endpoint.error, delay = None, BACKOFF_S[0]
             log.info("opcua %s: connected, %d node(s) monitored", endpoint.url, len(endpoint.periods))
-            self.clients[endpoint.url] = client
             try:
                 await self._follow(client, endpoint)
             finally:
@@ -434,7 +435,7 @@ class AdvisoryWriter:
         status = spec.opcua.advisory.status
         self._latest[advice.binding_id] = advice.recommendation_id
         self.source.submit(self._write(spec.opcua.endpoint, values, status, advice.status_text()))
-        if status is not None:
+        if status is not None and advice.values is not None:  # verified advice lapses
             self.source.submit(self._expire(advice, spec.opcua.endpoint, status))
 
     def offline(self) -> None:
