@@ -174,14 +174,14 @@ VALID_UNTIL = "2099-12-06T04:00:00+00:00"
 
 
 def _advice(status: str, values: dict | None):
-    from optimizer_pipeline.live.opcua import Advice
+    from optimizer_pipeline.live.advice import Advice
 
     return Advice("heater-1", status, "rec-1", VALID_UNTIL, values)
 
 
 def test_verified_advice_is_written_in_each_nodes_own_type_and_anything_else_writes_the_status_only():
     from optimizer_pipeline.contracts import AdvisoryWiring
-    from optimizer_pipeline.live.opcua import AdvisoryWriter
+    from optimizer_pipeline.live.advice import AdvisoryWriter
 
     with PlantServer([*HEATER.tags, *ADVICE_TYPES], types=ADVICE_TYPES) as plant:
         nodes = {tag: plant.node_id(tag) for tag in HEATER.tags}
@@ -210,7 +210,7 @@ def test_verified_advice_is_written_in_each_nodes_own_type_and_anything_else_wri
 
 def test_a_status_whose_recommendation_lapses_says_expired_unless_a_newer_one_came():
     from optimizer_pipeline.contracts import AdvisoryWiring, iso_from_seconds
-    from optimizer_pipeline.live.opcua import Advice, AdvisoryWriter
+    from optimizer_pipeline.live.advice import Advice, AdvisoryWriter
 
     with PlantServer([*HEATER.tags, *ADVICE_TYPES], types=ADVICE_TYPES) as plant:
         nodes = {tag: plant.node_id(tag) for tag in HEATER.tags}
@@ -237,7 +237,7 @@ def test_a_status_whose_recommendation_lapses_says_expired_unless_a_newer_one_ca
 
 def test_a_write_that_fails_is_counted_and_does_not_raise(server, caplog):
     from optimizer_pipeline.contracts import AdvisoryWiring
-    from optimizer_pipeline.live.opcua import AdvisoryWriter
+    from optimizer_pipeline.live.advice import AdvisoryWriter
 
     nodes = {tag: server.node_id(tag) for tag in HEATER.tags}
     spec = replace(_wired(server.url), opcua=OpcUaWiring(server.url, nodes, AdvisoryWiring(

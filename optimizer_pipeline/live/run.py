@@ -42,7 +42,8 @@ def _opcua(ledger: Ledger, settings: Settings, bindings: Sequence[str] | None,
              if stored.spec.opcua is not None and (bindings is None or stored.spec.id in bindings)]
     if not specs:
         return [], []
-    from optimizer_pipeline.live.opcua import AdvisoryWriter, OpcUaSource
+    from optimizer_pipeline.live.advice import AdvisoryWriter
+    from optimizer_pipeline.live.opcua import OpcUaSource
 
     source = OpcUaSource(specs, accept_uncertain=settings.opcua_accept_uncertain, takes=takes,
                          security=settings.opcua_security)
