@@ -14,7 +14,6 @@ Usage: .venv/bin/python bench/closed_loop_opcua.py [--plants tanks,heater,blend]
 import argparse
 import os
 import re
-import signal
 import socket
 import statistics
 import subprocess
@@ -26,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from closed_loop import stop_daemon
 from optimizer_pipeline.contracts import load_binding_file
 from optimizer_pipeline.ledger import Ledger
 from optimizer_pipeline.settings import ledger_path
@@ -46,15 +46,6 @@ def _env() -> dict:
 def _start(args, log: Path) -> subprocess.Popen:
     return subprocess.Popen([*CLI, *args], env=_env(), stdout=log.open("wb"), stderr=subprocess.STDOUT,
                             start_new_session=True)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def _error(values: np.ndarray, spec) -> float:
@@ -86,7 +77,7 @@ def run_plant(plant: str, speed: float, periods: int, tail: int, folder: Path) -
     finally:
         for proc in (live, simulator):
             if proc is not None:
-                _stop(proc)
+                stop_daemon(proc)  # SIGTERM, then kill: as for the daemon there
     samples = ledger.history_frame(spec.id, spec.tags)
     after = samples[samples["timestamp"] > started]
     closed = after[list(spec.cv_tags)].tail(tail).mean().to_numpy()

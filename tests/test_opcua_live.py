@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
 
 import pytest
 
@@ -78,37 +77,3 @@ def test_simulate_ingest_live_closes_the_loop_over_opcua(tmp_path):
     text = (tmp_path / "live.log").read_text()
     assert "opcua " + endpoint + ": connected" in text and "Traceback" not in text
 
-
-def test_after_a_server_restart_nothing_is_invented_for_the_gap_and_verified_advice_resumes(tmp_path):
-    port = free_port()
-    endpoint = f"opc.tcp://127.0.0.1:{port}/plant"
-    history, binding, home = tmp_path / "history.csv", tmp_path / "heater.yaml", tmp_path / "home"
-    logs = {name: (tmp_path / f"{name}.log").open("wb") for name in ("first", "second", "live")}
-    simulate = ["simulate", "heater", "--opcua", endpoint, "--speed", str(SPEED), "--apply-advice"]
-    first = _start(*simulate, "--history", str(history), "--binding", str(binding), log=logs["first"])
-    second = live = None
-    try:
-        _wait(lambda: "simulating heater-1" in (tmp_path / "first.log").read_text(), "the simulator")
-        assert cli(home, "ingest", str(binding), str(history), "--source", "simulation").returncode == 0
-        assert cli(home, "materialize", "heater-1").returncode == 0
-        (home / "settings.yaml").write_text("opcua: {write_advice: true}\n")
-        live = _start("--home", str(home), "live", log=logs["live"])
-        ledger = Ledger(ledger_path(home))
-        verified = ("SELECT count(*) AS n FROM live_publications WHERE binding_id = 'heater-1' AND status = 'verified'"
-                    " AND published_at > ?")
-        _wait(lambda: ledger.query(verified, [datetime(2000, 1, 1)])["n"].iloc[0] >= 3, "verified publications")
-        assert _stop(first) == 0  # the server goes away ...
-        down = time.time()
-        time.sleep(3.0)
-        up = time.time()
-        second = _start(*simulate, log=logs["second"])  # ... and comes back, its history lost with it
-        back = datetime.now(timezone.utc).replace(tzinfo=None)
-        _wait(lambda: ledger.query(verified, [back])["n"].iloc[0] >= 3, "verified publications after the restart")
-    finally:
-        codes = [_stop(p) for p in (live, second, first) if p is not None]
-    assert set(codes) == {0}, (tmp_path / "live.log").read_text()[-3000:]
-    times = Ledger(ledger_path(home)).history_frame("heater-1", ("q_heat", "t_out", "t_in"))["timestamp"]
-    period = 10.0 / SPEED
-    assert not times[(times > down + 2 * period) & (times < up - period)].size  # no sample invented for the gap
-    assert "warming up" in (tmp_path / "live.log").read_text() or "not a live state yet" in \
-        (tmp_path / "live.log").read_text()

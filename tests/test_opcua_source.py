@@ -6,6 +6,7 @@ ledger; an unreachable endpoint is said once and retried while the others serve.
 import logging
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import replace
 
 import numpy as np
@@ -53,6 +54,19 @@ def _connected(source: OpcUaSource, url: str) -> bool:
     return source.endpoints[url].connected
 
 
+@contextmanager
+def _serving(url: str, specs, **options):
+    """An OPC UA source of `specs` (`options` as OpcUaSource takes them), started and connected to `url`;
+    stopped after."""
+    source = OpcUaSource(specs, **options)
+    source.start()
+    try:
+        _until(lambda: _connected(source, url))
+        yield source
+    finally:
+        source.stop()
+
+
 @pytest.fixture
 def server():
     with PlantServer(HEATER.tags) as plant:
@@ -69,14 +83,9 @@ def ledger(tmp_path):
 def test_one_sample_per_period_on_the_grid_and_a_constant_value_keeps_giving_samples(server, ledger):
     spec = _wired(server.url)
     ledger.upsert_binding(spec)
-    source = OpcUaSource([spec])
-    source.start()
-    try:
-        _until(lambda: _connected(source, server.url))
+    with _serving(server.url, [spec]) as source:
         _until(lambda: source.sample(spec) == [100.0, 45.0, 15.0])
         frames = _drive(source, ledger, 6 * PERIOD_S)["heater-1"]
-    finally:
-        source.stop()
     rows = [frame.iloc[0] for frame in frames]
     times = [row["timestamp"] for row in rows]
     assert len(rows) >= 4 and all(len(frame) == 1 for frame in frames)
@@ -93,13 +102,8 @@ def test_samples_continue_the_bindings_newest_stored_run(server, ledger):
     history = get_plant("heater").history(1).frame
     ledger.ingest(spec, history, "real")
     newest = history.loc[history["timestamp"].idxmax(), "run_id"]
-    source = OpcUaSource([spec])
-    source.start()
-    try:
-        _until(lambda: _connected(source, server.url))
+    with _serving(server.url, [spec]) as source:
         frames = _drive(source, ledger, 3 * PERIOD_S)["heater-1"]
-    finally:
-        source.stop()
     assert {frame["run_id"].iloc[0] for frame in frames} == {newest}
 
 
@@ -108,18 +112,13 @@ def test_good_gives_the_value_uncertain_only_when_accepted_bad_and_unknown_nodes
     spec = _wired(server.url, nodes={"q_heat": "ns=2;s=q_heat", "t_out": "ns=2;s=t_out", "t_in": "ns=2;s=nowhere"})
     server.set("q_heat", 120.0, ua.StatusCodes.UncertainLastUsableValue)
     server.set("t_out", 47.0, ua.StatusCodes.BadSensorFailure)
-    source = OpcUaSource([spec], accept_uncertain=accept_uncertain)
-    source.start()
-    try:
-        _until(lambda: _connected(source, server.url))
+    with _serving(server.url, [spec], accept_uncertain=accept_uncertain) as source:
         time.sleep(3 * PERIOD_S)
         q_heat, t_out, t_in = source.sample(spec)
         assert math.isnan(t_out) and math.isnan(t_in)  # Bad, and a node the server does not have
         assert q_heat == 120.0 if accept_uncertain else math.isnan(q_heat)
         server.set("t_out", 48.0)  # Good again: the value at once
         _until(lambda: source.sample(spec)[1] == 48.0)
-    finally:
-        source.stop()
 
 
 def test_no_samples_while_the_server_is_down_and_samples_resume_when_it_is_back(ledger):
@@ -127,10 +126,7 @@ def test_no_samples_while_the_server_is_down_and_samples_resume_when_it_is_back(
     first = PlantServer(HEATER.tags, port=port).start()
     spec = _wired(first.url)
     ledger.upsert_binding(spec)
-    source = OpcUaSource([spec])
-    source.start()
-    try:
-        _until(lambda: _connected(source, first.url))
+    with _serving(first.url, [spec]) as source:
         before = _drive(source, ledger, 3 * PERIOD_S)["heater-1"]
         first.close()
         _until(lambda: not _connected(source, first.url))
@@ -143,8 +139,6 @@ def test_no_samples_while_the_server_is_down_and_samples_resume_when_it_is_back(
             up_at = time.time()
             _until(lambda: source.sample(spec)[1] == 52.0)
             after = _drive(source, ledger, 3 * PERIOD_S)["heater-1"]
-    finally:
-        source.stop()
     assert before and after
     times = list(ledger.history_frame("heater-1", HEATER.tags)["timestamp"])
     assert not [t for t in times if down_at + PERIOD_S < t < up_at - PERIOD_S], (down_at, up_at, times)  # a gap
@@ -154,14 +148,9 @@ def test_no_samples_while_the_server_is_down_and_samples_resume_when_it_is_back(
 def test_an_unreachable_endpoint_is_said_once_and_the_others_keep_being_served(server, ledger, caplog):
     dead = f"opc.tcp://127.0.0.1:{free_port()}/plant"
     good, lost = _wired(server.url), _wired(dead, binding_id="heater-2")
-    source = OpcUaSource([good, lost])
     caplog.set_level(logging.WARNING, logger="optimizer_pipeline.live.opcua")
-    source.start()
-    try:
-        _until(lambda: _connected(source, server.url))
+    with _serving(server.url, [good, lost]) as source:
         got = _drive(source, ledger, 4 * PERIOD_S)
-    finally:
-        source.stop()
     assert set(got) == {"heater-1"}
     said = [r.getMessage() for r in caplog.records if dead in r.getMessage()]
     assert len(said) == 1 and "cannot connect" in said[0], said
@@ -188,11 +177,8 @@ def test_verified_advice_is_written_in_each_nodes_own_type_and_anything_else_wri
         spec = replace(_wired(plant.url), opcua=OpcUaWiring(plant.url, nodes, AdvisoryWiring(
             {"q_heat": plant.node_id("q_heat.advice")}, plant.node_id("advice.status"))))
         plant.set("q_heat", 100.0)
-        source = OpcUaSource([spec])
-        writer = AdvisoryWriter(source)
-        source.start()
-        try:
-            _until(lambda: _connected(source, plant.url))
+        with _serving(plant.url, [spec]) as source:
+            writer = AdvisoryWriter(source)
             writer.write(_advice("verified", {"q_heat": 108.25}))
             _until(lambda: plant.get("advice.status")[0].startswith("status=verified"))
             assert plant.get("q_heat.advice") == (108.25, ua.VariantType.Float)  # a Float node gets a Float
@@ -204,8 +190,6 @@ def test_verified_advice_is_written_in_each_nodes_own_type_and_anything_else_wri
             writer.offline()
             assert plant.get("advice.status")[0] == "status=offline"
             assert writer.failures == 0
-        finally:
-            source.stop()
 
 
 def test_a_status_whose_recommendation_lapses_says_expired_unless_a_newer_one_came():
@@ -216,11 +200,8 @@ def test_a_status_whose_recommendation_lapses_says_expired_unless_a_newer_one_ca
         nodes = {tag: plant.node_id(tag) for tag in HEATER.tags}
         spec = replace(_wired(plant.url), opcua=OpcUaWiring(plant.url, nodes, AdvisoryWiring(
             {"q_heat": plant.node_id("q_heat.advice")}, plant.node_id("advice.status"))))
-        source = OpcUaSource([spec])
-        writer = AdvisoryWriter(source)
-        source.start()
-        try:
-            _until(lambda: _connected(source, plant.url))
+        with _serving(plant.url, [spec]) as source:
+            writer = AdvisoryWriter(source)
             soon = iso_from_seconds(time.time() + 1.0)
             writer.write(Advice("heater-1", "verified", "rec-1", soon, {"q_heat": 101.0}))
             later = iso_from_seconds(time.time() + 60.0)
@@ -231,8 +212,6 @@ def test_a_status_whose_recommendation_lapses_says_expired_unless_a_newer_one_ca
             writer.write(Advice("heater-1", "verified", "rec-3", lapsing, {"q_heat": 103.0}))
             _until(lambda: plant.get("advice.status")[0].startswith("status=expired recommendation=rec-3"))
             assert plant.get("q_heat.advice")[0] == 103.0
-        finally:
-            source.stop()
 
 
 def test_a_write_that_fails_is_counted_and_does_not_raise(server, caplog):
@@ -242,15 +221,10 @@ def test_a_write_that_fails_is_counted_and_does_not_raise(server, caplog):
     nodes = {tag: server.node_id(tag) for tag in HEATER.tags}
     spec = replace(_wired(server.url), opcua=OpcUaWiring(server.url, nodes, AdvisoryWiring(
         {"q_heat": "ns=2;s=not.there"})))
-    source = OpcUaSource([spec])
-    writer = AdvisoryWriter(source)
-    source.start()
-    try:
-        _until(lambda: _connected(source, server.url))
+    with _serving(server.url, [spec]) as source:
+        writer = AdvisoryWriter(source)
         writer.write(_advice("verified", {"q_heat": 1.0}))
         _until(lambda: writer.failures == 1)
-    finally:
-        source.stop()
     assert any("writing ns=2;s=not.there failed" in r.getMessage() for r in caplog.records)
 
 
@@ -268,13 +242,8 @@ def test_the_samples_missed_since_the_newest_stored_one_are_filled_from_the_serv
             plant.set("t_out", 40.0 + k)
             written.append((time.time(), 40.0 + k))
             time.sleep(PERIOD_S)
-        source = OpcUaSource([spec])
-        source.start()
-        try:
-            _until(lambda: _connected(source, plant.url))
+        with _serving(plant.url, [spec]) as source:
             frames = _drive(source, ledger, 2 * PERIOD_S)["heater-1"]
-        finally:
-            source.stop()
     first = frames[0]
     assert len(first) > 4 and (first["run_id"] == "r1").all()  # the run continues
     times = first["timestamp"].to_numpy()
@@ -291,13 +260,8 @@ def test_without_a_server_history_the_gap_stays_and_it_is_said_once(server, ledg
     start = math.floor(time.time() / PERIOD_S) * PERIOD_S - 5.0
     ledger.ingest(spec, pd.DataFrame({"run_id": "r1", "timestamp": [start], "q_heat": 90.0, "t_out": 39.0,
                                       "t_in": 15.0}), "real")
-    source = OpcUaSource([spec])
-    source.start()
-    try:
-        _until(lambda: _connected(source, server.url))
+    with _serving(server.url, [spec]) as source:
         frames = _drive(source, ledger, 3 * PERIOD_S)["heater-1"]
-    finally:
-        source.stop()
     assert all(len(frame) == 1 for frame in frames)  # the current sample only
     said = [r.getMessage() for r in caplog.records if "history" in r.getMessage() and "warms up" in r.getMessage()]
     assert len(said) == 1 and server.url in said[0]

@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 NAMESPACE = "urn:optimizer-pipeline:simulator"
 HISTORY_KEPT = timedelta(days=1)
 VERIFIED_STATUS = "status=verified"
+STOP_TIMEOUT_S = 5.0
 
 
 @dataclass
@@ -135,7 +136,8 @@ class Simulation:
         for node in (*advice.values(), status):
             await node.set_writable()
         await server.historize_node_data_change(list(measured.values()), period=HISTORY_KEPT)
-        async with server:
+        await server.start()
+        try:
             log.info("simulator %s at %s: one step per %.3g s (%g x real time)", spec.id, self.endpoint,
                      self.period_s, self.speed)
             if on_ready is not None:
@@ -155,6 +157,12 @@ class Simulation:
                     await measured[tag].write_value(ua.DataValue(ua.Variant(value, ua.VariantType.Double),
                                                                  SourceTimestamp=now, ServerTimestamp=now))
                 next_t += self.period_s
+        finally:  # asyncua's stop waits for its connections, and a client reconnecting keeps one open
+            try:
+                await asyncio.wait_for(server.stop(), STOP_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                log.warning("simulator %s: the server did not stop within %g s; leaving anyway", spec.id,
+                            STOP_TIMEOUT_S)
 
     def _follow(self, advised: list[float]) -> None:
         """Move the MVs toward the advice, at most max_move each, inside their limits."""
