@@ -10,7 +10,7 @@ that names what to run first.
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Callable, Sequence
 
@@ -39,7 +39,8 @@ from optimizer_pipeline.data import prepare_history, validate_history_frame
 from optimizer_pipeline.deployment import WORKER_ENV
 from optimizer_pipeline.ledger import Ledger, LedgerError, OutcomeRecord, new_id
 from optimizer_pipeline.model import current_state, identify
-from optimizer_pipeline.model.artifact import local_artifact, local_fitter
+from optimizer_pipeline.model.artifact import local_artifact, local_fitter, predicted_run
+from optimizer_pipeline.model.arx import Orders, disturbance_window
 from optimizer_pipeline.model.local import GLOBAL, LOCAL, LocalFitter, OperatingPoint, settle_limit, steady_procedure
 from optimizer_pipeline.model.select import finite_or_none
 from optimizer_pipeline.model.statespace import MAX_SETTLING_STEPS, settling_steps
@@ -234,19 +235,53 @@ def _by_tag(tags: Sequence[str], values: np.ndarray) -> dict[str, float | None]:
     return {tag: finite_or_none(v) for tag, v in zip(tags, np.asarray(values, float))}
 
 
-def newest_sample(split: HistorySplit) -> list[Condition]:
+def live_run(artifact: ModelArtifact, run: RunSeries, allowed: int) -> tuple[RunSeries, int]:
+    """The live state's run and how many of its newest rows had CV values missing: cleaning holds them in
+    place (RunSeries.newest_unmeasured); up to `allowed` (the setting live.predict_missing) are replaced
+    by the model's prediction (model.predicted_run), as commercial APC rides through a few bad reads;
+    more are cut, and the state is the newest measured one (`newest_sample` fails, naming them)."""
+    count = run.newest_unmeasured
+    if count == 0:
+        return run, 0
+    if count <= allowed:
+        return predicted_run(artifact, run), count
+    return run.first(len(run) - count), count
+
+
+def live_window(artifact: ModelArtifact, live: RunSeries, predicted: int) -> list[Condition]:
+    """Reported, never refused: the CV values the live state's disturbance fit left out (model.arx.state_and_bias)
+    among the rows it reads (the held disturbance's window and the state's lags), filled in by cleaning
+    across a short gap of missing or flagged samples; the newest, predicted ones are `newest_sample`'s."""
+    if live.unmeasured is None:
+        return []
+    rows = disturbance_window(artifact.state_space, artifact.horizon) + \
+        Orders(artifact.na, artifact.nb, artifact.delay).first_state_row + 1
+    window = live.unmeasured[max(len(live) - predicted - rows, 0):len(live) - predicted]
+    counts = [f"{tag}: {int(n)}" for tag, n in zip(artifact.cv_tags, window.sum(axis=0)) if n]
+    return [Condition("live window's CV samples measured", f"{', '.join(counts)} of {len(window)} filled in",
+                      "a value filled in is left out of the disturbance fit", True)] if counts else []
+
+
+def newest_sample(split: HistorySplit, predicted: int = 0, allowed: int = 0) -> list[Condition]:
     """The live state is the history's newest sample: when cleaning dropped the newest samples (e.g.
     the edge of a fast transient flagged by the outlier filter), the plan would start from an older
     state and an older MV, and its first move could break the rate limit from the MV the plant holds
     now (data.prepare_history's live_tail_dropped). And the newest sample has a value of every MV and
     CV (live_missing; one rule for a value missing from a file or refused by its source as bad: never
-    plan from a state not measured). Not judged for a split without those records."""
+    plan from a state not measured), or its missing CVs were predicted: `predicted` newest rows had CV
+    values missing, `allowed` of them may be predicted (`live_run`). Not judged for a split without
+    those records."""
     missing = split.report.get("live_missing")
+    cvs_only = bool(missing) and predicted > 0  # cleaning holds a newest row only where every MV and DV is there
+    rode = cvs_only and predicted <= allowed
+    rule = f"live.predict_missing allows {allowed} newest sample(s) predicted"
+    value = "all there" if not missing else f"no value of {', '.join(missing)}" + \
+        (f", predicted by the model ({predicted} of {allowed} allowed)" if rode else "")
     found = [] if missing is None else [Condition(
-        "newest sample has every MV and CV", "all there" if not missing else f"no value of {', '.join(missing)}",
-        "a value of every MV and CV", not missing,
-        f"the newest sample has no value of {', '.join(missing)} (missing, or refused as bad by its source): "
-        f"the plan would start from a state not measured")]
+        "newest sample has every MV and CV", value, f"a value of every MV and CV ({rule})", not missing or rode,
+        f"the newest sample has no value of {', '.join(missing or ())} (missing, or refused as bad by its source"
+        + (f"; {predicted} newest sample(s) of a CV missing, {rule}" if cvs_only else "")
+        + "): the plan would start from a state not measured")]
     if "live_tail_dropped" not in split.report:
         return found
     behind, warming = split.report["live_behind_s"], split.report.get("live_warming_up")
@@ -382,9 +417,10 @@ def solve_and_decide(binding: BindingSpec, stored: StoredBinding, artifact: Mode
     already (the live service, once per calibration: it scores the val / test runs, which new live
     samples do not change); `fitter`, likewise, the local refit's regression on the artifact's train
     runs (model.artifact.local_fitter), for an artifact whose steady procedure is local."""
-    live = split.live
-    if live is None:
+    if split.live is None:
         raise ValueError(f"binding {binding.id}: no live run in the history, so there is no current state")
+    live, predicted = live_run(artifact, split.live, settings.live_predict_missing)
+    split = replace(split, live=live)
     evidence = calibration.evidence
     band = np.asarray(evidence.qhat) if evidence.has_evidence else None
     settled, settled_conditions = settled_evidence(binding, artifact, split, settings, now) if settled is None \
@@ -430,7 +466,8 @@ def solve_and_decide(binding: BindingSpec, stored: StoredBinding, artifact: Mode
                   f"the binding is at revision {stored.revision}"),
         Condition("calibration of this model", calibration.artifact_hash[:12], artifact.artifact_hash[:12],
                   calibration.artifact_hash == artifact.artifact_hash, "calibration belongs to another model artifact"),
-        *score_rule_condition(evidence), *newest_sample(split), *settled_conditions, agrees]
+        *score_rule_condition(evidence), *newest_sample(split, predicted, settings.live_predict_missing),
+        *live_window(artifact, live, predicted), *settled_conditions, agrees]
     decision = decide(binding, stored.revision, artifact, problem, result, snapshot,
                       uq.band_engineering(evidence, artifact), settings.uq_max_input_distance, run_id, now,
                       extra_conditions=consistency, max_band_fraction=settings.uq_max_band_fraction,

@@ -106,6 +106,10 @@ class Settings:
     # reasons and advice kept in live_publications) unless that one is older than this (or than 0.9 x
     # the binding's valid_for_s): then it is written whole (optimizer_pipeline/ledger/live_rows.py)
     live_whole_every_s: float = 3600.0
+    # the newest samples of a CV that may be missing (or refused as bad by their source) and replaced by the
+    # model's prediction before a recommendation stops being verified (pipeline.live_run); cleaning holds a
+    # run's end for at most data.clean.MAX_GAP_SAMPLES of them, and cuts a longer stretch as a gap
+    live_predict_missing: int = 0
     ledger_url: str | None = None  # postgresql://... ; unset: the DuckDB file <home>/optimizer.duckdb
     dagster_postgres_url: str | None = None  # the Dagster instance's storage; unset: SQLite under <home>/dagster
     dagster_run_launcher: str = "in_process"  # in_process | celery
@@ -201,6 +205,7 @@ _SPEC: dict[str, tuple[str, Rule]] = {
     "live.max_age_s": ("live_max_age_s", number_rule(float, POSITIVE)),
     "live.report_interval_s": ("live_report_interval_s", number_rule(float, NON_NEGATIVE)),
     "live.whole_every_s": ("live_whole_every_s", number_rule(float, NON_NEGATIVE)),
+    "live.predict_missing": ("live_predict_missing", number_rule(int, Interval(0, 1000))),
     "ledger.url": ("ledger_url", Rule(_postgres_url, "a URL such as 'postgresql://user@host:5432/optimizer'")),
     "dagster.postgres_url": ("dagster_postgres_url",
                              Rule(_postgres_url, "a URL such as 'postgresql://user@host:5432/dagster'")),

@@ -139,6 +139,40 @@ def test_gap_of_three_samples_is_interpolated():
     assert (entry["action"], entry["interpolated"]) == ("kept", 6)  # 3 samples x 2 tags
 
 
+def test_cv_values_filled_in_are_marked_unmeasured_and_a_measured_run_has_no_mark():
+    """A spike removed and a gap interpolated are values cleaning made: marked in RunSeries.unmeasured
+    (CVs only; an MV's interpolated values are inputs, not fitted)."""
+    (clean,), _ = clean_runs(_run(), _binding(), min_length=10)
+    assert clean.unmeasured is None
+    frame = _run()
+    frame.loc[17, "y1"] = 40.0
+    frame.loc[[25, 26], ["v1", "y1"]] = np.nan
+    (series,), _ = clean_runs(frame, _binding(), min_length=10)
+    assert series.unmeasured.shape == (40, 1) and np.flatnonzero(series.unmeasured[:, 0]).tolist() == [17, 25, 26]
+
+
+@pytest.mark.parametrize("missing", [1, 2, 3])
+def test_the_newest_runs_last_missing_cv_values_are_held_and_marked_for_the_live_state(missing):
+    finished, newest = _run("r0"), _run("r1", t0=2000.0)
+    for frame in (finished, newest):
+        frame.loc[40 - missing:, "y1"] = np.nan
+    series, report = clean_runs(pd.concat([finished, newest]), _binding(), min_length=10)
+    assert [len(s) for s in series] == [40 - missing, 40]  # a finished run's end is cut as before
+    live = series[1]
+    np.testing.assert_array_equal(live.y[40 - missing:, 0], np.sin((39 - missing) / 6.0))  # a placeholder
+    assert live.newest_unmeasured == missing and live.unmeasured[:40 - missing].sum() == 0
+    assert (_entry(report, "r1")["action"], _entry(report, "r1")["held_newest"]) == ("kept", missing)
+
+
+@pytest.mark.parametrize("columns, rows", [(["y1"], 4), (["v1"], 1), (["v1", "y1"], 1), (["f1"], 1)])
+def test_the_newest_runs_end_is_cut_when_more_than_a_few_cv_values_or_an_input_are_missing(columns, rows):
+    frame = _run(dv=True)
+    frame.loc[40 - rows:, columns] = np.nan
+    (series,), report = clean_runs(frame, _binding(dvs=["f1"]), min_length=10)
+    assert len(series) == 40 - rows and series.unmeasured is None
+    assert _entry(report, "r1")["action"] == "trimmed" and _entry(report, "r1")["held_newest"] == 0
+
+
 def test_gap_of_four_samples_splits_the_run_with_the_reason():
     frame = _run().drop(index=[20, 21, 22, 23])
     series, report = clean_runs(frame, _binding(), min_length=10)

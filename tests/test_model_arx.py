@@ -6,11 +6,11 @@ from model_helpers import binding, excitation, run_series, simulate_arx, split_o
 
 from optimizer_pipeline.contracts import ContractError, ModelArtifact, Normalisation, RunSeries
 from optimizer_pipeline.model import ArxModel, Orders, artifact_from_model, current_state, identify, stack_for
-from optimizer_pipeline.model.arx import (disturbance_window, fit_disturbance, held_errors, rollout_windows, stack_runs,
-                                          window_rows)
+from optimizer_pipeline.model.arx import (disturbance_window, fit_disturbance, fit_disturbance_measured, held_errors,
+                                          rollout_windows, stack_runs, window_rows)
 from optimizer_pipeline.model.select import LONG_NB
 from optimizer_pipeline.model.artifact import (GAIN_JACKKNIFE, GAIN_OPERATING_RANGE, REFINE_SETTLING_CAP,
-                                               refine_horizon, steady_gain_record)
+                                               predicted_run, refine_horizon, steady_gain_record)
 from optimizer_pipeline.model.statespace import disturbance_step_gains
 
 # A stable 2x2 plant with one DV, na = nb = 2, delay = 2 (engineering units).
@@ -79,6 +79,38 @@ def test_the_disturbance_fitted_as_a_filter_of_one_step_residuals_equals_the_rol
     fitted = fit_disturbance(ss, stacked, model.orders, rows, window)
     assert rows.size > 30 and np.ptp(fitted) > 0.1
     np.testing.assert_allclose(fitted, np.array(expected), rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("na, nb, delay, n_dv", [(2, 3, 2, 1), (1, 1, 1, 0), (3, 2, 4, 2)])
+def test_the_disturbance_fitted_on_the_measured_values_alone_is_the_weighted_least_squares_of_the_rollout(
+        na, nb, delay, n_dv):
+    """fit_disturbance_measured against its definition: the window rolled out from its measured start
+    state, least squares of the held disturbance's step responses on the measured values only (rows of
+    np.linalg.lstsq dropped); every value measured, it is fit_disturbance; a value left out changes nothing
+    when it is changed."""
+    rng = np.random.default_rng(na * 100 + nb * 10 + delay + 7)
+    spec = binding(n_mv=2, n_cv=2, n_dv=n_dv, na=na, nb=nb, delay=delay, horizon=5)
+    model = ArxModel(Orders(na, nb, delay), A=0.3 / na * rng.normal(size=(na, 2, 2)), B=rng.normal(size=(nb, 2, 2)),
+                     D=rng.normal(size=(nb, 2, n_dv)), c=rng.normal(size=2))
+    run = RunSeries("r", np.arange(70.0), rng.normal(size=(70, 2)), rng.normal(size=(70, 2)),
+                    rng.normal(size=(70, n_dv)))
+    artifact = artifact_from_model(model, spec, 1, unit_normalisation(spec))
+    stacked, ss, window, row = stack_for(artifact, [run]), artifact.state_space, 17, 66
+    measured = np.ones((window, 2), bool)
+    everything = fit_disturbance_measured(ss, stacked, model.orders, row, window, measured)
+    np.testing.assert_allclose(everything, fit_disturbance(ss, stacked, model.orders, np.array([row]), window)[0],
+                               rtol=1e-9, atol=1e-12)
+    measured[[2, 3, 9], 0] = measured[[5, 16], 1] = False
+    predicted, observed = rollout_windows(ss, stacked, model.orders, np.array([row - window]), window)
+    gains = disturbance_step_gains(ss, window).reshape(-1, 2)[measured.ravel()]
+    expected = np.linalg.lstsq(gains, (observed[0] - predicted[0])[measured], rcond=None)[0]
+    fitted = fit_disturbance_measured(ss, stacked, model.orders, row, window, measured)
+    np.testing.assert_allclose(fitted, expected, rtol=1e-9, atol=1e-12)
+    assert np.abs(fitted - everything).max() > 1e-3  # (leaving values out matters)
+    changed = stack_for(artifact, [RunSeries("r", run.t, run.u, run.y + np.where(
+        np.pad(~measured, ((row - window + 1, 70 - row - 1), (0, 0))), 50.0, 0.0), run.d)])
+    np.testing.assert_allclose(fit_disturbance_measured(ss, changed, model.orders, row, window, measured), fitted,
+                               rtol=1e-9, atol=1e-12)
 
 
 def test_a_blocks_held_errors_do_not_depend_on_the_blocks_scored_with_it():
@@ -452,6 +484,38 @@ def test_current_state_recovers_a_held_disturbance_exactly_without_noise():
     artifact = artifact_from_model(ArxModel(Orders(2, 2, 2), A, B, D, c), spec, 1, norm)
     _, bias = current_state(artifact, runs[0])
     np.testing.assert_allclose(bias, raise_ / np.array([3.0, 0.5]), atol=1e-9)
+
+
+def test_the_live_states_missing_values_are_left_out_and_its_newest_ones_predicted_exactly_without_noise():
+    """The held disturbance test's plant (exact model, no noise): CV values cleaning filled in (wrong
+    here on purpose) are left out of the disturbance fit, which still finds the raise; the newest
+    two rows' missing CV values (held placeholders) are predicted as the plant gave them."""
+    spec = binding(n_dv=1, na=2, nb=2, delay=2, horizon=6)
+    rng = np.random.default_rng(8)
+    u, d = MEAN_U + excitation(rng, 1, 120, 2), MEAN_D + 0.5 * excitation(rng, 1, 120, 1, hold=20)
+    raise_ = np.array([0.3, -0.2])
+    y = simulate_arx(A_TRUE, B_TRUE, D_TRUE, C_TRUE + raise_, 2, u, d, np.zeros((1, 120, 2)),
+                     y_init=rng.normal(size=(1, 3, 2)))
+    truth = run_series("r", u, y, d)[0]
+    norm = Normalisation(spec.tags, (3.0, -1.0, 1.0, 2.0, 2.0), (2.0, 1.0, 3.0, 0.5, 1.5))
+    A, B, D, c = normalised_truth(norm, spec)
+    artifact = artifact_from_model(ArxModel(Orders(2, 2, 2), A, B, D, c), spec, 1, norm)
+    unmeasured = np.zeros((120, 2), bool)
+    unmeasured[[110, 111], 0] = unmeasured[[113], 1] = True  # filled in across gaps, in the fit's window
+    assert disturbance_window(artifact.state_space, spec.model.horizon) > 118 - 110
+    unmeasured[118, 1] = unmeasured[119, :] = True  # the newest: held
+    wrong = np.where(unmeasured, truth.y + 5.0, truth.y)
+    live = RunSeries("r", truth.t, truth.u, wrong, truth.d, unmeasured=unmeasured)
+    assert live.newest_unmeasured == 2 and live.first(118).newest_unmeasured == 0
+    _, bias = current_state(artifact, live.first(118))
+    np.testing.assert_allclose(bias, raise_ / np.array([3.0, 0.5]), atol=1e-9)
+    predicted = predicted_run(artifact, live)
+    np.testing.assert_allclose(predicted.y[118:], truth.y[118:], atol=1e-9)
+    np.testing.assert_array_equal(predicted.y[:118], wrong[:118])  # only the newest are replaced
+    assert predicted.unmeasured is live.unmeasured and predicted_run(artifact, truth) is truth
+    x0, bias = current_state(artifact, predicted)
+    np.testing.assert_allclose(bias, raise_ / np.array([3.0, 0.5]), atol=1e-9)
+    np.testing.assert_allclose(x0, current_state(artifact, truth)[0], atol=1e-9)
 
 
 def test_the_fitted_disturbance_reaches_the_settled_prediction_with_less_noise_than_the_mean_residual():

@@ -759,3 +759,18 @@ def test_each_refits_disturbance_is_its_own_weighted_one_step_mean_with_two_mvs_
     for i, k in enumerate(rows):
         mine = weighted_disturbance(ss[i], stacked, orders, int(k), window, centres[i], 0.7)
         np.testing.assert_allclose(got[i], mine, rtol=1e-10, atol=1e-12)
+    # CV values filled in (False in `measured`, of y[k - window + 1 .. k]) leave their residuals out of
+    # their CV's mean: by hand, each CV's weighted mean over its measured rows alone
+    measured = np.ones((window, ny), bool)
+    measured[[3, 4, 20], 0] = measured[[24], 1] = False
+    left_out = local_module.local_disturbances(ss, centres, 0.7, stacked, orders, rows, window, measured)
+    for i, k in enumerate(rows):
+        for a in range(ny):
+            kept = np.flatnonzero(measured[:, a])
+            rows_kept = np.arange(int(k) - window, int(k))[kept]
+            predicted, observed = rollout_windows(ss[i], stacked, orders, rows_kept, 1)
+            before = np.hstack([stacked.u[rows_kept], stacked.y[rows_kept]])
+            weights = np.exp(-0.5 * np.sum((before - centres[i]) ** 2, axis=1) / 0.7 ** 2)  # a shift cancels
+            mine = weights @ (observed - predicted)[:, 0, a] / weights.sum()
+            np.testing.assert_allclose(left_out[i, a], mine, rtol=1e-10, atol=1e-12)
+        assert np.abs(left_out[i] - got[i]).max() > 1e-6

@@ -9,6 +9,7 @@ from dagster import AssetKey, AssetRecordsFilter, instance_for_test
 
 from optimizer_pipeline import pipeline, uq
 from optimizer_pipeline.contracts import CandidateKind, Template, utc_now
+from optimizer_pipeline.data import prepare_history, validate_history_frame
 from optimizer_pipeline.model.artifact import current_state, local_artifact, local_fitter
 from optimizer_pipeline.model.local import REGION_FRACTION, OperatingPoint
 from optimizer_pipeline.plants import demo_plants
@@ -331,6 +332,46 @@ def test_solve_job_plans_from_the_newest_live_sample(demo):
     assert run_after.context["live_t"] == pytest.approx(later["timestamp"].iloc[-1])
     assert run_after.context["live_t"] > run_before.context["live_t"]
     assert after.model_artifact_hash == before.model_artifact_hash  # the model is reused, not refit
+
+
+def test_a_cv_missing_in_the_newest_sample_is_refused_or_predicted_as_the_setting_allows(demo):
+    """One rule for the newest sample: a CV without a value makes the plan unverified at once, naming the
+    tag and the setting; with live.predict_missing: 1 the model's prediction stands in for it (the plan
+    starts from it, the condition holds, saying so), close to the value the plant gave. CV values
+    cleaning filled in within the live window are reported beside the conditions."""
+    plant, stored = demo.plants["tanks-1"], demo.ledger.get_binding("tanks-1")
+    spec = plant.spec
+    frame = validate_history_frame(demo.ledger.history_frame(spec.id, spec.tags), spec, "test")
+    newest = frame["timestamp"].idxmax()
+    tag = spec.cv_tags[0]
+    given = float(frame.loc[newest, tag])
+    frame.loc[newest, tag] = np.nan
+    frame.loc[newest - 7, spec.cv_tags[1]] = np.nan  # filled in by cleaning, inside the live window
+    split = prepare_history(frame, spec)
+    artifact = pipeline.load_artifact(demo.ledger, stored)
+    calibration, cache = pipeline.load_calibration(demo.ledger, artifact), SolverCache()
+
+    def solved(allowed: int):
+        decided = pipeline.solve_and_decide(spec, stored, artifact, split, calibration,
+                                            lambda p: solve_problem(p, cache), Settings(live_predict_missing=allowed),
+                                            "simulation", utc_now(), outcomes=())
+        return decided.decision.recommendation, {c.name: c for c in decided.decision.conditions}
+
+    refused, conditions = solved(0)
+    assert refused.status.value == "unverified"
+    assert not conditions["newest sample has every MV and CV"].holds
+    assert (f"the newest sample has no value of {tag} (missing, or refused as bad by its source; 1 newest sample(s) "
+            f"of a CV missing, live.predict_missing allows 0 newest sample(s) predicted)") in refused.reasons[0]
+    assert refused.evidence["live_state"]["cvs"][tag] != pytest.approx(given)  # the state before it
+    rode, conditions = solved(1)
+    row = conditions["newest sample has every MV and CV"]
+    assert row.holds and row.value == f"no value of {tag}, predicted by the model (1 of 1 allowed)"
+    assert rode.status.value == "verified" and not rode.reasons
+    predicted = rode.evidence["live_state"]["cvs"][tag]
+    band = uq.band_engineering(calibration.evidence, artifact)[0]
+    assert predicted != given and abs(predicted - given) <= band
+    window = conditions["live window's CV samples measured"]
+    assert window.holds and window.value.startswith(f"{spec.cv_tags[1]}: 1 of ")
 
 
 def test_a_live_run_that_ended_eleven_months_ago_is_unverified_with_its_age(tmp_path):

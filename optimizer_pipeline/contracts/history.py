@@ -17,6 +17,9 @@ class RunSeries:
     Row k holds the samples at t[k]; u[k] is the MV value held from t[k] to t[k+1].
     source_run: the history's run this series is a piece of, when cleaning split that run at a gap
     (data/clean.py); "" for a whole run.
+    unmeasured: (n, n_cv) bool, the CV values cleaning filled in rather than measured: interpolated
+    across a short gap of missing or flagged samples, or, at the newest run's end, held in place of
+    missing values for the live state to predict (data/clean.py); None when every CV value was measured.
     """
 
     run_id: str
@@ -25,9 +28,24 @@ class RunSeries:
     y: np.ndarray
     d: np.ndarray
     source_run: str = ""
+    unmeasured: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.t.shape[0])
+
+    def first(self, n: int) -> "RunSeries":
+        """The run's first n rows (n >= 1)."""
+        unmeasured = None if self.unmeasured is None or not self.unmeasured[:n].any() else self.unmeasured[:n]
+        return RunSeries(self.run_id, self.t[:n], self.u[:n], self.y[:n], self.d[:n], self.source_run, unmeasured)
+
+    @property
+    def newest_unmeasured(self) -> int:
+        """How many of the run's last rows have a CV value cleaning filled in (the newest run's missing CV
+        values held for the live state, data/clean.py): 0 when its newest row is measured."""
+        if self.unmeasured is None:
+            return 0
+        measured = np.flatnonzero(~self.unmeasured.any(axis=1))
+        return len(self) - 1 - int(measured[-1]) if measured.size else len(self)
 
     @property
     def plant_run(self) -> str:

@@ -20,8 +20,13 @@ Per run, in this order:
 3. grid alignment: t_k = t0 + k * sample_period_s with t0 = the run's first timestamp; each sample
    goes to the nearest grid point and a grid point takes the mean of its samples;
 4. gaps (missing grid values of a tag) of at most MAX_GAP_SAMPLES are linearly interpolated;
-   grid points still missing a value (longer gaps, or gaps at the start / end of the run) are cut
-   out, which splits the run into pieces `<run_id>#1`, `<run_id>#2`, ... in time order;
+   in the newest run, up to MAX_GAP_SAMPLES grid points at its end missing CV values only (every MV
+   and DV there) hold the CVs' last values in their place, marked unmeasured for the live state to
+   predict or refuse (pipeline.live_run: the setting live.predict_missing); grid points still
+   missing a value (longer gaps, or gaps at the start / end of the run) are cut
+   out, which splits the run into pieces `<run_id>#1`, `<run_id>#2`, ... in time order. Every value
+   filled in is marked in the piece's RunSeries.unmeasured (CVs): a value cleaning made is not a
+   measurement, and the live state's disturbance fit leaves it out;
 5. pieces shorter than `min_length` samples are dropped.
 Every outlier, split, trim and drop is recorded in the JSON-able report.
 """
@@ -62,6 +67,7 @@ def clean_runs(frame: pd.DataFrame, binding: BindingSpec, min_length: int) -> tu
     tags = binding.tags
     hampel_tags = binding.cv_tags + binding.dv_tags
     hampel_columns = np.array([tag in hampel_tags for tag in tags])
+    cv_columns = np.array([tag in binding.cv_tags for tag in tags])
     period = float(binding.sample_period_s)
 
     starts = frame.groupby(RUN_ID, sort=False)[TIMESTAMP].transform("min")
@@ -75,11 +81,11 @@ def clean_runs(frame: pd.DataFrame, binding: BindingSpec, min_length: int) -> tu
     for run_id, run in ordered.groupby(RUN_ID, sort=False):
         pieces, entry, run_dropped = _clean_run(str(run_id), run[TIMESTAMP].to_numpy(float),
                                                 run[list(tags)].to_numpy(float), tags, hampel_columns,
-                                                period, min_length, keep_end=str(run_id) == newest)
+                                                cv_columns, period, min_length, keep_end=str(run_id) == newest)
         runs_report.append(entry)
         dropped.extend(run_dropped)
-        for name, t, values in pieces:
-            series.append(_run_series(name, t, values, binding, str(run_id) if name != str(run_id) else ""))
+        for name, t, values, filled in pieces:
+            series.append(_run_series(name, t, values, filled, binding, str(run_id) if name != str(run_id) else ""))
 
     report = {
         "runs": runs_report,
@@ -113,18 +119,20 @@ def clean_newest_run(frame: pd.DataFrame, binding: BindingSpec, min_length: int)
         return []
     tags = binding.tags
     hampel_columns = np.array([tag in binding.cv_tags + binding.dv_tags for tag in tags])
+    cv_columns = np.array([tag in binding.cv_tags for tag in tags])
     run_id = str(frame[RUN_ID].iloc[-1])
     pieces, _, _ = _clean_run(run_id, frame[TIMESTAMP].to_numpy(float), frame[list(tags)].to_numpy(float), tags,
-                              hampel_columns, float(binding.sample_period_s), min_length, keep_end=True)
-    return [_run_series(name, t, values, binding, run_id if name != run_id else "") for name, t, values in pieces]
+                              hampel_columns, cv_columns, float(binding.sample_period_s), min_length, keep_end=True)
+    return [_run_series(name, t, values, filled, binding, run_id if name != run_id else "")
+            for name, t, values, filled in pieces]
 
 
 def _clean_run(run_id: str, t: np.ndarray, values: np.ndarray, tags: tuple[str, ...], hampel_columns: np.ndarray,
-               period: float, min_length: int,
-               keep_end: bool = False) -> tuple[list[tuple[str, np.ndarray, np.ndarray]], dict, list[dict]]:
+               cv_columns: np.ndarray, period: float, min_length: int,
+               keep_end: bool = False) -> tuple[list[tuple[str, np.ndarray, np.ndarray, np.ndarray]], dict, list[dict]]:
     """One run: t (n,) seconds, values (n, n_tags); keep_end: the newest run, whose outliers ending it are
-    kept (module docstring). Returns the kept pieces (name, t, values), the run's report entry and its
-    dropped runs / pieces with reasons."""
+    kept and whose last CV values missing are held (module docstring). Returns the kept pieces (name, t,
+    values, the values filled in), the run's report entry and its dropped runs / pieces with reasons."""
     values = np.where(np.isfinite(values), values, np.nan)
     non_finite = int(np.isnan(values).sum())
     outliers = _hampel_outliers(values, keep_end) & hampel_columns
@@ -135,13 +143,16 @@ def _clean_run(run_id: str, t: np.ndarray, values: np.ndarray, tags: tuple[str, 
     # run costs no memory for its empty grid.
     k = np.floor((t - t[0]) / period + 0.5).astype(np.int64)
     segments = np.split(np.arange(t.size), np.flatnonzero(np.diff(k) > MAX_GAP_SAMPLES + 1) + 1)
-    spans, grid_samples, interpolated = [], 0, 0  # spans: (t, values, filled-with-NaN grid of the gap before)
+    spans, grid_samples, interpolated, held = [], 0, 0, 0  # spans: (t, values, the values filled in)
     for rows in segments:
         grid = _align(k[rows] - k[rows[0]], values[rows])
         filled, n_filled = _fill_short_gaps(grid)
+        if keep_end and rows[-1] == t.size - 1:
+            filled, n_held = _hold_newest(filled, cv_columns)
+            held += n_held
         t_grid = t[0] + period * (k[rows[0]] + np.arange(grid.shape[0]))
         starts, ends = _true_spans(~np.isnan(filled).any(axis=1))
-        spans += [(t_grid[a:b], filled[a:b]) for a, b in zip(starts.tolist(), ends.tolist())]
+        spans += [(t_grid[a:b], filled[a:b], np.isnan(grid[a:b])) for a, b in zip(starts.tolist(), ends.tolist())]
         grid_samples += grid.shape[0]
         interpolated += n_filled
 
@@ -149,7 +160,7 @@ def _clean_run(run_id: str, t: np.ndarray, values: np.ndarray, tags: tuple[str, 
                              "outliers": int(outliers.sum()),
                              "outliers_by_tag": {tag: int(n) for tag, n in zip(tags, outliers.sum(axis=0)) if n},
                              "non_finite": non_finite, "grid_samples": grid_samples,
-                             "interpolated": interpolated, "pieces": []}
+                             "interpolated": interpolated, "held_newest": held, "pieces": []}
     dropped: list[dict[str, Any]] = []
     if not spans:
         empty_tags = [tag for j, tag in enumerate(tags) if np.isnan(values[:, j]).all()]
@@ -161,13 +172,13 @@ def _clean_run(run_id: str, t: np.ndarray, values: np.ndarray, tags: tuple[str, 
 
     names = [run_id] if len(spans) == 1 else [f"{run_id}#{i}" for i in range(1, len(spans) + 1)]
     kept, notes = [], []
-    for name, (t_piece, piece) in zip(names, spans):
+    for name, (t_piece, piece, filled_in) in zip(names, spans):
         if t_piece.size < min_length:
             reason = f"{t_piece.size} samples after cleaning < min_length {min_length} (one model window)"
             dropped.append({"run_id": name, "reason": reason})
             notes.append(f"{name} dropped: {reason}")
             continue
-        kept.append((name, t_piece, piece))
+        kept.append((name, t_piece, piece, filled_in))
         entry["pieces"].append(name)
     entry["rows_out"] = int(sum(p[1].size for p in kept))
 
@@ -253,6 +264,23 @@ def _fill_short_gaps(grid: np.ndarray) -> tuple[np.ndarray, int]:
     return filled, int((np.isnan(grid) & ~np.isnan(filled)).sum())
 
 
+def _hold_newest(filled: np.ndarray, cv_columns: np.ndarray) -> tuple[np.ndarray, int]:
+    """The newest run's last grid points missing CV values only (at most MAX_GAP_SAMPLES, after a complete
+    point): each missing CV value holds the value of that complete point, a placeholder the live state
+    replaces with the model's prediction or refuses (module docstring). Returns (values, cells held)."""
+    missing = np.isnan(filled)
+    n, count = len(filled), 0
+    while count < min(MAX_GAP_SAMPLES, n - 1) and missing[n - 1 - count].any() \
+            and not missing[n - 1 - count, ~cv_columns].any():
+        count += 1
+    if count == 0 or missing[n - 1 - count].any():  # nothing missing, or more than a few points, or no base
+        return filled, 0
+    held = filled.copy()
+    tail = held[n - count:]
+    tail[missing[n - count:]] = np.broadcast_to(held[n - 1 - count], tail.shape)[missing[n - count:]]
+    return held, int(missing[n - count:].sum())
+
+
 def _true_spans(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Starts and (exclusive) ends of the stretches where mask is True."""
     edges = np.diff(np.concatenate(([0], mask.astype(np.int8), [0])))
@@ -276,11 +304,15 @@ def _first(items: list[str], sep: str, shown: int = 3) -> str:
     return sep.join(items[:shown]) + more
 
 
-def _run_series(name: str, t: np.ndarray, values: np.ndarray, binding: BindingSpec, source_run: str) -> RunSeries:
+def _run_series(name: str, t: np.ndarray, values: np.ndarray, filled_in: np.ndarray, binding: BindingSpec,
+                source_run: str) -> RunSeries:
     n_mv, n_cv = len(binding.mvs), len(binding.cvs)
     arrays = [np.ascontiguousarray(a, dtype=float) for a in
               (t, values[:, :n_mv], values[:, n_mv:n_mv + n_cv], values[:, n_mv + n_cv:])]
-    for a in arrays:
-        a.setflags(write=False)  # RunSeries is frozen; its arrays are shared by the splits
-    return RunSeries(name, *arrays, source_run=source_run)
+    unmeasured = np.ascontiguousarray(filled_in[:, n_mv:n_mv + n_cv]) if filled_in[:, n_mv:n_mv + n_cv].any() \
+        else None
+    for a in (*arrays, unmeasured):
+        if a is not None:
+            a.setflags(write=False)  # RunSeries is frozen; its arrays are shared by the splits
+    return RunSeries(name, *arrays, source_run=source_run, unmeasured=unmeasured)
 

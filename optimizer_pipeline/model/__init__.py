@@ -17,7 +17,7 @@ from optimizer_pipeline.model.statespace import rollout, steady_state
 
 _LAZY = {
     "artifact_from_model": "artifact", "arx_of": "artifact", "current_state": "artifact", "identify": "artifact",
-    "quality_gates": "artifact", "stack_for": "artifact",
+    "predicted_run": "artifact", "quality_gates": "artifact", "stack_for": "artifact",
     "ArxModel": "arx", "Orders": "arx", "Stacked": "arx", "rollout_windows": "arx", "stack_runs": "arx",
 }
 

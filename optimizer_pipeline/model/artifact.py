@@ -13,6 +13,7 @@ A gate that cannot be measured (no test / val runs, no window fits) fails with v
 
 import logging
 import time
+from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -20,7 +21,8 @@ import numpy as np
 from optimizer_pipeline.contracts import (BindingSpec, ContractError, Gate, HistorySplit, ModelArtifact, Normalisation,
                                           RunSeries, StateSpace)
 from optimizer_pipeline.model.arx import (ArxModel, Orders, Stacked, nrmse, rollout_nrmse, rollout_windows, stack_runs,
-                                          disturbance_window, state_and_bias, stride_for, window_rows)
+                                          disturbance_window, one_step_residuals, state_and_bias, stride_for,
+                                          window_rows)
 from optimizer_pipeline.model.fit import RidgeProblem, Structure, free_mask, refine_multistep
 from optimizer_pipeline.model.local import (BANDWIDTHS, GLOBAL, LOCAL, LocalFit, LocalFitter, OperatingPoint,
                                            bandwidth_of, best_bandwidth, local_disturbances, local_gains, local_paths,
@@ -408,10 +410,35 @@ def current_state(artifact: ModelArtifact, run: RunSeries,
     orders = Orders(artifact.na, artifact.nb, artifact.delay)
     stacked, ss = stack_for(artifact, [run]), artifact.state_space
     if refit_of is None:
-        return state_and_bias(ss, orders, stacked, artifact.horizon)
+        return state_and_bias(ss, orders, stacked, artifact.horizon, unmeasured=run.unmeasured)
     identified, point = refit_of
 
-    def weighted(rows: np.ndarray, window: int) -> np.ndarray:
-        return local_disturbances([ss], point.centre()[None], bandwidth_of(identified), stacked, orders, rows, window)
+    def weighted(rows: np.ndarray, window: int, measured: np.ndarray | None) -> np.ndarray:
+        return local_disturbances([ss], point.centre()[None], bandwidth_of(identified), stacked, orders, rows, window,
+                                  measured)
     return state_and_bias(ss, orders, stacked, artifact.horizon,
-                          disturbance_window(identified.state_space, identified.horizon), weighted)
+                          disturbance_window(identified.state_space, identified.horizon), weighted, run.unmeasured)
+
+
+def predicted_run(artifact: ModelArtifact, run: RunSeries) -> RunSeries:
+    """`run` with the CV values held in its last rows (RunSeries.newest_unmeasured: missing in the newest
+    samples) replaced, row by row, by the model's prediction: the one-step prediction from the state
+    before (the MVs and DVs of those rows are measured) plus the disturbance `current_state` holds at the
+    last measured row. The values stay marked unmeasured, so no later fit takes them for data. `run`
+    itself when nothing is held."""
+    count = run.newest_unmeasured
+    if count == 0:
+        return run
+    n, orders, ss = len(run), Orders(artifact.na, artifact.nb, artifact.delay), artifact.state_space
+    _, bias = current_state(artifact, run.first(n - count))
+    stacked = stack_for(artifact, [run])
+    stacked = replace(stacked, y=stacked.y.copy())
+    held = np.asarray(run.unmeasured, bool)
+    for row in range(n - count, n):
+        prediction = stacked.y[row] - one_step_residuals(ss, stacked, orders, row - 1, row)[0] + bias
+        stacked.y[row, held[row]] = prediction[held[row]]
+    y = run.y.copy()
+    tail = artifact.normalisation.engineering(artifact.cv_tags, stacked.y[n - count:])
+    y[n - count:][held[n - count:]] = tail[held[n - count:]]
+    y.setflags(write=False)
+    return replace(run, y=y)

@@ -337,16 +337,41 @@ def held_errors(ss: StateSpace, stacked: Stacked, orders: Orders, rows: np.ndarr
     first = int(rows.min()) - window
     residuals = one_step_residuals(ss, stacked, orders, first, int(rows.max()) + h)
     held = _filtered(disturbance_filter(ss, window), residuals, rows - window - first)
+    errors = _open_loop_errors(ss, orders, residuals, rows - first, h)
+    errors -= held @ disturbance_step_gains(ss, h).transpose(0, 2, 1)  # step j: held @ G_j'
+    return errors.transpose(1, 0, 2)
+
+
+def _open_loop_errors(ss: StateSpace, orders: Orders, residuals: np.ndarray, starts: np.ndarray,
+                      h: int) -> np.ndarray:
+    """(h, m, ny): per start s of `starts` (rows of `residuals`, the one-step residuals v), the error of the
+    open-loop rollout over h steps from the measured state at s: e[j] = sum_l A_l e[j - l] + v[s + j], with
+    A_l the blocks of C A that read y[t - l + 1] (`held_errors`)."""
     A, _, _, _, C = ss.arrays()
+    ny = C.shape[0]
     ar = (C @ A)[:, :orders.na * ny].reshape(ny, orders.na, ny).transpose(1, 0, 2)  # A_l, l = 1..na
-    errors, starts = np.empty((h, rows.size, ny)), rows - first
+    errors = np.empty((h, starts.size, ny))
     for j in range(h):
         step = np.take(residuals, starts + j, axis=0)
         for lag in range(1, min(orders.na, j) + 1):
             step += errors[j - lag] @ ar[lag - 1].T
         errors[j] = step
-    errors -= held @ disturbance_step_gains(ss, h).transpose(0, 2, 1)  # step j: held @ G_j'
-    return errors.transpose(1, 0, 2)
+    return errors
+
+
+def fit_disturbance_measured(ss: StateSpace, stacked: Stacked, orders: Orders, row: int, window: int,
+                             measured: np.ndarray) -> np.ndarray:
+    """(ny,): `fit_disturbance` at one global row k, with the CV values `measured` (window, ny: of y[k -
+    window + 1 .. k]) False left out: the weighted least squares of r_j = G_j e over the measured values
+    alone. r_j compares y[k - window + j] with a rollout from x[k - window] driven by the MVs / DVs, so a
+    value left out enters no other term (only the start state's lags, before the window). All True:
+    fit_disturbance's estimate."""
+    residuals = one_step_residuals(ss, stacked, orders, row - window, row)
+    errors = _open_loop_errors(ss, orders, residuals, np.array([0]), window)[:, 0]  # (window, ny): r_j
+    gains = disturbance_step_gains(ss, window)
+    weights = np.asarray(measured, float)
+    normal = np.einsum("jab,ja,jac->bc", gains, weights, gains)
+    return np.linalg.lstsq(normal, np.einsum("jab,ja,ja->b", gains, weights, errors), rcond=None)[0]
 
 
 def _filtered(weights: np.ndarray, residuals: np.ndarray, starts: np.ndarray) -> np.ndarray:
@@ -412,7 +437,8 @@ def disturbance_filter(ss: StateSpace, window: int) -> np.ndarray:
 
 def state_and_bias(ss: StateSpace, orders: Orders, stacked_run: Stacked, horizon: int,
                    window: int | None = None,
-                   estimate: Callable[[np.ndarray, int], np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+                   estimate: Callable[[np.ndarray, int, np.ndarray | None], np.ndarray] | None = None,
+                   unmeasured: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """x0 (nx,) at the run's last row and the held disturbance `bias` (ny,), normalised units.
 
     bias = `estimate(rows, W)` at the last row (`fit_disturbance` of `ss` unless given: a local refit
@@ -420,6 +446,8 @@ def state_and_bias(ss: StateSpace, orders: Orders, stacked_run: Stacked, horizon
     window defaulting to disturbance_window(ss, horizon) (a local model passes its artifact's,
     model/local.py), available = the rows before it with a measured state; zeros when there is none
     (logged). uq's block scores hold the same estimate, fitted over the full W rows before each block.
+    `unmeasured` (n, ny): the run's CV values cleaning filled in (RunSeries.unmeasured), left out of the
+    fit (`fit_disturbance_measured`; `estimate` gets the window's measured values, else None).
     """
     n = int(stacked_run.lengths[0])
     first = orders.first_state_row
@@ -432,5 +460,10 @@ def state_and_bias(ss: StateSpace, orders: Orders, stacked_run: Stacked, horizon
     if window <= 0:
         log.warning("run %s: no row with a one-step prediction; disturbance bias set to 0", stacked_run.run_ids[0])
         return x0, np.zeros(stacked_run.y.shape[1])
-    fit = estimate or (lambda rows, rows_before: fit_disturbance(ss, stacked_run, orders, rows, rows_before))
-    return x0, fit(np.array([n - 1]), window)[0]
+    measured = None if unmeasured is None else ~np.asarray(unmeasured, bool)[n - window:n]  # y[k - W + 1 .. k]
+    measured = None if measured is None or measured.all() else measured
+    if estimate is not None:
+        return x0, estimate(np.array([n - 1]), window, measured)[0]
+    if measured is not None:
+        return x0, fit_disturbance_measured(ss, stacked_run, orders, n - 1, window, measured)
+    return x0, fit_disturbance(ss, stacked_run, orders, np.array([n - 1]), window)[0]

@@ -288,7 +288,7 @@ def held_each(fits: Sequence[LocalFit], bandwidth: float, stacked: Stacked, orde
 
 
 def local_disturbances(models: Sequence[StateSpace], centres: np.ndarray, bandwidth: float, stacked: Stacked,
-                       orders: Orders, rows: np.ndarray, window: int) -> np.ndarray:
+                       orders: Orders, rows: np.ndarray, window: int, measured: np.ndarray | None = None) -> np.ndarray:
     """(m, ny): the disturbance each refit of `models`, centred at its row of `centres` (m, nu + ny), holds
     at its row k of `rows`: the mean of its one-step residuals (model.arx.one_step_residuals: y[t + 1]
     minus its prediction from the measured state x[t]) over the `window` rows t before k, each
@@ -301,14 +301,17 @@ def local_disturbances(models: Sequence[StateSpace], centres: np.ndarray, bandwi
     Not the identified model's multi-step fit (model.arx.fit_disturbance): a refit describes the plant
     near its operating point, and a rollout from far from it (a live run that moved there in its last
     samples) carries the refit's error there into every later row; a one-step residual depends on
-    its own row's measured state alone."""
+    its own row's measured state alone. `measured` (window, ny), of y[k - window + 1 .. k] for every row k:
+    a residual whose CV value was filled in by cleaning (False) is left out of its CV's mean."""
     starts = rows - window
     steps = starts[:, None] + np.arange(window)  # (m, window)
     residual = np.stack([one_step_residuals(ss, stacked, orders, int(start), int(start) + window)
                          for ss, start in zip(models, starts)])  # (m, window, ny)
     before = np.concatenate([stacked.u[steps], stacked.y[steps]], axis=2)  # (m, window, nu + ny)
-    weights = kernel(np.sum((before - centres[:, None]) ** 2, axis=2), bandwidth)
-    return np.einsum("mj,mja->ma", weights, residual) / weights.sum(axis=1)[:, None]
+    weights = kernel(np.sum((before - centres[:, None]) ** 2, axis=2), bandwidth)[..., None]  # (m, window, 1)
+    if measured is not None:
+        weights = weights * np.asarray(measured, float)
+    return np.einsum("mja,mja->ma", weights, residual) / weights.sum(axis=1)
 
 
 def local_gains(refits: Sequence[ArxModel], ny: int, nv: int) -> np.ndarray:
