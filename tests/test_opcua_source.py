@@ -204,8 +204,10 @@ def test_a_status_whose_recommendation_lapses_says_expired_unless_a_newer_one_ca
             writer = AdvisoryWriter(source)
             soon = iso_from_seconds(time.time() + 1.0)
             writer.write(Advice("heater-1", "verified", "rec-1", soon, {"q_heat": 101.0}))
+            waiting = writer._lapse["heater-1"]
             later = iso_from_seconds(time.time() + 60.0)
             writer.write(Advice("heater-1", "verified", "rec-2", later, {"q_heat": 102.0}))
+            _until(waiting.cancelled)  # one lapse waits per binding, not one per publication
             time.sleep(1.5)  # rec-1's valid_until passed, but rec-2 is the one shown
             assert plant.get("advice.status")[0].startswith("status=verified recommendation=rec-2")
             lapsing = iso_from_seconds(time.time() + 1.0)

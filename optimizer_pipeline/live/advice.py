@@ -6,6 +6,7 @@ OPC UA"). The writes use the OPC UA source's connections (live/opcua.py) and nev
 
 import asyncio
 import logging
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 from optimizer_pipeline.contracts import Recommendation, RecommendationStatus, Template
@@ -50,6 +51,7 @@ class AdvisoryWriter:
         self.failures = 0
         self._types: dict[tuple[str, str], object] = {}  # (endpoint, node) -> its VariantType
         self._latest: dict[str, str] = {}  # binding -> the recommendation its status node shows
+        self._lapse: dict[str, Future] = {}  # binding -> its verified advice waiting to lapse (`_expire`)
 
     def report(self, published) -> None:
         for item in published:
@@ -65,8 +67,13 @@ class AdvisoryWriter:
         status = spec.opcua.advisory.status
         self._latest[advice.binding_id] = advice.recommendation_id
         self.source.submit(self._write(spec.opcua.endpoint, values, status, advice.status_text()))
+        waiting = self._lapse.pop(advice.binding_id, None)
+        if waiting is not None:  # a newer recommendation: the older one's status no longer lapses
+            waiting.cancel()
         if status is not None and advice.values is not None:  # verified advice lapses
-            self.source.submit(self._expire(advice, spec.opcua.endpoint, status))
+            lapse = self.source.submit(self._expire(advice, spec.opcua.endpoint, status))
+            if lapse is not None:
+                self._lapse[advice.binding_id] = lapse
 
     def offline(self) -> None:
         """Say "offline" on every status node (the service stops), waiting for the writes."""

@@ -40,6 +40,29 @@ CONNECT_TIMEOUT_S = 4.0
 BACKOFF_S = (1.0, 60.0)  # reconnect / first-connect retries: from, doubling up to
 STOP_TIMEOUT_S = 10.0
 MAX_BACKFILL = 2000  # missed grid samples filled from a server's history after a gap (the live window's length)
+# asyncua's session logs each failed PublishRequest with its traceback at ERROR, once a second while a
+# connection is down and once more as the reconnected server refuses the old session's request
+PUBLISH_LOGGER = "asyncua.client.ua_session.UaSession"
+
+
+class _LostConnectionOnce(logging.Filter):
+    """asyncua's traceback of a failed PublishRequest (it retries in 1 s): dropped while the connection is
+    down (a ConnectionError: `_follow` says the loss once), else one WARNING line naming the error."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not (record.exc_info and str(record.msg).startswith("Publish iteration crashed")):
+            return True
+        error = record.exc_info[1]
+        if isinstance(error, ConnectionError):
+            return False
+        record.msg, record.args = "opcua: a PublishRequest failed (%s: %s); asyncua retries it in 1 s", \
+            (type(error).__name__, error)
+        record.exc_info, record.exc_text = None, None
+        record.levelno, record.levelname = logging.WARNING, logging.getLevelName(logging.WARNING)
+        return True
+
+
+_LOST_CONNECTION_ONCE = _LostConnectionOnce()
 
 
 @dataclass
@@ -263,7 +286,13 @@ class OpcUaSource:
             self._stopping = asyncio.Event()
             started.set()
             self._loop.run_until_complete(self._serve_all())
+            pending = asyncio.all_tasks(self._loop)  # e.g. advice waiting to lapse: ended, not left pending
+            for task in pending:
+                task.cancel()
+            self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             self._loop.close()
+
+        logging.getLogger(PUBLISH_LOGGER).addFilter(_LOST_CONNECTION_ONCE)  # once: the same filter
 
         self._thread = threading.Thread(target=main, name="opcua", daemon=True)
         self._thread.start()
@@ -271,7 +300,8 @@ class OpcUaSource:
 
     def submit(self, coroutine, wait: bool = False, raise_errors: bool = False):
         """Run `coroutine` on the connections' thread; `wait`: until it is done (STOP_TIMEOUT_S at most)
-        and return its result (its error raised with `raise_errors`, else logged at debug level)."""
+        and return its result (its error raised with `raise_errors`, else logged at debug level); else its
+        concurrent Future (cancel() cancels it), None when the connections are not running."""
         if self._loop is None or self._thread is None:
             coroutine.close()
             if raise_errors:
@@ -279,7 +309,7 @@ class OpcUaSource:
             return None
         future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
         if not wait:
-            return None
+            return future
         try:
             return future.result(STOP_TIMEOUT_S)
         except Exception:  # noqa: BLE001 - said by the coroutine itself, or by the caller

@@ -132,13 +132,15 @@ def load(ledger: Ledger, binding_id: str, fingerprint: Fingerprint, settings: Se
 def resolve(served: Served, split: HistorySplit, solve: Callable[[ProblemIR], SolveResult], settings: Settings,
             now: datetime) -> tuple[Publication, pipeline.Solved]:
     """Re-solve the binding from `split`'s live state and decide (pipeline.solve_and_decide), ready to
-    publish under its key (binding, revision, calibration, newest sample time), and the solve itself.
-    Writes nothing."""
+    publish under its key (binding, revision, calibration, newest sample time: the window's newest the
+    solve covers, `solved_t`, which is not the live state's time while the samples since a gap warm up),
+    and the solve itself. Writes nothing."""
     solved = pipeline.solve_and_decide(served.stored.spec, served.stored, served.artifact, split, served.calibration,
                                        solve, settings, served.source, now, outcomes=served.outcomes,
                                        settled=served.settled, fitter=served.fitter)
     record = pipeline.solve_record(solved, served.artifact)
     publication = Publication(binding_id=served.binding_id, binding_revision=served.stored.revision,
-                              calibration_id=served.calibration.calibration_id, live_t=float(split.live.t[-1]),
+                              calibration_id=served.calibration.calibration_id,
+                              live_t=float(split.live.t[-1]) if served.solved_t is None else served.solved_t,
                               **record)
     return publication, solved

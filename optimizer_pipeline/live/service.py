@@ -321,14 +321,8 @@ class LiveService:
     def _log(self, item: Published) -> None:
         rec = item.solved.decision.recommendation
         if item.run_id is None:
-            live_t, newest = float(item.split.live.t[-1]), item.served.newest_t
-            if newest is not None and newest - live_t > item.served.stored.spec.sample_period_s / 2:
-                log.info("binding %s: the newest samples (to t=%.3f) are not a live state yet (since a gap, fewer than "
-                         "the model's window); its live state at t=%.3f is published already", item.served.binding_id,
-                         newest, live_t)
-            else:
-                log.info("binding %s: samples up to t=%.3f already published by another service",
-                         item.served.binding_id, live_t)
+            log.info("binding %s: samples up to t=%.3f already published by another service", item.served.binding_id,
+                     item.served.solved_t)
             return
         self.published += 1
         log.info("binding %s: %s %s%s, latency %.0f ms%s", item.served.binding_id, rec.id, rec.status.value,
