@@ -289,7 +289,8 @@ class OpcUaSource:
             pending = asyncio.all_tasks(self._loop)  # e.g. advice waiting to lapse: ended, not left pending
             for task in pending:
                 task.cancel()
-            self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            if pending:
+                self._loop.run_until_complete(asyncio.wait(pending))
             self._loop.close()
 
         logging.getLogger(PUBLISH_LOGGER).addFilter(_LOST_CONNECTION_ONCE)  # once: the same filter
