@@ -8,6 +8,7 @@ from optimizer_pipeline.contracts import ContractError, ModelArtifact, Normalisa
 from optimizer_pipeline.model import ArxModel, Orders, artifact_from_model, current_state, identify, stack_for
 from optimizer_pipeline.model.arx import (disturbance_window, fit_disturbance, fit_disturbance_measured, held_errors,
                                           rollout_windows, stack_runs, window_rows)
+from optimizer_pipeline.model.fit import Structure
 from optimizer_pipeline.model.select import LONG_NB
 from optimizer_pipeline.model.artifact import (GAIN_JACKKNIFE, GAIN_OPERATING_RANGE, REFINE_SETTLING_CAP,
                                                predicted_run, refine_horizon, steady_gain_record)
@@ -735,6 +736,55 @@ def test_the_pieces_of_a_run_are_one_run_for_the_jackknife_and_gate_g4():
     g4 = quality_gates(problem.fit(orders, 1e-3), stacked(pieces), stacked(whole[1:]), stacked(whole[1:]), 5,
                        10_000)[-1]
     assert g4.name == "G4" and not g4.passed and "(train runs: 1)" in g4.description
+
+
+def test_a_fits_effective_parameters_are_the_trace_of_its_ridge_hat_matrix():
+    """RidgeProblem.effective_params against the hat matrix built by hand for y[t] = a y[t-1] + b u[t-1] + c
+    (regressors [y[t-1], u[t-1], 1], the intercept not shrunk): tr(Phi (Phi'Phi + n R)^-1 Phi'); without
+    a ridge, the 3 coefficients; the more ridge, the fewer."""
+    from optimizer_pipeline.model.arx import stack_runs
+    from optimizer_pipeline.model.fit import RidgeProblem
+
+    rng = np.random.default_rng(3)
+    u = excitation(rng, 3, 80, 1)
+    y = simulate_arx(np.array([[[0.8]]]), np.array([[[0.5]]]), np.zeros((1, 1, 0)), np.zeros(1), 1, u,
+                     np.zeros((3, 80, 0)), 0.1 * rng.normal(size=(3, 80, 1)))
+    spec = binding(n_mv=1, n_cv=1, na=1, nb=1, delay=1)
+    runs = run_series("r", u, y, np.zeros((3, 80, 0)))
+    problem = RidgeProblem(stack_runs(runs, unit_normalisation(spec), spec.mv_tags, spec.cv_tags, spec.dv_tags), 1, 1)
+    structure = Structure.common(Orders(1, 1, 1), 1, 1)
+    phi = np.concatenate([np.column_stack([r.y[:-1, 0], r.u[:-1, 0], np.ones(79)]) for r in runs])
+    assert problem.n_rows == len(phi)
+    for ridge in (1e-3, 0.05, 0.5):
+        hat = phi @ np.linalg.solve(phi.T @ phi + len(phi) * np.diag([ridge, ridge, 0.0]), phi.T)
+        assert problem.effective_params(structure, ridge) == pytest.approx(np.trace(hat), rel=1e-9)
+    assert problem.effective_params(structure, 0.0) == pytest.approx(3.0, rel=1e-9)
+    assert 1.0 < problem.effective_params(structure, 0.5) < problem.effective_params(structure, 0.05) < 3.0
+
+
+@pytest.mark.parametrize("phi", [0.0, 0.6])
+def test_gate_g4_counts_the_rows_as_independent_as_the_residuals_are(phi):
+    """An exact model whose equation errors are AR(1) with coefficient phi: the residuals' lag-1
+    correlation is phi (within sampling error), and G4 counts n (1 - phi) / (1 + phi) independent rows: enough
+    for 150 effective parameters with white errors, not with these correlated ones."""
+    from optimizer_pipeline.model.artifact import G4_ROWS_PER_PARAM, quality_gates, residual_correlation
+
+    rng = np.random.default_rng(11)
+    u, white = excitation(rng, 6, 400, 1), 0.1 * rng.normal(size=(6, 400, 1))
+    noise = white.copy()
+    for t in range(1, 400):
+        noise[:, t] = phi * noise[:, t - 1] + white[:, t]
+    y = simulate_arx(np.array([[[0.8]]]), np.array([[[0.5]]]), np.zeros((1, 1, 0)), np.zeros(1), 1, u,
+                     np.zeros((6, 400, 0)), noise)
+    spec = binding(n_mv=1, n_cv=1, na=1, nb=1, delay=1)
+    train = stack_runs(run_series("r", u, y, np.zeros((6, 400, 0))), unit_normalisation(spec), spec.mv_tags,
+                       spec.cv_tags, spec.dv_tags)
+    exact = ArxModel(Orders(1, 1, 1), np.array([[[0.8]]]), np.array([[[0.5]]]), np.zeros((1, 1, 0)), np.zeros(1))
+    rho = residual_correlation(exact, train)
+    assert rho == pytest.approx(phi, abs=0.05)
+    g4 = quality_gates(exact, train, train, train, 5, 2394, 150.0)[-1]  # 150 effective parameters, say
+    assert g4.value == pytest.approx(2394 * (1 - rho) / (1 + rho)) and g4.threshold == G4_ROWS_PER_PARAM * 150.0
+    assert g4.passed is (phi == 0.0)  # 2394 rows hold 150 x 5; a quarter of them do not
 
 
 def wood_berry_like_runs(seed: int):

@@ -7,8 +7,17 @@ Gate rules (values are worst-CV NRMSE = RMSE / std of the measured CV, normalise
   G1 one-step NRMSE on the test runs        <= G1_MAX
   G2 P-step open-loop rollout NRMSE on test <= G2_MAX   (residuals of all steps 1..P of every window)
   G3 |G2(test) - G2(val)| / G2(val)         <= G3_MAX   (val and test must agree: no overfit to val)
-  G4 train rows used by the regression      >= G4_ROWS_PER_PARAM * n_params, and >= G4_MIN_RUNS train runs
+  G4 independent train rows                 >= G4_ROWS_PER_PARAM * effective parameters, and >= G4_MIN_RUNS
+                                               train runs
 A gate that cannot be measured (no test / val runs, no window fits) fails with value None and says why.
+
+G4 weighs what the data must pin down against the information they hold (docs/ARCHITECTURE.md, "Model
+gates", where the threshold comes from Akaike's final prediction error): the fit's effective parameters
+are the trace of its ridge hat matrix (RidgeProblem.effective_params: the raw coefficients of a
+least-squares fit, fewer where the ridge shrinks what the rows hardly determine), and its rows count as
+independent as far as its one-step errors are: n (1 - rho) / (1 + rho), rho the largest lag-1
+autocorrelation over CVs of the train residuals (the effective sample size of an AR(1) error; a negative
+one counts as 0).
 """
 
 import logging
@@ -40,7 +49,7 @@ log = logging.getLogger(__name__)
 G1_MAX = 0.5
 G2_MAX = 0.8
 G3_MAX = 0.5
-G4_ROWS_PER_PARAM = 10
+G4_ROWS_PER_PARAM = 5
 G4_MIN_RUNS = 2
 
 GAIN_CONDITION_WARN = 100.0
@@ -118,10 +127,25 @@ def _nrmse_gate(name: str, what: str, value: float | None, threshold: float, why
     return Gate(name, f"{what} (worst CV) <= {threshold:g}", value, threshold, value <= threshold)
 
 
+def residual_correlation(model: ArxModel, train: Stacked) -> float:
+    """The largest lag-1 autocorrelation over CVs of `model`'s one-step residuals on the train runs (within
+    each run, about each CV's mean over them all), at least 0; 0 without two residuals in a run."""
+    ss, first = model.realise(), model.orders.first_state_row
+    runs = [one_step_residuals(ss, train, model.orders, int(start) + first, int(start + n) - 1)
+            for start, n in zip(train.offsets, train.lengths) if n - 1 - first >= 2]
+    if not runs:
+        return 0.0
+    mean = np.concatenate(runs).mean(axis=0)
+    runs = [v - mean for v in runs]
+    lagged = sum(np.sum(v[1:] * v[:-1], axis=0) for v in runs)
+    spread = np.maximum(sum(np.sum(v * v, axis=0) for v in runs), np.finfo(float).tiny)
+    return float(np.clip(np.max(lagged / spread), 0.0, 1.0))
+
+
 def quality_gates(model: ArxModel, train: Stacked, val: Stacked, test: Stacked, horizon: int,
-                  regression_rows: int, n_params: int | None = None) -> tuple[Gate, ...]:
-    """G1..G4 of the module docstring for a fitted model; n_params: its free coefficients (default: every
-    coefficient of its orders)."""
+                  regression_rows: int, effective_params: float | None = None) -> tuple[Gate, ...]:
+    """G1..G4 of the module docstring for a fitted model; effective_params: what its fit pins down
+    (RidgeProblem.effective_params; default: every coefficient of its orders, a least-squares fit)."""
     ny, nu, nd = model.dims
     no_test = "no test runs" if len(test.run_ids) == 0 else "no test run is long enough"
     g1 = _worst(rollout_nrmse(model, test, 1, max_windows=20000))
@@ -140,12 +164,15 @@ def quality_gates(model: ArxModel, train: Stacked, val: Stacked, test: Stacked, 
         g3 = abs(g2 - val_p) / val_p
         gates.append(Gate("G3", f"|test - val| / val of the {horizon}-step rollout NRMSE <= {G3_MAX:g}",
                           g3, G3_MAX, g3 <= G3_MAX))
-    n_params = model.orders.n_params(ny, nu, nd) if n_params is None else n_params
-    need = G4_ROWS_PER_PARAM * n_params
+    params = float(model.orders.n_params(ny, nu, nd) if effective_params is None else effective_params)
+    need = G4_ROWS_PER_PARAM * params
+    rho = residual_correlation(model, train)
+    independent = regression_rows * (1.0 - rho) / (1.0 + rho)
     n_runs = len(set(train.plant_runs))  # the pieces of a run cut at a gap are one run
-    gates.append(Gate("G4", f"train regression rows >= {G4_ROWS_PER_PARAM} x {n_params} parameters = {need} "
-                            f"and train runs >= {G4_MIN_RUNS} (train runs: {n_runs})",
-                      float(regression_rows), float(need), regression_rows >= need and n_runs >= G4_MIN_RUNS))
+    gates.append(Gate("G4", f"independent train rows ({regression_rows} rows, residual lag-1 correlation {rho:.2f}) "
+                            f">= {G4_ROWS_PER_PARAM} x {params:.1f} effective parameters = {need:.0f} and train "
+                            f"runs >= {G4_MIN_RUNS} (train runs: {n_runs})",
+                      independent, need, independent >= need and n_runs >= G4_MIN_RUNS))
     return tuple(gates)
 
 
@@ -323,7 +350,8 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
     }
     artifact = artifact_from_model(
         model, binding, binding_revision, split.normalisation,
-        gates=quality_gates(model, train, val, test, horizon, problem.n_rows, final.structure.n_params()),
+        gates=quality_gates(model, train, val, test, horizon, problem.n_rows,
+                            problem.effective_params(final.structure, final.ridge)),
         splits={"train": tuple(r.run_id for r in split.train), "val": tuple(r.run_id for r in split.val),
                 "test": tuple(r.run_id for r in split.test),
                 "live": () if split.live is None else (split.live.run_id,)},

@@ -162,6 +162,20 @@ class RidgeProblem:
         n = max(float(self.run_rows[keep].sum()), MIN_WEIGHT)
         return self._solve(structure, ridge, self.run_gram[keep].sum(axis=0) / n, self.run_cross[keep].sum(axis=0) / n)
 
+    def effective_params(self, structure: Structure, ridge: float) -> float:
+        """The fit's effective degrees of freedom: per CV the trace of its ridge hat matrix,
+        tr(G (G + R)^-1), G the mean normal matrix of its regressors and R the ridge (the intercept not
+        shrunk), summed over the CVs. A least-squares fit has as many as it has coefficients; the ridge
+        takes away the directions the rows hardly determine."""
+        gram = self.run_gram.sum(axis=0) / max(float(self.run_rows.sum()), MIN_WEIGHT)
+        total = 0.0
+        for cols, _ in layout(structure, self.dims, self.na_full, self.lag_full):
+            penalty = np.full(cols.size, ridge)
+            penalty[-1] = 0.0
+            block = gram[np.ix_(cols, cols)]
+            total += float(np.trace(np.linalg.solve(block + np.diag(penalty + SOLVE_FLOOR), block)))
+        return total
+
     def weighted_fits(self, structure: Structure, ridge: float, weights: np.ndarray) -> list[ArxModel]:
         """`weighted(weights[k]).fit(structure, ridge)` for every row k of `weights` (m, n_rows), the
         weighted normal equations of all of them from one product per block of target rows (as many as
