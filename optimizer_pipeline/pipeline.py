@@ -179,7 +179,8 @@ def load_scores(ledger: Ledger, binding: BindingSpec, artifact: ModelArtifact, s
                                 f"materialize uq_block_scores first")
 
     def segment(name: str) -> uq.BlockScores:
-        plant_run = {run.run_id: run.plant_run for run in artifact_runs(artifact, split, name)}
+        runs = artifact_runs(artifact, split, name)
+        plant_run = {run.run_id: run.plant_run for run in runs}
         rows = frame[(frame["segment"] == name) & frame["run_id"].isin(list(plant_run))]
         # only the (run, block) pairs stored: runs hold different numbers of blocks (a pivot over every
         # pair would add blocks with NaN scores, which the rules read as non-finite scores)
@@ -188,7 +189,9 @@ def load_scores(ledger: Ledger, binding: BindingSpec, artifact: ModelArtifact, s
         return uq.BlockScores(cv_tags=tuple(tags), h=h, run_ids=run_ids,
                               starts=np.asarray(wide.index.get_level_values(1), dtype=np.int64),
                               scores=wide.to_numpy(float).reshape(len(wide), len(tags)),
-                              n_unique_steps=len(wide) * h, n_runs=len({plant_run[r] for r in run_ids}), score=score)
+                              n_unique_steps=len(wide) * h, n_runs=len({plant_run[r] for r in run_ids}), score=score,
+                              run_rows={run.run_id: len(run) for run in runs},
+                              rows_before=uq.rows_before_blocks(artifact))
 
     return Scores(segment("val"), segment("test"))
 

@@ -172,7 +172,7 @@ def block_scores(artifact: ModelArtifact, runs: Sequence[RunSeries], h: int | No
     settled = score in (SETTLED_RESIDUAL, SETTLED_LOCAL)
     ss = artifact.state_space
     window = disturbance_window(ss, artifact.horizon)
-    rows, which = window_rows(stacked, orders.first_state_row + window, h, h)
+    rows, which = window_rows(stacked, rows_before_blocks(artifact), h, h)
     ny = len(artifact.cv_tags)
     if rows.size:
         with np.errstate(invalid="ignore", over="ignore"):
@@ -193,7 +193,15 @@ def block_scores(artifact: ModelArtifact, runs: Sequence[RunSeries], h: int | No
     return BlockScores(cv_tags=tuple(artifact.cv_tags), h=h, run_ids=run_ids,
                        starts=rows - stacked.offsets[which], scores=scores,
                        n_unique_steps=int(rows.size * h), n_runs=len({stacked.plant_runs[i] for i in np.unique(which)}),
-                       score=score)
+                       score=score, run_rows={run.run_id: len(run) for run in runs},
+                       rows_before=rows_before_blocks(artifact))
+
+
+def rows_before_blocks(artifact: ModelArtifact) -> int:
+    """The rows a run holds before its first block: the first with a measured state and the W rows before
+    it the held disturbance is fitted over (model.arx.disturbance_window: two settling horizons, at least P)."""
+    orders = Orders(artifact.na, artifact.nb, artifact.delay)
+    return orders.first_state_row + disturbance_window(artifact.state_space, artifact.horizon)
 
 
 def _engineering_errors(artifact: ModelArtifact, stacked: Stacked, rows: np.ndarray,
@@ -255,6 +263,21 @@ def exchangeability_p(val: np.ndarray, test: np.ndarray, k: int) -> float:
     return float(min(1.0, val.shape[1] * np.min(p)))
 
 
+def _too_short(scores: BlockScores, shown: int = 4) -> str:
+    """What a segment's runs lack: their rows against what a block needs (`rows_before_blocks` + 1 + h for
+    the first, h for each next), naming the runs (the longest first); "" when the scores do not record it."""
+    if scores.rows_before is None or not scores.run_rows:
+        return ""
+    first = scores.rows_before + 1 + scores.h
+    runs = sorted(scores.run_rows.items(), key=lambda item: -item[1])
+    named = ", ".join(f"{run_id} ({rows})" for run_id, rows in runs[:shown]) + \
+        (f" and {len(runs) - shown} more" if len(runs) > shown else "")
+    return (f": a run needs {first} rows for its first block ({scores.rows_before} before its start row for the "
+            f"model's state and the disturbance it holds, fitted over two settling horizons, then 1 + {scores.h}) "
+            f"and {scores.h} more for each next; the runs have {named} rows: record longer runs, or a model that "
+            f"settles sooner")
+
+
 def compute_block_uq(val: BlockScores, test: BlockScores, alpha: Any = 0.1,
                      calibrated_at: str | None = None) -> UQEvidence:
     """UQ evidence from val (sets qhat) and test (measures coverage) block scores, the rules of docs/ARCHITECTURE.md, "UQ evidence rules".
@@ -282,7 +305,8 @@ def compute_block_uq(val: BlockScores, test: BlockScores, alpha: Any = 0.1,
     else:
         method = None
         reasons.append(f"{n} val block(s) of {val.h} steps; at least {MIN_EMPIRICAL_VAL_BLOCKS} are needed "
-                       f"({MIN_SPLIT_VAL_BLOCKS} from >= {MIN_SPLIT_VAL_RUNS} runs for split conformal)")
+                       f"({MIN_SPLIT_VAL_BLOCKS} from >= {MIN_SPLIT_VAL_RUNS} runs for split conformal)"
+                       + _too_short(val))
     bad = [tag for tag, ok in zip(val.cv_tags, np.all(np.isfinite(val.scores), axis=0)) if not ok]
     if bad:
         reasons.append(f"non-finite val score for CV {', '.join(bad)}")

@@ -331,6 +331,37 @@ def test_no_val_block_of_the_settling_horizon_is_no_evidence_naming_the_block_le
     assert "0 val block(s) of 400 steps; at least 2 are needed" in evidence.reasons[0]
 
 
+def test_runs_too_short_for_a_block_are_named_with_their_rows_and_what_a_block_needs():
+    """A slow model (pole 0.95: its held disturbance is fitted over two settling horizons) scored on runs
+    one row short of its first block and exactly long enough: the reason for no evidence names the
+    rows a block needs and each run's rows, and that count is the one block scoring uses."""
+    from model_helpers import binding, unit_normalisation
+
+    from optimizer_pipeline.contracts import RunSeries
+    from optimizer_pipeline.model import ArxModel, Orders, artifact_from_model
+    from optimizer_pipeline.uq import block_scores, rows_before_blocks
+
+    spec = binding(n_mv=1, n_cv=1, na=1, nb=1, delay=1, horizon=5)
+    model = ArxModel(Orders(1, 1, 1), np.array([[[0.95]]]), np.array([[[0.05]]]), np.zeros((1, 1, 0)), np.zeros(1))
+    artifact = artifact_from_model(model, spec, 1, unit_normalisation(spec))
+    need = rows_before_blocks(artifact) + 1 + 5
+    assert need > 50  # two settling horizons of the slow pole
+
+    def run(run_id: str, n: int) -> RunSeries:
+        rng = np.random.default_rng(n)
+        return RunSeries(run_id, np.arange(float(n)), rng.normal(size=(n, 1)), rng.normal(size=(n, 1)), np.empty((n, 0)))
+
+    short = block_scores(artifact, [run("a", need - 1), run("b", need - 3)])
+    assert short.n_blocks == 0 and short.run_rows == {"a": need - 1, "b": need - 3}
+    evidence = compute_block_uq(short, short)
+    assert evidence.method is None
+    assert (f"0 val block(s) of 5 steps; at least 2 are needed (9 from >= 2 runs for split conformal): a run needs "
+            f"{need} rows for its first block") in evidence.reasons[0]
+    assert f"the runs have a ({need - 1}), b ({need - 3}) rows" in evidence.reasons[0]
+    assert block_scores(artifact, [run("a", need), run("b", need - 3)]).n_blocks == 1
+    assert block_scores(artifact, [run("a", need + 5)]).n_blocks == 2  # and one more per h rows
+
+
 # ---------------------------------------------------------------- pinned by mutation testing (TESTING.md)
 
 

@@ -5,7 +5,7 @@ Units: scores and qhat in the artifact's normalised units.
 """
 
 import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 import numpy as np
@@ -23,7 +23,9 @@ class BlockScores:
     predicted|, or "settled_residual", |measured - predicted| at the block's end, the prediction
     holding the disturbance bias of the rows before the block (both; and their "_local" forms).
     n_runs counts the plant's runs with at least one block (RunSeries.plant_run: the pieces of a run
-    split at a gap count once).
+    split at a gap count once). run_rows: every run scored, with or without a block, and its rows;
+    rows_before: the rows a run holds before its first block (the model's state and the rows its held
+    disturbance is fitted over): what a reason for too few blocks names.
     """
 
     cv_tags: tuple[str, ...]
@@ -34,6 +36,8 @@ class BlockScores:
     n_unique_steps: int
     n_runs: int
     score: str = "max_residual"
+    run_rows: Mapping[str, int] = field(default_factory=dict)
+    rows_before: int | None = None
 
     @property
     def n_blocks(self) -> int:
