@@ -128,13 +128,14 @@ class PlantServer:
         self._call(self._start())
         return self
 
-    def set(self, name: str, value: float, status: int = ua.StatusCodes.Good) -> None:
+    def set(self, name: str, value: float, status: int = ua.StatusCodes.Good) -> float:
         """Write `value` with `status` (e.g. ua.StatusCodes.BadSensorFailure, UncertainLastUsableValue), stamped
-        now (the source timestamp a historian records)."""
+        now (the source timestamp a historian records); returns that stamp (s since the epoch)."""
         now = datetime.now(timezone.utc)
         data = ua.DataValue(ua.Variant(float(value), ua.VariantType.Double), StatusCode=ua.StatusCode(status),
                             SourceTimestamp=now, ServerTimestamp=now)
         self._call(self.nodes[name].write_value(data))
+        return now.timestamp()
 
     def get(self, name: str):
         """The variable's current value and its VariantType."""

@@ -236,13 +236,11 @@ def test_the_samples_missed_since_the_newest_stored_one_are_filled_from_the_serv
         start = math.floor(time.time() / PERIOD_S) * PERIOD_S
         ledger.ingest(spec, pd.DataFrame({"run_id": "r1", "timestamp": start - PERIOD_S * np.arange(3)[::-1],
                                           "q_heat": 90.0, "t_out": 39.0, "t_in": 15.0}), "real")
-        written = []  # (time, t_out) as the server recorded them
-        first_write = time.time()
-        plant.set("q_heat", 100.0)
+        written = []  # (source timestamp, t_out) as the server recorded them
+        first_write = plant.set("q_heat", 100.0)
         plant.set("t_in", 15.5)
         for k in range(6):
-            plant.set("t_out", 40.0 + k)
-            written.append((time.time(), 40.0 + k))
+            written.append((plant.set("t_out", 40.0 + k), 40.0 + k))
             time.sleep(PERIOD_S)
         with _serving(plant.url, [spec]) as source:
             frames = _drive(source, ledger, 2 * PERIOD_S)["heater-1"]
@@ -253,7 +251,8 @@ def test_the_samples_missed_since_the_newest_stored_one_are_filled_from_the_serv
     assert start < times[0] and times[0] - PERIOD_S < first_write and (np.diff(times) == PERIOD_S).all()
     for t, t_out in zip(times[:-1], first["t_out"].to_numpy()[:-1]):  # the filled ones: held as the server had them
         before = [value for at, value in written if at <= t]
-        assert t_out == before[-1] if before else math.isnan(t_out)
+        # before the first write: the node's initial value 0 where the server's history holds it from its start
+        assert t_out == before[-1] if before else (math.isnan(t_out) or t_out == 0.0)
     assert (first["q_heat"].iloc[1:-1] == 100.0).all()
 
 

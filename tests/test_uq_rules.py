@@ -349,7 +349,8 @@ def test_runs_too_short_for_a_block_are_named_with_their_rows_and_what_a_block_n
 
     def run(run_id: str, n: int) -> RunSeries:
         rng = np.random.default_rng(n)
-        return RunSeries(run_id, np.arange(float(n)), rng.normal(size=(n, 1)), rng.normal(size=(n, 1)), np.empty((n, 0)))
+        return RunSeries(run_id, np.arange(float(n)), rng.normal(size=(n, 1)), rng.normal(size=(n, 1)),
+                         np.empty((n, 0)))
 
     short = block_scores(artifact, [run("a", need - 1), run("b", need - 3)])
     assert short.n_blocks == 0 and short.run_rows == {"a": need - 1, "b": need - 3}
