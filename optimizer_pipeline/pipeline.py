@@ -40,7 +40,6 @@ from optimizer_pipeline.deployment import WORKER_ENV
 from optimizer_pipeline.ledger import Ledger, LedgerError, OutcomeRecord, new_id
 from optimizer_pipeline.model import current_state, identify
 from optimizer_pipeline.model.artifact import local_artifact, local_fitter, predicted_run
-from optimizer_pipeline.model.arx import Orders, disturbance_window
 from optimizer_pipeline.model.local import GLOBAL, LOCAL, LocalFitter, OperatingPoint, settle_limit, steady_procedure
 from optimizer_pipeline.model.select import finite_or_none
 from optimizer_pipeline.model.statespace import MAX_SETTLING_STEPS, settling_steps
@@ -257,8 +256,7 @@ def live_window(artifact: ModelArtifact, live: RunSeries, predicted: int) -> lis
     across a short gap of missing or flagged samples; the newest, predicted ones are `newest_sample`'s."""
     if live.unmeasured is None:
         return []
-    rows = disturbance_window(artifact.state_space, artifact.horizon) + \
-        Orders(artifact.na, artifact.nb, artifact.delay).first_state_row + 1
+    rows = uq.rows_before_blocks(artifact) + 1  # the state's lags and the held disturbance's window, then now
     window = live.unmeasured[max(len(live) - predicted - rows, 0):len(live) - predicted]
     counts = [f"{tag}: {int(n)}" for tag, n in zip(artifact.cv_tags, window.sum(axis=0)) if n]
     return [Condition("live window's CV samples measured", f"{', '.join(counts)} of {len(window)} filled in",

@@ -172,7 +172,8 @@ def block_scores(artifact: ModelArtifact, runs: Sequence[RunSeries], h: int | No
     settled = score in (SETTLED_RESIDUAL, SETTLED_LOCAL)
     ss = artifact.state_space
     window = disturbance_window(ss, artifact.horizon)
-    rows, which = window_rows(stacked, rows_before_blocks(artifact), h, h)
+    before = rows_before_blocks(artifact)
+    rows, which = window_rows(stacked, before, h, h)
     ny = len(artifact.cv_tags)
     if rows.size:
         with np.errstate(invalid="ignore", over="ignore"):
@@ -194,7 +195,7 @@ def block_scores(artifact: ModelArtifact, runs: Sequence[RunSeries], h: int | No
                        starts=rows - stacked.offsets[which], scores=scores,
                        n_unique_steps=int(rows.size * h), n_runs=len({stacked.plant_runs[i] for i in np.unique(which)}),
                        score=score, run_rows={run.run_id: len(run) for run in runs},
-                       rows_before=rows_before_blocks(artifact))
+                       rows_before=before)
 
 
 def rows_before_blocks(artifact: ModelArtifact) -> int:

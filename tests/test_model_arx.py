@@ -470,52 +470,50 @@ def test_current_state_fits_the_disturbance_over_the_rows_a_short_run_has():
     np.testing.assert_allclose(bias, fitted_bias(yn, un, 4), rtol=1e-10)  # rows 1..4 have a state before them
 
 
-def test_current_state_recovers_a_held_disturbance_exactly_without_noise():
-    # the 2x2 truth of this module with its equation offset raised by a known disturbance, started away
-    # from rest and driven by moving MVs / DVs: the fitted disturbance is the raise (normalised units)
+RAISE = np.array([0.3, -0.2])  # the known disturbance of `raised_plant`, engineering units
+RAISE_NORMALISED = RAISE / np.array([3.0, 0.5])  # over the CVs' std of its normalisation
+
+
+def raised_plant() -> tuple:
+    """The 2x2 truth of this module with its equation offset raised by RAISE, started away from rest and
+    driven by moving MVs / DVs, without noise: its run of 120 rows and the exact model's artifact."""
     spec = binding(n_dv=1, na=2, nb=2, delay=2, horizon=6)
     rng = np.random.default_rng(8)
     u, d = MEAN_U + excitation(rng, 1, 120, 2), MEAN_D + 0.5 * excitation(rng, 1, 120, 1, hold=20)
-    raise_ = np.array([0.3, -0.2])
-    y = simulate_arx(A_TRUE, B_TRUE, D_TRUE, C_TRUE + raise_, 2, u, d, np.zeros((1, 120, 2)),
+    y = simulate_arx(A_TRUE, B_TRUE, D_TRUE, C_TRUE + RAISE, 2, u, d, np.zeros((1, 120, 2)),
                      y_init=rng.normal(size=(1, 3, 2)))
-    runs = run_series("r", u, y, d)
     norm = Normalisation(spec.tags, (3.0, -1.0, 1.0, 2.0, 2.0), (2.0, 1.0, 3.0, 0.5, 1.5))
     A, B, D, c = normalised_truth(norm, spec)
-    artifact = artifact_from_model(ArxModel(Orders(2, 2, 2), A, B, D, c), spec, 1, norm)
-    _, bias = current_state(artifact, runs[0])
-    np.testing.assert_allclose(bias, raise_ / np.array([3.0, 0.5]), atol=1e-9)
+    return run_series("r", u, y, d)[0], artifact_from_model(ArxModel(Orders(2, 2, 2), A, B, D, c), spec, 1, norm)
+
+
+def test_current_state_recovers_a_held_disturbance_exactly_without_noise():
+    # the fitted disturbance is the raise (normalised units)
+    run, artifact = raised_plant()
+    _, bias = current_state(artifact, run)
+    np.testing.assert_allclose(bias, RAISE_NORMALISED, atol=1e-9)
 
 
 def test_the_live_states_missing_values_are_left_out_and_its_newest_ones_predicted_exactly_without_noise():
     """The held disturbance test's plant (exact model, no noise): CV values cleaning filled in (wrong
     here on purpose) are left out of the disturbance fit, which still finds the raise; the newest
     two rows' missing CV values (held placeholders) are predicted as the plant gave them."""
-    spec = binding(n_dv=1, na=2, nb=2, delay=2, horizon=6)
-    rng = np.random.default_rng(8)
-    u, d = MEAN_U + excitation(rng, 1, 120, 2), MEAN_D + 0.5 * excitation(rng, 1, 120, 1, hold=20)
-    raise_ = np.array([0.3, -0.2])
-    y = simulate_arx(A_TRUE, B_TRUE, D_TRUE, C_TRUE + raise_, 2, u, d, np.zeros((1, 120, 2)),
-                     y_init=rng.normal(size=(1, 3, 2)))
-    truth = run_series("r", u, y, d)[0]
-    norm = Normalisation(spec.tags, (3.0, -1.0, 1.0, 2.0, 2.0), (2.0, 1.0, 3.0, 0.5, 1.5))
-    A, B, D, c = normalised_truth(norm, spec)
-    artifact = artifact_from_model(ArxModel(Orders(2, 2, 2), A, B, D, c), spec, 1, norm)
+    truth, artifact = raised_plant()
     unmeasured = np.zeros((120, 2), bool)
     unmeasured[[110, 111], 0] = unmeasured[[113], 1] = True  # filled in across gaps, in the fit's window
-    assert disturbance_window(artifact.state_space, spec.model.horizon) > 118 - 110
+    assert disturbance_window(artifact.state_space, artifact.horizon) > 118 - 110
     unmeasured[118, 1] = unmeasured[119, :] = True  # the newest: held
     wrong = np.where(unmeasured, truth.y + 5.0, truth.y)
     live = RunSeries("r", truth.t, truth.u, wrong, truth.d, unmeasured=unmeasured)
     assert live.newest_unmeasured == 2 and live.first(118).newest_unmeasured == 0
     _, bias = current_state(artifact, live.first(118))
-    np.testing.assert_allclose(bias, raise_ / np.array([3.0, 0.5]), atol=1e-9)
+    np.testing.assert_allclose(bias, RAISE_NORMALISED, atol=1e-9)
     predicted = predicted_run(artifact, live)
     np.testing.assert_allclose(predicted.y[118:], truth.y[118:], atol=1e-9)
     np.testing.assert_array_equal(predicted.y[:118], wrong[:118])  # only the newest are replaced
     assert predicted.unmeasured is live.unmeasured and predicted_run(artifact, truth) is truth
     x0, bias = current_state(artifact, predicted)
-    np.testing.assert_allclose(bias, raise_ / np.array([3.0, 0.5]), atol=1e-9)
+    np.testing.assert_allclose(bias, RAISE_NORMALISED, atol=1e-9)
     np.testing.assert_allclose(x0, current_state(artifact, truth)[0], atol=1e-9)
 
 

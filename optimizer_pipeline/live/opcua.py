@@ -45,7 +45,7 @@ MAX_BACKFILL = 2000  # missed grid samples filled from a server's history after 
 PUBLISH_LOGGER = "asyncua.client.ua_session.UaSession"
 
 
-class _LostConnectionOnce(logging.Filter):
+class _QuietPublishFailures(logging.Filter):
     """asyncua's traceback of a failed PublishRequest (it retries in 1 s): dropped while the connection is
     down (a ConnectionError: `_follow` says the loss once), else one WARNING line naming the error."""
 
@@ -62,7 +62,7 @@ class _LostConnectionOnce(logging.Filter):
         return True
 
 
-_LOST_CONNECTION_ONCE = _LostConnectionOnce()
+_QUIET_PUBLISH_FAILURES = _QuietPublishFailures()
 
 
 @dataclass
@@ -293,7 +293,7 @@ class OpcUaSource:
                 self._loop.run_until_complete(asyncio.wait(pending))
             self._loop.close()
 
-        logging.getLogger(PUBLISH_LOGGER).addFilter(_LOST_CONNECTION_ONCE)  # once: the same filter
+        logging.getLogger(PUBLISH_LOGGER).addFilter(_QUIET_PUBLISH_FAILURES)  # once: the same filter
 
         self._thread = threading.Thread(target=main, name="opcua", daemon=True)
         self._thread.start()
