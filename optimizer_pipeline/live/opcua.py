@@ -11,8 +11,9 @@ Samples are formed on each binding's period grid, SETTLE_S after a grid time so 
 the boundary has arrived, stamped with the grid time: each tag's latest reading (sample-and-hold:
 OPC UA reports changes only, so a healthy constant value keeps giving samples however old its source
 timestamp). No value yet, or a Bad one: NaN, never an older value presented as new. While an
-endpoint's connection is down no sample is formed for its bindings: the gap stays a gap, and the
-client reconnects (asyncua re-creates the subscriptions) with a capped backoff. The samples are
+endpoint's connection is down no sample is formed for its bindings: the gap stays a gap, and a new
+client connects and subscribes anew with a capped backoff (asyncua's own reconnect, which restores
+the old subscription, lost monitored items after a server restart). The samples are
 stored in one batch per poll, continuing the binding's newest stored run (a gap cuts it into pieces
 in cleaning, as for any history).
 """
@@ -41,13 +42,13 @@ BACKOFF_S = (1.0, 60.0)  # reconnect / first-connect retries: from, doubling up 
 STOP_TIMEOUT_S = 10.0
 MAX_BACKFILL = 2000  # missed grid samples filled from a server's history after a gap (the live window's length)
 # asyncua's session logs each failed PublishRequest with its traceback at ERROR, once a second while a
-# connection is down and once more as the reconnected server refuses the old session's request
+# connection is down
 PUBLISH_LOGGER = "asyncua.client.ua_session.UaSession"
 
 
 class _QuietPublishFailures(logging.Filter):
     """asyncua's traceback of a failed PublishRequest (it retries in 1 s): dropped while the connection is
-    down (a ConnectionError: `_follow` says the loss once), else one WARNING line naming the error."""
+    down (a ConnectionError: `_serve` says the loss once), else one WARNING line naming the error."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not (record.exc_info and str(record.msg).startswith("Publish iteration crashed")):
@@ -331,17 +332,16 @@ class OpcUaSource:
         await asyncio.gather(*(self._serve(endpoint) for endpoint in self.endpoints.values()))
 
     async def _serve(self, endpoint: _Endpoint) -> None:
-        """Connect (retrying with a capped backoff), subscribe, then follow the connection's state until
-        stopped; asyncua reconnects a lost connection and re-creates the subscription itself."""
+        """Connect (retrying with a capped backoff), subscribe, then follow the connection until stopped; a
+        lost connection is given up, and a new client connects and subscribes as at the start."""
         from asyncua import Client
 
         from optimizer_pipeline.live.opcua_security import configure, permanent_failure
 
         security = self.security(endpoint.url)
-        delay = BACKOFF_S[0]
+        delay, connected_before = BACKOFF_S[0], False
         while not self._stopping.is_set():
-            client = Client(endpoint.url, timeout=CONNECT_TIMEOUT_S, watchdog_intervall=1.0, auto_reconnect=True,
-                            reconnect_max_delay=BACKOFF_S[1])
+            client = Client(endpoint.url, timeout=CONNECT_TIMEOUT_S, watchdog_intervall=1.0)
             try:
                 await configure(client, security)  # may ask the server for its endpoints
                 await client.connect()
@@ -361,16 +361,21 @@ class OpcUaSource:
                 delay = min(BACKOFF_S[1], 2 * delay)
                 continue
             endpoint.error, delay = None, BACKOFF_S[0]
-            log.info("opcua %s: connected, %d node(s) monitored", endpoint.url, len(endpoint.periods))
+            log.info("opcua %s: %s, %d node(s) monitored", endpoint.url,
+                     "reconnected" if connected_before else "connected", len(endpoint.periods))
+            connected_before = True
             try:
-                await self._follow(client, endpoint)
+                lost = await self._follow(client)
             finally:
                 with self._lock:
                     endpoint.connected = False
+                    endpoint.readings.clear()  # a value read before a gap is not the value after it
                 await asyncio.sleep(0)  # writes sent before the stop go out first
                 self.clients.pop(endpoint.url, None)
                 await _quietly(client.disconnect())
-            return
+            if not lost:
+                return
+            log.warning("opcua %s: connection lost; no samples until it is back", endpoint.url)
 
     async def _subscribe(self, client, endpoint: _Endpoint) -> None:
         from asyncua import ua
@@ -398,21 +403,14 @@ class OpcUaSource:
         with self._lock:
             endpoint.connected, endpoint.up_since = True, self.clock()
 
-    async def _follow(self, client, endpoint: _Endpoint) -> None:
-        """Mirror the connection's state into `endpoint.connected` until stopped; a reconnect drops the
-        readings (a value read before the gap is not the value after it)."""
+    async def _follow(self, client) -> bool:
+        """Wait until stopped (False) or until the client's watchdog finds the connection lost (True)."""
         from asyncua.client.ua_client import UaClientState
 
         while not await _wait(self._stopping, 0.2):
-            up = client.state is UaClientState.CONNECTED
-            with self._lock:
-                if endpoint.connected and not up:
-                    endpoint.readings.clear()
-                    log.warning("opcua %s: connection lost; no samples until it is back", endpoint.url)
-                elif up and not endpoint.connected:
-                    log.info("opcua %s: reconnected", endpoint.url)
-                    endpoint.up_since = self.clock()
-                endpoint.connected = up
+            if client.state is not UaClientState.CONNECTED:
+                return True
+        return False
 
 
 def _seconds(moment) -> float:
