@@ -23,13 +23,16 @@ from optimizer_pipeline.contracts import (
     BlockScores,
     Condition,
     ContractError,
+    MIN_EMPIRICAL_VAL_BLOCKS,
+    MIN_TEST_RUNS,
+    MIN_UNIQUE_TEST_STEPS,
     ModelArtifact,
     RunSeries,
     UQEvidence,
     parse_iso_utc,
 )
-from optimizer_pipeline.model.artifact import stack_for
-from optimizer_pipeline.model.arx import (Orders, Stacked, disturbance_window, held_errors, rollout_windows,
+from optimizer_pipeline.model.artifact import held_window, stack_for
+from optimizer_pipeline.model.arx import (Orders, Stacked, held_errors, rollout_windows,
                                           window_rows)
 from optimizer_pipeline.model.local import LocalFitter, local_paths
 from optimizer_pipeline.validation import (
@@ -48,10 +51,7 @@ SPLIT_CONFORMAL = "split_conformal"
 EMPIRICAL_MAX = "empirical_max"
 MIN_SPLIT_VAL_BLOCKS = 9
 MIN_SPLIT_VAL_RUNS = 2
-MIN_EMPIRICAL_VAL_BLOCKS = 2
 EMPIRICAL_SAFETY_FACTOR = 1.25
-MIN_UNIQUE_TEST_STEPS = 120
-MIN_TEST_RUNS = 2
 MIN_TEST_BLOCKS = 1
 # Strict gate (beyond the spec): the coverage must be credible, and val must look like test.
 STRICT_MIN_COVERAGE_LOWER = 0.8
@@ -171,7 +171,7 @@ def block_scores(artifact: ModelArtifact, runs: Sequence[RunSeries], h: int | No
     orders = Orders(artifact.na, artifact.nb, artifact.delay)
     settled = score in (SETTLED_RESIDUAL, SETTLED_LOCAL)
     ss = artifact.state_space
-    window = disturbance_window(ss, artifact.horizon)
+    window = held_window(artifact)
     before = rows_before_blocks(artifact)
     rows, which = window_rows(stacked, before, h, h)
     ny = len(artifact.cv_tags)
@@ -200,9 +200,9 @@ def block_scores(artifact: ModelArtifact, runs: Sequence[RunSeries], h: int | No
 
 def rows_before_blocks(artifact: ModelArtifact) -> int:
     """The rows a run holds before its first block: the first with a measured state and the W rows before
-    it the held disturbance is fitted over (model.arx.disturbance_window: two settling horizons, at least P)."""
-    orders = Orders(artifact.na, artifact.nb, artifact.delay)
-    return orders.first_state_row + disturbance_window(artifact.state_space, artifact.horizon)
+    it the held disturbance is fitted over (model.artifact.held_window: two settling horizons, at least P,
+    unless identification chose fewer: model.artifact.supported_window)."""
+    return Orders(artifact.na, artifact.nb, artifact.delay).first_state_row + held_window(artifact)
 
 
 def _engineering_errors(artifact: ModelArtifact, stacked: Stacked, rows: np.ndarray,

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from model_helpers import binding, run_series, simulate_arx
 
-from optimizer_pipeline.contracts import Normalisation, RunSeries
+from optimizer_pipeline.contracts import ModelArtifact, Normalisation, RunSeries
 from optimizer_pipeline.model import ArxModel, Orders, artifact_from_model
 from optimizer_pipeline.model import arx
 from optimizer_pipeline.model.arx import disturbance_window
@@ -161,3 +161,45 @@ def test_scores_with_the_disturbance_filtered_a_few_windows_at_a_time_are_the_sa
 def test_unknown_score_rule_is_refused():
     with pytest.raises(UQInputError, match="score"):
         block_scores(artifact(), random_runs([40]), score="median")
+
+
+SLOW = ArxModel(Orders(1, 1, 1), A=np.array([[[0.95]]]), B=np.array([[[0.05]]]), D=np.zeros((1, 1, 0)),
+                c=np.array([0.0]))
+
+
+@pytest.mark.parametrize("val_rows_over_shortest", [-1, 0, 9, 200])
+def test_the_held_disturbance_window_is_shortened_to_what_the_evidence_runs_hold(val_rows_over_shortest):
+    """Identification keeps the held disturbance's window W at the rule's (two settling horizons, at least P)
+    where the val runs hold 2 blocks of P with it, else the longest W down to one settling horizon with which
+    they do (model.artifact.supported_window): block scoring then finds its blocks; below that, the rule."""
+    from dataclasses import replace
+
+    from optimizer_pipeline.model.artifact import held_window, stack_for, supported_window
+    from optimizer_pipeline.model.statespace import settling_steps
+
+    h, first = 10, Orders(1, 1, 1).first_state_row
+    slow = artifact_from_model(SLOW, binding(n_mv=1, n_cv=1, na=1, nb=1, delay=1, horizon=h), 1,
+                               Normalisation(("u0", "y0"), (0.0, 0.0), (1.0, 1.0)))
+    settling = settling_steps(slow.state_space)
+    rule, shortest = disturbance_window(slow.state_space, h), max(h, settling)
+    assert rule == 2 * settling > shortest  # a model slow against P: the window can be shortened
+    val_rows = first + shortest + 1 + h + val_rows_over_shortest  # two val runs of a block each at W = ...
+    runs = lambda lengths, seed: [RunSeries(f"{seed}-{i}", r.t, r.u[:, :1], r.y[:, :1], r.d[:, :0])  # noqa: E731
+                                  for i, r in enumerate(random_runs(lengths, seed))]
+    val, test = runs([val_rows, val_rows], 1), runs([first + rule + 1 + 6 * h] * 2, 2)
+    window, record = supported_window(slow.state_space, Orders(1, 1, 1), h, stack_for(slow, val),
+                                      stack_for(slow, test))
+    expected = min(val_rows - 1 - first - h, rule)  # the longest W leaving each val run one block
+    if expected < shortest:  # too short even at one settling horizon: the rule, and the evidence says why
+        assert window is None and record["rows"] == rule
+        return
+    assert record["rows"] == expected and window == (None if expected == rule else expected)
+    chosen = replace(slow, disturbance_rows=window)
+    assert held_window(chosen) == expected
+    assert block_scores(chosen, val).n_blocks >= 2 and block_scores(chosen, test).n_unique_steps >= 120
+    # written and read back whole; an artifact on the rule's window keeps the JSON it had before the field
+    assert ModelArtifact.from_dict(chosen.to_dict()).artifact_hash == chosen.artifact_hash
+    assert ("disturbance_rows" in chosen.to_dict()) == (window is not None)
+    if window is not None:  # a block in each val run, and one row more leaves them none
+        assert block_scores(chosen, val).n_blocks == 2
+        assert block_scores(replace(slow, disturbance_rows=window + 1), val).n_blocks == 0

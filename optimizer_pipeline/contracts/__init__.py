@@ -43,7 +43,8 @@ from optimizer_pipeline.contracts.canonical import (
     fast_json,
     sha256_hex,
 )
-from optimizer_pipeline.contracts.evidence import BlockScores, Calibration, Scores, UQEvidence
+from optimizer_pipeline.contracts.evidence import (MIN_EMPIRICAL_VAL_BLOCKS, MIN_TEST_RUNS, MIN_UNIQUE_TEST_STEPS,
+                                                   BlockScores, Calibration, Scores, UQEvidence)
 from optimizer_pipeline.contracts.history import HistorySplit, RunSeries
 from optimizer_pipeline.contracts.model import MIN_STD, Gate, ModelArtifact, Normalisation, StateSpace
 from optimizer_pipeline.contracts.outcome import Outcome, OutcomeVerdict

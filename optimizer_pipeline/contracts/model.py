@@ -122,13 +122,17 @@ class ModelArtifact:
     # the step-response matrix in engineering units (model.step_response.step_response_record); None
     # for an artifact identified before it was recorded, whose JSON and hash then stay as they were
     step_response: Mapping[str, Any] | None = None
+    # the rows W the held disturbance is fitted over when the evidence's runs need fewer than the model's
+    # own rule gives (uq.with_supported_window); None: that rule (model.artifact.held_window)
+    disturbance_rows: int | None = None
 
     def _doc(self) -> dict[str, Any]:
         """The fields as written and hashed: those added later are left out where unset (no step response,
-        no CV transforms), so such an artifact keeps the JSON and hash it had before they existed."""
+        no CV transforms, the held disturbance's own window), so such an artifact keeps the JSON and hash it had before they existed."""
         doc = {f.name: getattr(self, f.name) for f in fields(self)}
-        if self.step_response is None:
-            del doc["step_response"]
+        for name in ("step_response", "disturbance_rows"):
+            if doc[name] is None:
+                del doc[name]
         if not self.normalisation.transforms:
             norm = self.normalisation
             doc["normalisation"] = {"tags": norm.tags, "mean": norm.mean, "std": norm.std}
@@ -166,4 +170,5 @@ class ModelArtifact:
             splits={k: tuple(v) for k, v in doc["splits"].items()},
             training_data_hash=doc["training_data_hash"], selection=doc.get("selection", {}),
             steady_gain=doc.get("steady_gain", {}), step_response=doc.get("step_response"),
+            disturbance_rows=None if doc.get("disturbance_rows") is None else int(doc["disturbance_rows"]),
         )

@@ -28,7 +28,7 @@ from optimizer_pipeline.contracts import (
 from optimizer_pipeline.data import default_min_length
 from optimizer_pipeline.ledger import Ledger, OutcomeRecord, Publication
 from optimizer_pipeline.ledger.live_rows import Fingerprint
-from optimizer_pipeline.model.artifact import local_fitter
+from optimizer_pipeline.model.artifact import held_window, local_fitter
 from optimizer_pipeline.model.local import LOCAL, LocalFitter, steady_procedure
 from optimizer_pipeline.settings import Settings
 
@@ -40,9 +40,7 @@ LIVE_WINDOW_ROWS = 2000
 
 def window_rows(artifact: ModelArtifact, binding_min_length: int) -> int:
     """The live window's length for this model (see LIVE_WINDOW_ROWS)."""
-    from optimizer_pipeline.model.arx import disturbance_window
-
-    need = binding_min_length + disturbance_window(artifact.state_space, artifact.horizon) + 8
+    need = binding_min_length + held_window(artifact) + 8
     return max(LIVE_WINDOW_ROWS, need)
 
 

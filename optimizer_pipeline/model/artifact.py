@@ -27,8 +27,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from optimizer_pipeline.contracts import (BindingSpec, ContractError, Gate, HistorySplit, ModelArtifact, Normalisation,
-                                          RunSeries, StateSpace)
+from optimizer_pipeline.contracts import (MIN_EMPIRICAL_VAL_BLOCKS, MIN_TEST_RUNS, MIN_UNIQUE_TEST_STEPS, BindingSpec,
+                                          ContractError, Gate, HistorySplit, ModelArtifact, Normalisation, RunSeries,
+                                          StateSpace)
 from optimizer_pipeline.model.arx import (ArxModel, Orders, Stacked, nrmse, rollout_nrmse, rollout_windows, stack_runs,
                                           disturbance_window, one_step_residuals, state_and_bias, stride_for,
                                           window_rows)
@@ -238,6 +239,37 @@ def _steady_model(model: ArxModel, structure: Structure, ridge: float, train: St
                                refits=len(refits[bandwidth])), gains
 
 
+def supported_window(ss: StateSpace, orders: Orders, horizon: int, val: Stacked,
+                     test: Stacked) -> tuple[int | None, dict[str, Any]]:
+    """The rows W the held disturbance is fitted over that the evidence's runs support, None for the model's
+    own rule (model.arx.disturbance_window: two settling horizons, at least P), and its record. The rule's
+    W where, with it, the val runs hold MIN_EMPIRICAL_VAL_BLOCKS blocks of P, MIN_TEST_RUNS test runs a
+    block each and the test blocks MIN_UNIQUE_TEST_STEPS steps (uq.block_scores tiles a run from its first measured state and the W rows before it);
+    else the longest W down to one settling horizon (at least P) with which they do: fitted over one
+    settling horizon, the held disturbance has seen its settled effect (docs/ARCHITECTURE.md,
+    "Offset-free prediction"). Where none does, the rule's W stays and the evidence says what the runs
+    lack. Only the runs' lengths are read, never their values."""
+    rule = disturbance_window(ss, horizon)
+    settling = settling_steps(ss)
+    shortest = horizon if settling is None else max(horizon, settling)
+    first = orders.first_state_row
+
+    def blocks(stacked: Stacked, window: int) -> np.ndarray:  # per piece of a run
+        return np.maximum((np.asarray(stacked.lengths, np.int64) - 1 - first - window) // horizon, 0)
+
+    def supported(window: int) -> bool:
+        tested = blocks(test, window)
+        test_runs = {run for run, n in zip(test.plant_runs, tested) if n}
+        return (int(blocks(val, window).sum()) >= MIN_EMPIRICAL_VAL_BLOCKS and len(test_runs) >= MIN_TEST_RUNS
+                and int(tested.sum()) * horizon >= MIN_UNIQUE_TEST_STEPS)
+
+    chosen = next((w for w in range(rule, shortest - 1, -1) if supported(w)), rule)
+    reason = ("the model's rule: two settling horizons, at least P" if chosen == rule else
+              f"the longest with which the val and test runs hold blocks of {horizon} steps: the rule's {rule} "
+              f"rows leave them too few (at least one settling horizon, {shortest} rows)")
+    return (None if chosen == rule else chosen), {"rows": chosen, "rule_rows": rule, "reason": reason}
+
+
 def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -> ModelArtifact:
     """Identify the ARX model of a binding revision from its train runs (module docstring).
 
@@ -322,6 +354,7 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
     steady_model, gains = _steady_model(model, final.structure, final.ridge, train, selector, selection_data == "val")
     replicates = jackknife_models(problem, final.structure, final.ridge)
     gain = steady_gain_record(model, replicates, gains)
+    window, window_record = supported_window(model.realise(), model.orders, horizon, val, test)
     if gain["ill_conditioned"]:
         log.warning("binding %s: ill-conditioned steady-state gain (condition %s)", binding.id, gain["condition"])
     selection = {
@@ -346,6 +379,7 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
         "stable": final.stable,
         "regression_rows": problem.n_rows,
         "steady_model": steady_model,
+        "disturbance_window": window_record,
         "seconds": round(time.perf_counter() - started, 4),
     }
     artifact = artifact_from_model(
@@ -356,7 +390,8 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
                 "test": tuple(r.run_id for r in split.test),
                 "live": () if split.live is None else (split.live.run_id,)},
         training_data_hash=split.data_hash, selection=selection, steady_gain=gain,
-        step_response=step_response_record(model.realise(), replicates, binding, split.normalisation, gains))
+        step_response=step_response_record(model.realise(), replicates, binding, split.normalisation, gains),
+        disturbance_rows=window)
     log.info("binding %s rev %d: ARX %s ridge=%g, val score %.4f, gates %s, %.3f s", binding.id, binding_revision,
              final.structure.record(), final.ridge, final.score,
              "".join("P" if g.passed else "F" for g in artifact.gates), selection["seconds"])
@@ -367,10 +402,11 @@ def artifact_from_model(model: ArxModel, binding: BindingSpec, binding_revision:
                         gates: tuple[Gate, ...] = (), splits: Mapping[str, tuple[str, ...]] | None = None,
                         training_data_hash: str = "", selection: Mapping[str, Any] | None = None,
                         steady_gain: Mapping[str, Any] | None = None,
-                        step_response: Mapping[str, Any] | None = None) -> ModelArtifact:
+                        step_response: Mapping[str, Any] | None = None,
+                        disturbance_rows: int | None = None) -> ModelArtifact:
     """A ModelArtifact for `model` (tags, P and sample period from the binding; orders from the model;
     steady_gain defaults to the model's gain record without uncertainty; step_response, the record of
-    model/step_response.py, to none)."""
+    model/step_response.py, to none; disturbance_rows (`supported_window`) to the model's rule)."""
     return ModelArtifact(
         binding_id=binding.id, binding_revision=binding_revision,
         mv_tags=binding.mv_tags, cv_tags=binding.cv_tags, dv_tags=binding.dv_tags,
@@ -380,7 +416,7 @@ def artifact_from_model(model: ArxModel, binding: BindingSpec, binding_revision:
         splits=dict(splits) if splits is not None else {"train": (), "val": (), "test": (), "live": ()},
         training_data_hash=training_data_hash, selection=dict(selection or {}),
         steady_gain=dict(steady_gain_record(model) if steady_gain is None else steady_gain),
-        step_response=None if step_response is None else dict(step_response))
+        step_response=None if step_response is None else dict(step_response), disturbance_rows=disturbance_rows)
 
 
 def local_fitter(artifact: ModelArtifact, train: Sequence[RunSeries]) -> LocalFitter:
@@ -423,6 +459,14 @@ def stack_for(artifact: ModelArtifact, runs: Sequence[RunSeries]) -> Stacked:
     return stack_runs(runs, artifact.normalisation, artifact.mv_tags, artifact.cv_tags, artifact.dv_tags)
 
 
+def held_window(artifact: ModelArtifact) -> int:
+    """The rows W the artifact's held disturbance is fitted over: its recorded `disturbance_rows`, else
+    model.arx.disturbance_window (two settling horizons, at least P)."""
+    if artifact.disturbance_rows is not None:
+        return artifact.disturbance_rows
+    return disturbance_window(artifact.state_space, artifact.horizon)
+
+
 def current_state(artifact: ModelArtifact, run: RunSeries,
                   refit_of: tuple[ModelArtifact, OperatingPoint] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """x0 (nx,) at the run's last row from measured data, and the disturbance bias (ny,), normalised.
@@ -438,14 +482,13 @@ def current_state(artifact: ModelArtifact, run: RunSeries,
     orders = Orders(artifact.na, artifact.nb, artifact.delay)
     stacked, ss = stack_for(artifact, [run]), artifact.state_space
     if refit_of is None:
-        return state_and_bias(ss, orders, stacked, artifact.horizon, unmeasured=run.unmeasured)
+        return state_and_bias(ss, orders, stacked, artifact.horizon, held_window(artifact), unmeasured=run.unmeasured)
     identified, point = refit_of
 
     def weighted(rows: np.ndarray, window: int, measured: np.ndarray | None) -> np.ndarray:
         return local_disturbances([ss], point.centre()[None], bandwidth_of(identified), stacked, orders, rows, window,
                                   measured)
-    return state_and_bias(ss, orders, stacked, artifact.horizon,
-                          disturbance_window(identified.state_space, identified.horizon), weighted, run.unmeasured)
+    return state_and_bias(ss, orders, stacked, artifact.horizon, held_window(identified), weighted, run.unmeasured)
 
 
 def predicted_run(artifact: ModelArtifact, run: RunSeries) -> RunSeries:
