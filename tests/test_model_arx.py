@@ -822,6 +822,30 @@ def test_the_long_numerator_family_wins_where_channels_have_poles_of_their_own()
     np.testing.assert_allclose(artifact.steady_gain["gain"], truth, atol=0.1 * np.abs(truth).max())
 
 
+@pytest.mark.parametrize("settled, g4, kept", [
+    ((0.30, 0.20), (True, True), 1),  # the long numerator settles closer by more than LONG_MARGIN: kept
+    ((0.21, 0.20), (True, True), 0),  # ... by less: the per-channel model
+    ((0.24, 0.20), (True, False), 0),  # closer, but its data cannot pin it down; the other is within the margin
+    ((0.40, 0.20), (True, False), 1),  # ... and outside it: the closest, failing G4 (its status says so)
+    ((0.30, 0.20), (False, False), 1),  # no family passes: the closest
+])
+def test_the_family_kept_is_the_closest_unless_it_fails_g4_and_one_within_the_margin_passes(settled, g4, kept):
+    from optimizer_pipeline.model.artifact import family_choice
+
+    index, reason = family_choice(["per_channel", "long_numerator"], settled, g4)
+    assert index == kept and reason.startswith(["per_channel", "long_numerator"][kept])
+    assert ("fails G4" in reason) == (g4 == (True, False) and kept == 0)
+
+
+def test_identify_records_which_families_pass_g4_and_why_one_was_kept():
+    _, runs = wood_berry_like_runs(5)
+    spec = binding(n_mv=2, n_cv=2, na=None, nb=None, delay=None, horizon=10)
+    selection = identify(split_of(spec, runs, 6, 2, 2), spec, 1).selection
+    choice = selection["family_choice"]
+    assert set(choice["g4_passed"]) == set(selection["settled_nrmse_by_family"])
+    assert choice["reason"].startswith(selection["family"] + ":")
+
+
 def test_a_binding_that_gives_an_order_gets_no_long_numerator():
     _, runs = wood_berry_like_runs(6)
     spec = binding(n_mv=2, n_cv=2, na=2, nb=None, delay=None, horizon=10)

@@ -24,7 +24,8 @@ Three families of candidates, each fitted by ridge least squares (model/fit.py) 
 
 When more than one family reaches the ridge stage, identify keeps the family whose best model
 predicts the held-out settled values closest (model/artifact.py, `selection.settled_nrmse_by_family`),
-the long numerator only when it is closer by LONG_MARGIN.
+the long numerator only when it is closer by LONG_MARGIN, and one within LONG_MARGIN of it that passes
+gate G4 where that one fails it (model.artifact.family_choice).
 
 Score: mean over CVs of the P-step open-loop rollout NRMSE on val runs (train runs when no val run
 holds a window, recorded). Every candidate is scored on the same windows. Order stage at
