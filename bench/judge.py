@@ -20,7 +20,9 @@ good; a product failure on the way is a bad plan whose reason is the failure's m
 reference. An integrating level drifts while the flows are unbalanced, so the surge tank's plan is
 followed by its last move held as long again before the error is measured (holding likewise). Each
 count reads "before -> after": before is the status under gate G4's earlier rule (raw rows against raw
-coefficients, `status_before`), in the same run.
+coefficients, `status_before`), in the same run. A last table gives per condition for `verified` its
+false rejects (failed on a good plan) and false accepts (held on a bad one), and the plans it alone kept
+unverified.
 
 Usage: .venv/bin/python bench/judge.py [--seeds 1 2 3 4 5 6 | --unseen] [--only column-wb ...] [--markdown FILE]
        .venv/bin/python bench/judge.py --families [--seeds 1 2 3 | --unseen] [--only wood-berry ...] [--markdown FILE]
@@ -146,6 +148,7 @@ def judge(plant, history, split, artifact, ledger: Ledger, cache: SolverCache, h
     ev = calibration.evidence
     choice = artifact.selection.get("steady_model") or {}
     out = {"status": rec.status.value, "reasons": rec.reasons, "coverage": ev.coverage,
+           "conditions": {c.name: c.holds for c in record.conditions},
            "threshold": ev.coverage_threshold, "orders": (artifact.na, artifact.nb, artifact.delay),
            "procedure": (f"local {choice['bandwidth']:g}" if choice.get("procedure") == "local"
                          else choice.get("procedure", "global"))}
@@ -284,6 +287,28 @@ def family_tables(results: dict[str, list], seconds: dict[str, float]) -> str:
     return "\n".join(rows)
 
 
+def condition_table(results: dict[str, list]) -> str:
+    """Markdown: per condition for `verified`, over every judged plan with a plan (good: within the judge's
+    goals), how often it failed a good plan (false reject) and held on a bad one (false accept), and the
+    plans it alone kept unverified, good and bad: what each threshold costs and what it catches."""
+    plans = [r for family in results.values() for _, _, r in family if "conditions" in r and "ratio" in r]
+    good, bad = [r for r in plans if r["goals"]], [r for r in plans if not r["goals"]]
+    names = sorted({name for r in plans for name in r["conditions"]})
+
+    def alone(r: dict, name: str) -> bool:
+        return [n for n, holds in r["conditions"].items() if not holds] == [name]
+
+    rows = [f"| condition (good plans: {len(good)}, bad: {len(bad)}) | fails a good plan | holds on a bad plan | "
+            "alone keeps a good plan unverified | alone keeps a bad plan unverified |", "|" + "---|" * 5]
+    for name in names:
+        judged_good = [r for r in good if name in r["conditions"]]
+        judged_bad = [r for r in bad if name in r["conditions"]]
+        rows.append(f"| {name} | {sum(not r['conditions'][name] for r in judged_good)} of {len(judged_good)} | "
+                    f"{sum(r['conditions'][name] for r in judged_bad)} of {len(judged_bad)} | "
+                    f"{sum(alone(r, name) for r in good)} | {sum(alone(r, name) for r in bad)} |")
+    return "\n".join(rows)
+
+
 def main_families(args, ledger: Ledger, cache: SolverCache) -> str:
     """Judge every family (or those `--only` names, by family or binding id) on the seeds; print a line
     per plan as it is judged and return the tables."""
@@ -307,7 +332,7 @@ def main_families(args, ledger: Ledger, cache: SolverCache) -> str:
                     print("      reasons:", "; ".join(r["reasons"])[:400])
         if plants:
             seconds[family.name] = time.perf_counter() - started
-    return family_tables(results, seconds)
+    return family_tables(results, seconds) + "\n\n" + condition_table(results)
 
 
 def main_variants(args, ledger: Ledger, cache: SolverCache) -> str:

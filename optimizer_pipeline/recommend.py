@@ -155,7 +155,25 @@ def gain_conditions(artifact: ModelArtifact, problem: ProblemIR, evidence: Evide
     tag, error, band = artifact.cv_tags[worst], spread[worst] * y_std[worst], qhat[worst] * y_std[worst]
     return [Condition(name, f"{tag}: {error:.4g} against band {band:.4g}", limit, bool(np.all(spread <= qhat)),
                       f"steady-gain uncertainty: along the planned move a settled {tag} error of up to {error:.3g} "
-                      f"({GAIN_SIGMAS:g} standard errors of the gain) exceeds the band {band:.3g}")]
+                      f"({GAIN_SIGMAS:g} standard errors of the gain) exceeds the band {band:.3g}; "
+                      + undetermined_direction(tag, cov[worst], u_std, artifact.mv_tags))]
+
+
+def undetermined_direction(cv_tag: str, cov: np.ndarray, u_std: np.ndarray, mv_tags: Sequence[str]) -> str:
+    """Which moves leave the steady gain of `cv_tag` least determined and what test data would determine
+    it: the direction of the largest variance of its gain row (cov (nu, nu), normalised MV units; its
+    top eigenvector) as a proportion of MV moves in engineering units, and how much larger its standard
+    error is there than along the best-determined direction."""
+    if len(mv_tags) == 1:
+        return f"step tests with more or larger steps of {mv_tags[0]} would determine the gain of {cv_tag}"
+    variances, vectors = np.linalg.eigh(np.asarray(cov, float))
+    move = vectors[:, -1] * np.asarray(u_std, float)  # the weakest direction, engineering units
+    move = move / move[np.argmax(np.abs(move))]
+    proportion = " : ".join(f"{m:+.2f}" for m in np.where(np.abs(move) < 0.005, 0.0, move))
+    ratio = f"; its standard error there {np.sqrt(variances[-1] / variances[0]):.3g} x the best-determined " \
+            "direction's" if variances[0] > 0 else ""
+    return (f"the gain of {cv_tag} is least determined for moves of {', '.join(mv_tags)} in the proportion "
+            f"{proportion} (engineering units{ratio}): step tests moving them together that way would determine it")
 
 
 def improvement_conditions(binding: BindingSpec, result: SolveResult, candidate: SolveCandidate | None,

@@ -258,7 +258,7 @@ MATRIX = [
     Row("gain uncertainty along the move beyond the band", "steady-gain uncertainty along the planned move",
         replace(BASE, plan_end=3.5), UNVERIFIED,
         ("steady-gain uncertainty: along the planned move a settled y0 error of up to 1.25 (2 standard errors of "
-         "the gain) exceeds the band 1",)),
+         "the gain) exceeds the band 1; step tests with more or larger steps of u0 would determine the gain of y0",)),
     Row("gain uncertainty along the move exactly the band", "steady-gain uncertainty along the planned move",
         replace(BASE, plan_end=3.0), VERIFIED),
     Row("no gain uncertainty recorded", "steady-gain uncertainty along the planned move",
@@ -521,3 +521,18 @@ def test_the_gain_condition_judges_the_gain_of_the_model_the_plan_was_solved_wit
 
     assert "steady-gain uncertainty along the planned move" not in failing(None)
     assert "steady-gain uncertainty along the planned move" in failing(wide)  # 2 x 1.0 > band 0.5
+
+
+def test_the_least_determined_gain_direction_is_named_as_a_proportion_of_mv_moves():
+    """Two MVs: the gain row's variance is largest along the normalised direction (1, 1) (4 against 0.25
+    across it); u1 moves twice as far per normalised unit, so in engineering units the moves that leave
+    the gain least determined are u0 : u1 = 0.5 : 1, with a standard error sqrt(4 / 0.25) = 4 times the
+    best-determined direction's."""
+    from optimizer_pipeline.recommend import undetermined_direction
+
+    turn = np.array([[1.0, -1.0], [1.0, 1.0]]) / np.sqrt(2.0)
+    cov = turn @ np.diag([4.0, 0.25]) @ turn.T
+    text = undetermined_direction("y0", cov, np.array([1.0, 2.0]), ("u0", "u1"))
+    assert "moves of u0, u1 in the proportion +0.50 : +1.00" in text and "there 4 x the best-determined" in text
+    across = undetermined_direction("y0", turn @ np.diag([0.25, 4.0]) @ turn.T, np.array([1.0, 2.0]), ("u0", "u1"))
+    assert "proportion -0.50 : +1.00" in across  # the largest move reads +1

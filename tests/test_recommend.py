@@ -278,8 +278,11 @@ def test_gain_uncertainty_exactly_on_the_band_holds():
 def test_gain_uncertainty_beyond_the_band_fails_on_the_worst_cv():
     [c] = gain([1.0, 0.8])  # y1: 1.0 > 0.8; band 0.8 x 3 = 2.4
     assert (c.value, c.holds) == ("y1: 3 against band 2.4", False)
+    # y1's gain is uncertain in u1's coefficient alone (cov diag(0, 1/16)): moves of u1 would determine it
     assert c.reason == ("steady-gain uncertainty: along the planned move a settled y1 error of up to 3 "
-                        "(2 standard errors of the gain) exceeds the band 2.4")
+                        "(2 standard errors of the gain) exceeds the band 2.4; the gain of y1 is least determined "
+                        "for moves of u0, u1 in the proportion +0.00 : +1.00 (engineering units): step tests moving "
+                        "them together that way would determine it")
 
 
 def test_the_worst_cv_is_the_one_with_the_largest_spread_over_band_not_the_largest_spread():
