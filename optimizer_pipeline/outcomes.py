@@ -66,6 +66,7 @@ from optimizer_pipeline.contracts import (
 from optimizer_pipeline.data import read_history
 from optimizer_pipeline.ledger import Ledger, NotFoundError, OutcomeRecord, RecommendationRecord, new_id
 from optimizer_pipeline.model.arx import Orders, spectral_radius
+from optimizer_pipeline.model.statespace import integrating_outputs
 
 log = logging.getLogger(__name__)
 
@@ -170,11 +171,13 @@ def promised_rate(uq: Mapping[str, Any] | None) -> float | None:
 
 
 def settle_steps(artifact: ModelArtifact, solved_with: StateSpace | None = None) -> int | None:
-    """Steps until the model has settled (see the module's steady-state rule); None when it is unstable.
+    """Steps until the model has settled (see the module's steady-state rule); None when it is unstable or
+    integrates (a level has no settled value: statespace.integrating_outputs).
     `solved_with`: the model the recommendation's problem held when it is not the artifact's own (a
     steady target's local refit, model/local.py; same orders)."""
-    rho = spectral_radius(artifact.state_space if solved_with is None else solved_with)
-    if not rho < 1.0:
+    model = artifact.state_space if solved_with is None else solved_with
+    rho = spectral_radius(model)
+    if not rho < 1.0 or integrating_outputs(model).any():
         return None
     lag = Orders(artifact.na, artifact.nb, artifact.delay).max_lag
     return lag if rho < 1e-12 else lag + math.ceil(math.log(SETTLE_FRACTION) / math.log(rho))

@@ -42,7 +42,7 @@ from optimizer_pipeline.model import current_state, identify
 from optimizer_pipeline.model.artifact import local_artifact, local_fitter, predicted_run
 from optimizer_pipeline.model.local import GLOBAL, LOCAL, LocalFitter, OperatingPoint, settle_limit, steady_procedure
 from optimizer_pipeline.model.select import finite_or_none
-from optimizer_pipeline.model.statespace import MAX_SETTLING_STEPS, settling_steps
+from optimizer_pipeline.model.statespace import MAX_SETTLING_STEPS, integrating_outputs, settling_steps
 from optimizer_pipeline.outcomes import model_outcome_condition
 from optimizer_pipeline.problem import needs_steady_layer
 from optimizer_pipeline.recommend import Decision, EvidenceSnapshot, decide, max_live_age_s
@@ -148,8 +148,19 @@ def block_rule(binding: BindingSpec, artifact: ModelArtifact) -> tuple[int, str]
     return artifact.horizon, uq.MAX_RESIDUAL_LOCAL if local else uq.MAX_RESIDUAL
 
 
-def score_blocks(binding: BindingSpec, artifact: ModelArtifact, split: HistorySplit) -> Scores:
-    h, score = block_rule(binding, artifact)
+def held_rule(binding: BindingSpec, artifact: ModelArtifact) -> tuple[int, str]:
+    """Block length and score of the settled evidence of a move plan with an integrating CV: the residual
+    at the end of blocks of twice the plan's horizon (the plan, then its last move held as long: a level
+    off balance drifts on, which the P-step band does not see), by the local procedure when
+    identification chose it."""
+    local = steady_procedure(artifact) == LOCAL
+    return 2 * binding.profile.horizon, uq.SETTLED_LOCAL if local else uq.SETTLED_RESIDUAL
+
+
+def score_blocks(binding: BindingSpec, artifact: ModelArtifact, split: HistorySplit, held: bool = False) -> Scores:
+    """The val and test block scores by `block_rule`; `held`: those of the end of a move plan whose last move
+    is held as long again (`held_rule`)."""
+    h, score = held_rule(binding, artifact) if held else block_rule(binding, artifact)
     train = artifact_runs(artifact, split, "train") if score in uq.LOCAL_SCORES else ()
     return Scores(*(uq.block_scores(artifact, artifact_runs(artifact, split, segment), h, score, train)
                     for segment in ("val", "test")))
@@ -383,21 +394,29 @@ def settled_evidence(binding: BindingSpec, artifact: ModelArtifact, split: Histo
     the refit is centred on each block's own path, so the band against the improvement holds the
     plan's end to the wider of the two (recommend.decide); this one is the local procedure's settled
     error (its refits centred on each settled block's end, the live plan's on its P-th step), not a
-    calibration of that exact plan. Scored here on the split's
+    calibration of that exact plan. A plan with an integrating CV (a level) ends balanced (solver/mpc.py),
+    but a balance the model gets wrong leaves the level drifting: its settled evidence scores the end of
+    blocks of the plan and as long again (`held_rule`). Scored here on the split's
     val / test runs and gated like any evidence; not recorded as a calibration of its own. Without it
     (too few settled blocks, or a failed gate) the layer falls back on the plan's band and the
     condition fails, naming why: the recommendation is not `verified`. Nothing for a steady target or
     a plan of the identified model that is not steered."""
-    steered = needs_steady_layer(binding)
-    if binding.profile.template is Template.STEADY_RESPONSE or not (steered or steady_procedure(artifact) == LOCAL):
+    steered, ramps = needs_steady_layer(binding), bool(integrating_outputs(artifact.state_space).any())
+    if binding.profile.template is Template.STEADY_RESPONSE or not (steered or ramps or
+                                                                     steady_procedure(artifact) == LOCAL):
         return None, []
-    scores = score_blocks(steady_layer(binding), artifact, split)
+    if ramps and not steered:
+        scores = score_blocks(binding, artifact, split, held=True)
+    else:
+        scores = score_blocks(steady_layer(binding), artifact, split)
     evidence = uq.compute_block_uq(scores.val, scores.test, alpha=settings.uq_alpha, calibrated_at=iso_utc(now))
     failures = uq.gate_failures(evidence, settings.uq_gate)
     name = "settled evidence of the steady-state target" if steered else "settled evidence of the plan's end"
     limit = "UQ gate on the settled response"
     if failures:
-        what = "the steady-state target the plan steers to" if steered else "the end of the plan (a local refit's)"
+        what = ("the steady-state target the plan steers to" if steered else
+                f"the end of the plan, its last move held {binding.profile.horizon} samples (an integrating CV's)"
+                if ramps else "the end of the plan (a local refit's)")
         return None, [Condition(name, "none" if not evidence.has_evidence else f"coverage {evidence.coverage:.3g}",
                                 limit, False, f"{what} has no settled evidence: " + "; ".join(failures))]
     return evidence, [Condition(name, f"coverage {evidence.coverage:.3g}", limit, True)]

@@ -33,6 +33,7 @@ from optimizer_pipeline.contracts import (
     parse_iso_utc,
 )
 from optimizer_pipeline.ledger import candidate_id, new_id
+from optimizer_pipeline.model.statespace import integrating_outputs
 from optimizer_pipeline.recommendation_text import duration, num
 from optimizer_pipeline.settings import Settings
 
@@ -150,12 +151,16 @@ def gain_conditions(artifact: ModelArtifact, problem: ProblemIR, evidence: Evide
         z_end = forward_columns(transforms, end)
         spread = np.maximum(*(np.abs(inverse_columns(transforms, z_end + sign * spread * y_std) - end)
                               for sign in (1, -1))) / y_std
+    ramps = integrating_outputs(problem.model)  # their gain is a rate per sample: held a horizon, a drift
+    spread = np.where(ramps, problem.horizon * spread, spread)
     qhat = np.asarray(evidence.uq["qhat"], float)
     worst = int(np.argmax(spread / np.maximum(qhat, 1e-300)))
     tag, error, band = artifact.cv_tags[worst], spread[worst] * y_std[worst], qhat[worst] * y_std[worst]
+    settled = (f"a drift of {tag} of up to {error:.3g} over the plan's {problem.horizon} samples held after it "
+               f"(its rate, {GAIN_SIGMAS:g} standard errors of its gain)" if ramps[worst] else
+               f"a settled {tag} error of up to {error:.3g} ({GAIN_SIGMAS:g} standard errors of the gain)")
     return [Condition(name, f"{tag}: {error:.4g} against band {band:.4g}", limit, bool(np.all(spread <= qhat)),
-                      f"steady-gain uncertainty: along the planned move a settled {tag} error of up to {error:.3g} "
-                      f"({GAIN_SIGMAS:g} standard errors of the gain) exceeds the band {band:.3g}; "
+                      f"steady-gain uncertainty: along the planned move {settled} exceeds the band {band:.3g}; "
                       + undetermined_direction(tag, cov[worst], u_std, artifact.mv_tags))]
 
 

@@ -602,9 +602,18 @@ def test_settling_steps_of_known_step_responses():
                          np.zeros((1, 1, 0)), np.zeros(1))
         expected = int(np.ceil(np.log(SETTLE_FRACTION) / np.log(0.9))) + delay - 1
         assert settling_steps(model.realise()) == expected
+    # an integrator settles when its rate does: y[t] = y[t-1] + 0.1 u[t-1] ramps at 0.1 from the first step,
+    # y[t] = 1.5 y[t-1] - 0.5 y[t-2] + 0.1 u[t-1] at a rate r[t] = 0.5 r[t-1] + 0.1 u[t-1], within 5 % of its
+    # final 0.2 once 0.5^H <= 0.05
     integrator = ArxModel(Orders(1, 1, 1), np.ones((1, 1, 1)), np.full((1, 1, 1), 0.1), np.zeros((1, 1, 0)),
                           np.zeros(1))
-    assert settling_steps(integrator.realise()) is None
+    assert settling_steps(integrator.realise()) == 1
+    lagged = ArxModel(Orders(2, 1, 1), np.array([[[1.5]], [[-0.5]]]), np.full((1, 1, 1), 0.1), np.zeros((1, 1, 0)),
+                      np.zeros(1))
+    assert settling_steps(lagged.realise()) == int(np.ceil(np.log(SETTLE_FRACTION) / np.log(0.5)))
+    unstable = ArxModel(Orders(1, 1, 1), np.full((1, 1, 1), 1.05), np.full((1, 1, 1), 0.1), np.zeros((1, 1, 0)),
+                        np.zeros(1))
+    assert settling_steps(unstable.realise()) is None
 
 
 def test_gain_uncertainty_is_the_jackknife_over_train_runs_of_the_chosen_fit():

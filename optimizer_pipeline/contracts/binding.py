@@ -24,6 +24,7 @@ from optimizer_pipeline.validation import (
     NON_NEGATIVE,
     POSITIVE,
     Interval,
+    bool_rule,
     check_choice,
     check_integer,
     check_keys,
@@ -32,6 +33,7 @@ from optimizer_pipeline.validation import (
     check_match,
     check_number,
     check_ordered,
+    check_rule,
     check_text,
     get_field,
     refuse,
@@ -65,6 +67,7 @@ class CVSpec:
     cost: float = 0.0
     cost_quadratic: float = 0.0
     transform: CVTransform | None = None  # identified and planned in transformed units (contracts.transform)
+    integrating: bool = False  # a level or inventory: integrates its inputs' imbalance (model/fit.py)
 
 
 @dataclass(frozen=True)
@@ -141,6 +144,8 @@ class BindingSpec:
                         del item[key]
                 if kind == "cvs" and item["transform"] is None:
                     del item["transform"]
+                if kind == "cvs" and not item["integrating"]:
+                    del item["integrating"]
         return canonical_json(doc)
 
     @property
@@ -256,8 +261,9 @@ def binding_from_dict(doc: Any, source: str = "binding") -> BindingSpec:
         target = None if target is None else check_number(target, f"{at}.target", Interval(lo, hi))
         weight = check_number(get_field(item, "weight", at, 1.0), f"{at}.weight", NON_NEGATIVE)
         costs = _costs(item, at)
+        integrating = check_rule(get_field(item, "integrating", at, False), bool_rule(), at, "integrating")
         cvs.append(CVSpec(_tag(get_field(item, "tag", at), f"{at}.tag"), lo, hi, target, weight, **costs,
-                          transform=_transform(item, lo, hi, costs, at)))
+                          transform=_transform(item, lo, hi, costs, at), integrating=integrating))
     if not cvs:
         raise ContractError(f"{w}.cvs: at least one CV is required")
 
@@ -297,10 +303,30 @@ def binding_from_dict(doc: Any, source: str = "binding") -> BindingSpec:
         valid_for_s=check_number(get_field(profile_doc, "valid_for_s", at, 3600), f"{at}.valid_for_s", POSITIVE),
     )
 
+    _check_integrating(cvs, mvs, template, w)
     return BindingSpec(id=binding_id, sample_period_s=period, mvs=tuple(mvs), cvs=tuple(cvs), dvs=tuple(dvs),
                        model=model, profile=profile, unit=unit,
                        opcua=wiring_from_dict(get_field(doc, "opcua", w, None), tuple(m.tag for m in mvs),
                                               tuple(seen), w))  # seen: every tag, in order
+
+
+def _check_integrating(cvs: list[CVSpec], mvs: list[MVSpec], template: Template, w: str) -> None:
+    """An integrating CV has no steady value, only a balance: it is planned by a move plan that ends balanced
+    (solver/mpc.py) toward its target, and the steady-state layer (steady targets, costs, a CV without a
+    target: solver/targets.py) does not take a balance."""
+    for i, cv in enumerate(cvs):
+        if not cv.integrating:
+            continue
+        at = f"{w}.cvs[{i}].integrating"
+        if template is Template.STEADY_RESPONSE:
+            raise ContractError(f"{at}: an integrating CV has no steady state, only a balance; plan it with "
+                                f"{Template.LINEAR_MPC.value}")
+        needs_layer = [f"cvs[{j}] has no target" for j, c in enumerate(cvs) if c.target is None] + \
+            [f"{kind}[{j}] has a cost" for kind, specs in (("mvs", mvs), ("cvs", cvs))
+             for j, c in enumerate(specs) if c.cost or c.cost_quadratic]
+        if needs_layer:
+            raise ContractError(f"{at}: a binding with an integrating CV needs a target on every CV and no costs "
+                                f"(the steady-state layer does not take a balance yet): {'; '.join(needs_layer)}")
 
 
 def load_binding_file(path: str | Path) -> BindingSpec:

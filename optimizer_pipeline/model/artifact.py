@@ -316,7 +316,8 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
     lag_full = window_lag(binding)
     problem = RidgeProblem(train, max(max(o.na for o in grid), FIR_NA if per_channel(binding) else 1), lag_full)
     ny, nu, nd = problem.dims
-    common = [Structure.common(orders, ny, nu + nd) for orders in grid]
+    integrating = tuple(c.integrating for c in binding.cvs) if any(c.integrating for c in binding.cvs) else ()
+    common = [Structure.common(orders, ny, nu + nd, integrating) for orders in grid]
     smallest = min(s.n_params() for s in common)
     if problem.n_rows < smallest:
         raise ContractError(f"binding {binding.id}: the train runs give {problem.n_rows} usable rows; "
@@ -336,7 +337,7 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
     settled_on, long, long_note, long_orders = selector, [], "not searched", long_numerators(binding)
     if long_orders:  # on rows of their own: their lags would shorten every candidate's data
         long_problem = RidgeProblem(train, 1, max(o.max_lag for o in long_orders))
-        long_structures = [Structure.common(orders, ny, nu + nd) for orders in long_orders]
+        long_structures = [Structure.common(orders, ny, nu + nd, integrating) for orders in long_orders]
         if long_problem.n_rows >= max(s.n_params() for s in long_structures):
             settled_on = Selector(long_problem, data, horizon, max(first_row, long_problem.lag_full - 1))
             long = [settled_on.fit(structure, ORDER_STAGE_RIDGE) for structure in long_structures]

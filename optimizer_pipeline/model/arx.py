@@ -29,7 +29,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from optimizer_pipeline.contracts import MIN_STD, ContractError, Normalisation, RunSeries, StateSpace
-from optimizer_pipeline.model.statespace import disturbance_step_gains, rollout, settling_steps
+from optimizer_pipeline.model.statespace import disturbance_step_gains, integrators, rollout, settling_steps
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +143,15 @@ class ArxModel:
 
 
 def spectral_radius(ss: StateSpace) -> float:
-    return float(np.max(np.abs(np.linalg.eigvals(ss.arrays()[0])))) if ss.A else 0.0
+    """The largest |eigenvalue| of A, leaving out the model's integrators (statespace.integrators: a pole
+    exactly at 1 that identification fixed for an integrating CV is not an instability)."""
+    if not ss.A:
+        return 0.0
+    eigenvalues = np.linalg.eigvals(ss.arrays()[0])
+    fixed = integrators(ss)[0].shape[0]
+    if fixed:
+        eigenvalues = eigenvalues[np.argsort(np.abs(eigenvalues - 1.0))[fixed:]]
+    return float(np.max(np.abs(eigenvalues), initial=0.0))
 
 
 # --------------------------------------------------------------------------- stacked runs

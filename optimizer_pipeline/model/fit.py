@@ -29,17 +29,25 @@ WEIGHTED_BLOCK_VALUES = 1 << 22  # RidgeProblem.weighted_fits forms its products
 class Structure:
     """The regressors of each CV equation. na past values (of every CV, or with `own_ar` of its own
     only: the CVs' equations are then decoupled, MISO), nb lags of each input starting at that
-    channel's delay: delays[i][v] for CV i and input v (the MVs, then the DVs), each >= 1."""
+    channel's delay: delays[i][v] for CV i and input v (the MVs, then the DVs), each >= 1.
+
+    `integrating[i]`: CV i integrates its inputs (a level): its equation reads its own past only, and its
+    AR coefficients sum to 1, a pole at 1 (`increments`): it is fitted as the increment y[t] - y[t-1]
+    on the past na - 1 increments and the inputs. Empty: none does."""
 
     na: int
     nb: int
     delays: tuple[tuple[int, ...], ...]
     own_ar: bool = False
+    integrating: tuple[bool, ...] = ()
 
     @staticmethod
-    def common(orders: Orders, ny: int, nv: int) -> "Structure":
+    def common(orders: Orders, ny: int, nv: int, integrating: tuple[bool, ...] = ()) -> "Structure":
         """One delay for every channel and every CV's past in every equation (the plain ARX orders)."""
-        return Structure(orders.na, orders.nb, ((orders.delay,) * nv,) * ny)
+        return Structure(orders.na, orders.nb, ((orders.delay,) * nv,) * ny, integrating=integrating)
+
+    def integrates(self, i: int) -> bool:
+        return bool(self.integrating) and self.integrating[i]
 
     @property
     def orders(self) -> Orders:
@@ -53,10 +61,14 @@ class Structure:
 
     def n_params(self) -> int:
         ny = len(self.delays)
-        return sum(self.na * (1 if self.own_ar else ny) + self.nb * len(row) + 1 for row in self.delays)
+        return sum((self.na - 1 if self.integrates(i) else self.na * (1 if self.own_ar else ny)) + self.nb * len(row)
+                   + 1 for i, row in enumerate(self.delays))
 
     def record(self) -> dict[str, Any]:
-        return {"na": self.na, "nb": self.nb, "delays": [list(row) for row in self.delays], "own_ar": self.own_ar}
+        record = {"na": self.na, "nb": self.nb, "delays": [list(row) for row in self.delays], "own_ar": self.own_ar}
+        if any(self.integrating):
+            record["integrating"] = list(self.integrating)
+        return record
 
 
 def _lagged(stacked: Stacked, rows: np.ndarray, na: int, lag: int) -> np.ndarray:
@@ -76,7 +88,7 @@ def layout(structure: Structure, dims: tuple[int, int, int], na_full: int,
     orders = structure.orders
     out = []
     for i, delays in enumerate(structure.delays):
-        outputs = [i] if structure.own_ar else list(range(ny))
+        outputs = [i] if structure.own_ar or structure.integrates(i) else list(range(ny))
         cols = [lag * ny + k for lag in range(structure.na) for k in outputs]
         rows = list(cols)
         for v, delay in enumerate(delays):
@@ -95,13 +107,26 @@ def layout(structure: Structure, dims: tuple[int, int, int], na_full: int,
 
 
 def free_mask(structure: Structure, dims: tuple[int, int, int]) -> np.ndarray:
-    """(p, ny) bool: the realised Theta entries the structure leaves free (the rest stay zero)."""
+    """(p, ny) bool: the realised Theta entries the structure leaves free (the rest stay zero; an
+    integrating CV's AR coefficients stay as fitted, their sum 1)."""
     orders = structure.orders
     ny, nu, nd = dims
     mask = np.zeros((orders.n_params(ny, nu, nd) // ny, ny), bool)
     for i, (_, rows) in enumerate(layout(structure, dims, structure.na, orders.delay + orders.nb - 1)):
-        mask[rows, i] = True
+        mask[rows[structure.na:] if structure.integrates(i) else rows, i] = True
     return mask
+
+
+def increments(na: int, n_cols: int) -> np.ndarray:
+    """T (n_cols, n_cols - 1): an integrating CV's coefficients over its regressors (its own y lags 1..na
+    first, then the inputs and the intercept) are T beta + e_1, beta those of its increment
+    y[t] - y[t-1] on the increments at lags 1..na-1 and the inputs: y lag 1 gets 1 + beta_1, lag j
+    beta_j - beta_(j-1), lag na -beta_(na-1); the AR coefficients sum to 1 (`Structure.integrating`)."""
+    T = np.zeros((n_cols, n_cols - 1))
+    for j in range(na - 1):
+        T[j, j], T[j + 1, j] = 1.0, -1.0
+    T[na:, na - 1:] = np.eye(n_cols - na)
+    return T
 
 
 class RidgeProblem:
@@ -169,10 +194,11 @@ class RidgeProblem:
         takes away the directions the rows hardly determine."""
         gram = self.run_gram.sum(axis=0) / max(float(self.run_rows.sum()), MIN_WEIGHT)
         total = 0.0
-        for cols, _ in layout(structure, self.dims, self.na_full, self.lag_full):
-            penalty = np.full(cols.size, ridge)
+        for i, (cols, _) in enumerate(layout(structure, self.dims, self.na_full, self.lag_full)):
+            T = increments(structure.na, cols.size) if structure.integrates(i) else np.eye(cols.size)
+            penalty = np.full(T.shape[1], ridge)
             penalty[-1] = 0.0
-            block = gram[np.ix_(cols, cols)]
+            block = T.T @ gram[np.ix_(cols, cols)] @ T
             total += float(np.trace(np.linalg.solve(block + np.diag(penalty + SOLVE_FLOOR), block)))
         return total
 
@@ -201,9 +227,17 @@ class RidgeProblem:
         orders = structure.orders
         theta = np.zeros((orders.n_params(ny, nu, nd) // ny, ny))
         for i, (cols, rows) in enumerate(layout(structure, self.dims, self.na_full, self.lag_full)):
-            penalty = np.full(cols.size, ridge)
+            block, target = gram[np.ix_(cols, cols)], cross[cols, i]
+            if structure.integrates(i):  # the increment y[t] - y[t-1] (y lag 1 is cols[0]) on T's regressors
+                T = increments(structure.na, cols.size)
+                block, target = T.T @ block @ T, T.T @ (target - block[:, 0])
+            penalty = np.full(block.shape[0], ridge)
             penalty[-1] = 0.0  # the intercept is not shrunk
-            theta[rows, i] = np.linalg.solve(gram[np.ix_(cols, cols)] + np.diag(penalty + SOLVE_FLOOR), cross[cols, i])
+            coefficients = np.linalg.solve(block + np.diag(penalty + SOLVE_FLOOR), target)
+            if structure.integrates(i):
+                coefficients = T @ coefficients
+                coefficients[0] += 1.0
+            theta[rows, i] = coefficients
         return ArxModel.from_theta(orders, theta, nu, nd)
 
 

@@ -51,8 +51,8 @@ from optimizer_pipeline.contracts import ModelArtifact, StateSpace
 from optimizer_pipeline.model.arx import (ArxModel, Orders, Stacked, fit_disturbance, one_step_residuals,
                                           spectral_radius, states_at)
 from optimizer_pipeline.model.fit import RidgeProblem, Structure
-from optimizer_pipeline.model.statespace import (SETTLE_FRACTION, disturbance_step_gains, disturbance_step_gains_each,
-                                                 rollout_each, settling_steps)
+from optimizer_pipeline.model.statespace import (INTEGRATOR_TOL, SETTLE_FRACTION, disturbance_step_gains,
+                                                 disturbance_step_gains_each, rollout_each, settling_steps)
 
 # kernel widths identification chooses from, in train standard deviations over the MVs and CVs together
 BANDWIDTHS = (1.0, 0.7, 0.5)
@@ -105,7 +105,7 @@ def structure_of(artifact: ModelArtifact) -> tuple[Structure, float]:
     if record:
         structure = Structure(int(record["na"]), int(record["nb"]), tuple(tuple(int(d) for d in row)
                                                                           for row in record["delays"]),
-                              bool(record.get("own_ar", False)))
+                              bool(record.get("own_ar", False)), tuple(map(bool, record.get("integrating", ()))))
     else:
         structure = Structure.common(Orders(artifact.na, artifact.nb, artifact.delay), len(artifact.cv_tags),
                                      len(artifact.mv_tags) + len(artifact.dv_tags))
@@ -317,12 +317,16 @@ def local_disturbances(models: Sequence[StateSpace], centres: np.ndarray, bandwi
 def local_gains(refits: Sequence[ArxModel], ny: int, nv: int) -> np.ndarray:
     """The steady-state gains [G, Gd] (m, ny, nv = nu + nd) of the ARX `refits` (normalised units):
     (I - sum A)^-1 [sum B, sum D], what statespace.steady_state gives of their realisations (a refit
-    is kept only when it settles, `LocalFitter.refit`, so I - sum A is regular)."""
+    is kept only when it settles, `LocalFitter.refit`, so I - sum A is regular). An integrating CV's
+    row of I - sum A is 0 (its AR coefficients sum to 1, model/fit.py): its settled rate per step r
+    then solves (sum_l l A_l) r = [sum B, sum D] in that row (a ramp y[t] = y0 + r t in its equation)."""
     if not refits:
         return np.zeros((0, ny, nv))
     ar = np.stack([np.eye(ny) - model.A.sum(axis=0) for model in refits])
+    ramp = np.stack([np.tensordot(np.arange(1, len(model.A) + 1), model.A, axes=1) for model in refits])
+    integrating = np.all(np.abs(ar) < INTEGRATOR_TOL, axis=2, keepdims=True)
     exo = np.stack([np.hstack([model.B.sum(axis=0), model.D.sum(axis=0)]) for model in refits])
-    return np.linalg.solve(ar, exo)
+    return np.linalg.solve(np.where(integrating, ramp, ar), exo)
 
 
 def best_bandwidth(local_errors: Mapping[float, float]) -> float:

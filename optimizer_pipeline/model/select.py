@@ -170,10 +170,12 @@ class Selector:
         ny, nu, nd = self.problem.dims
         nv = nu + nd
         nas, nbs = _grid(binding.model.na, NA_GRID), _grid(binding.model.nb, NB_GRID)
-        fir = self.problem.fit(Structure(FIR_NA, self.problem.lag_full, ((1,) * nv,) * ny, own_ar=True),
-                               ORDER_STAGE_RIDGE)
+        integrating = common.structure.integrating
+        fir = self.problem.fit(Structure(FIR_NA, self.problem.lag_full, ((1,) * nv,) * ny, own_ar=True,
+                                         integrating=integrating), ORDER_STAGE_RIDGE)
         first = first_large_lags(fir)
-        current = self.fit(Structure(common.structure.na, common.structure.nb, first, own_ar=True), ORDER_STAGE_RIDGE)
+        current = self.fit(Structure(common.structure.na, common.structure.nb, first, own_ar=True,
+                                     integrating=integrating), ORDER_STAGE_RIDGE)
         evaluated = 1
         for _ in range(SWEEPS):
             moved = False

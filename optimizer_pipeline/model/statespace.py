@@ -20,6 +20,7 @@ import numpy as np
 from optimizer_pipeline.contracts import StateSpace
 
 SETTLE_FRACTION = 0.05  # settled: every step response within 5 % of its output's largest steady gain
+INTEGRATOR_TOL = 1e-9  # a singular value of I - A below this (relative, at least absolute): an integrator
 MAX_SETTLING_STEPS = 2000  # a model that has not settled by then has no settling horizon
 
 
@@ -67,18 +68,54 @@ def _simulate(x: np.ndarray, drive: np.ndarray, advance: Callable[[np.ndarray], 
     return y
 
 
+@lru_cache(maxsize=256)
+def integrators(ss: StateSpace) -> tuple[np.ndarray, np.ndarray]:
+    """(W (k, nx), V (nx, k)), W V = I: the left and right null spaces of I - A, one row / column per
+    integrator of the model: a pole exactly at 1, as identification fixes it for a CV declared
+    integrating (model/fit.py, `Structure.integrating`); a pole fitted near 1 is no integrator.
+    Held inputs b drive the state along V at V W b per step once the rest has settled: the ramp.
+    Cached by value; the arrays are read-only."""
+    A = ss.arrays()[0]
+    nx = A.shape[0]
+    if nx == 0:
+        return np.zeros((0, 0)), np.zeros((0, 0))
+    left, sv, right = np.linalg.svd(np.eye(nx) - A)
+    null = sv < INTEGRATOR_TOL * max(1.0, float(sv.max()))
+    W, V = left[:, null].T, right[null].T
+    if null.any():
+        W = np.linalg.solve(W @ V, W)
+    for a in (W, V):
+        a.setflags(write=False)
+    return W, V
+
+
+def integrating_outputs(ss: StateSpace) -> np.ndarray:
+    """(ny,) bool: the outputs that read an integrator (`integrators`): they ramp under held inputs."""
+    _, V = integrators(ss)
+    C = ss.arrays()[4]
+    return np.abs(C @ V).max(axis=1, initial=0.0) > INTEGRATOR_TOL if V.size else np.zeros(C.shape[0], bool)
+
+
+def _settled(ss: StateSpace, rhs: np.ndarray, rcond: float) -> np.ndarray:
+    """C times the settled state of the columns of `rhs` held (C (I - A)^-1 rhs); for an output that reads
+    an integrator, its settled rate per step instead: C V W rhs (`integrators`). The rest of the state
+    settles at (I - A)^-1 (rhs - V W rhs), solved by least squares with `rcond` (a near-integrating
+    model keeps a finite map instead of inventing huge gains)."""
+    A, C = ss.arrays()[0], ss.arrays()[4]
+    W, V = integrators(ss)
+    ramp = V @ (W @ rhs) if W.size else np.zeros_like(rhs)
+    level = C @ np.linalg.lstsq(np.eye(A.shape[0]) - A, rhs - ramp, rcond=rcond)[0]
+    return np.where(integrating_outputs(ss)[:, None], C @ ramp, level)
+
+
 def steady_state(ss: StateSpace, rcond: float = 1e-8) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Steady-state map y_ss = G u + Gd d + y0 (normalised units).
 
-    G = C (I - A)^-1 B (ny, nu), Gd = C (I - A)^-1 E (ny, nd), y0 = C (I - A)^-1 f (ny,).
-    A (near-)integrating model makes I - A singular: the least-squares solution with `rcond`
-    keeps the map finite instead of inventing huge gains.
+    G = C (I - A)^-1 B (ny, nu), Gd = C (I - A)^-1 E (ny, nd), y0 = C (I - A)^-1 f (ny,); an integrating
+    output's rows are its settled rate per step (`_settled`): 0 where the held inputs balance it.
     """
     A, B, E, f, C = ss.arrays()
-    lhs = np.eye(A.shape[0]) - A
-    rhs = np.hstack([B, E, f[:, None]])
-    sol = np.linalg.lstsq(lhs, rhs, rcond=rcond)[0]
-    mapped = C @ sol
+    mapped = _settled(ss, np.hstack([B, E, f[:, None]]), rcond)
     nu, nd = B.shape[1], E.shape[1]
     return mapped[:, :nu], mapped[:, nu:nu + nd], mapped[:, nu + nd]
 
@@ -86,11 +123,10 @@ def steady_state(ss: StateSpace, rcond: float = 1e-8) -> tuple[np.ndarray, np.nd
 def disturbance_gain(ss: StateSpace, steps: int | None = None, rcond: float = 1e-8) -> np.ndarray:
     """(ny, ny): the outputs' response to a held disturbance (module docstring) of one unit per
     output, from rest: after `steps` steps (C (I + A + ... + A^(steps-1)) C'), or at steady state
-    (None: C (I - A)^-1 C', least squares with `rcond` as in `steady_state`)."""
+    (None: C (I - A)^-1 C' as in `steady_state`, an integrating output's rate per step)."""
     if steps is not None:
         return disturbance_step_gains(ss, steps)[-1]
-    A, _, _, _, C = ss.arrays()
-    return C @ np.linalg.lstsq(np.eye(A.shape[0]) - A, C.T, rcond=rcond)[0]
+    return _settled(ss, ss.arrays()[4].T, rcond)
 
 
 def disturbance_step_gains(ss: StateSpace, steps: int) -> np.ndarray:
@@ -116,8 +152,9 @@ def disturbance_step_gains_each(models: Sequence[StateSpace], steps: int) -> np.
 def settling_steps(ss: StateSpace, fraction: float = SETTLE_FRACTION, cap: int = MAX_SETTLING_STEPS) -> int | None:
     """The smallest H >= 1 such that, with every input (MVs and DVs) stepped by one unit and held,
     the response after H or more steps stays within `fraction` of its final value; the tolerance is
-    taken per output as `fraction` times the output's largest |steady gain|. None when that has not
-    happened within `cap` steps (slow, integrating or unstable model).
+    taken per output as `fraction` times the output's largest |steady gain|. An integrating output
+    (`integrating_outputs`) settles when its rate (the response's change per step) does. None when that
+    has not happened within `cap` steps (slow or unstable model).
 
     Cached by value (StateSpace is frozen and hashable): the `cap` steps are a Python loop of ~35 ms,
     and one solve or scoring asks it of the same model several times (block rule, disturbance window,
@@ -130,11 +167,15 @@ def settling_steps(ss: StateSpace, fraction: float = SETTLE_FRACTION, cap: int =
     final = np.hstack([G, Gd])  # (ny, nu + nd)
     tol = fraction * np.max(np.abs(final), axis=1, initial=0.0)[:, None]
     x = np.zeros((inputs.shape[1], A.shape[0]))  # one state per input, unit step held from step 0
+    ramps = integrating_outputs(ss)
+    before = np.zeros((inputs.shape[1], C.shape[0]))
     last_outside = -1  # the last step whose response is outside (step k ends after k + 1 steps held)
     with np.errstate(invalid="ignore", over="ignore"):
         for k in range(cap):
             x = x @ A.T + inputs.T
             y = x @ C.T  # (n_inputs, ny): row j = response to input j at the end of step k
-            if np.any((np.abs(y.T - final) > tol) | ~np.isfinite(y.T)):
+            judged = np.where(ramps, y - before, y) if ramps.any() else y  # an integrating output: its rate
+            before = y
+            if np.any((np.abs(judged.T - final) > tol) | ~np.isfinite(judged.T)):
                 last_outside = k
     return None if last_outside == cap - 1 else last_outside + 2

@@ -9,7 +9,8 @@ Definitions (engineering units: CV units per unit of the input; the input steps 
 time 0 and is held, the others stay put; `response[k]` is the CV change at the end of step k, i.e.
 k + 1 sample periods after the step, the statespace.rollout convention):
 
-  gain          the settled change, statespace.steady_state of the model.
+  gain          the settled change, statespace.steady_state of the model; for an integrating CV (a
+                level, `integrating_cvs`) its settled rate, CV units per sample: the response ramps.
   dead time     the apparent dead time of the tangent method (process reaction curve), in samples:
                 where the tangent at the steepest sample-to-sample move of the response (toward the
                 side of its largest |response|) crosses zero. With response[k*] - response[k* - 1]
@@ -47,7 +48,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from optimizer_pipeline.contracts import BindingSpec, Normalisation, StateSpace
-from optimizer_pipeline.model.statespace import SETTLE_FRACTION, rollout, settling_steps, steady_state
+from optimizer_pipeline.model.statespace import (SETTLE_FRACTION, integrating_outputs, rollout, settling_steps,
+                                                 steady_state)
 
 HORIZON_FACTOR = 2  # the response is shown as long again after the model settles: the flat tail is visible
 # 300 samples: a model settling within 150 samples is shown whole; 2 x 300 floats per pair keep an
@@ -173,7 +175,9 @@ def step_response_record(ss: StateSpace, replicates: Sequence[StateSpace], bindi
     rga, rga_method = relative_gain_array(gain[:, :nu])
     transformed = {cv: t.describe() for cv, t in zip(binding.cv_tags, normalisation.transforms_of(binding.cv_tags))
                    if t is not None}
+    ramps = [cv for cv, ramp in zip(binding.cv_tags, integrating_outputs(ss)) if ramp]
     return {**({"transformed_cvs": transformed} if transformed else {}),
+        **({"integrating_cvs": ramps} if ramps else {}),
         "units": "engineering: CV units per unit of the input, a unit step held from time 0; response[k] is the "
                  "change at the end of step k",
         "cv_tags": list(binding.cv_tags), "input_tags": list(inputs), "input_kinds": list(kinds),
@@ -200,9 +204,11 @@ def step_response_table(record: Mapping[str, Any]) -> str:
     condition number and RGA."""
     lines = ["| CV | input | gain ± se | gain spread | dead time [samples] ± se | dead time [s] | settling [samples] "
              "| settling [s] |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    ramps = set(record.get("integrating_cvs", ()))
     for p in record["pairs"]:
         dead = _num(p["dead_time_steps"], p["dead_time_se_steps"], 3)
-        lines.append(f"| {p['cv']} | {p['input']} ({p['kind'].upper()}) | {_num(p['gain'], p['gain_se'])} | "
+        gain = _num(p["gain"], p["gain_se"]) + (" per sample" if p["cv"] in ramps else "")
+        lines.append(f"| {p['cv']} | {p['input']} ({p['kind'].upper()}) | {gain} | "
                      f"{_num(p.get('gain_spread'), digits=2)} | {dead} | "
                      f"{_num(p['dead_time_s'], digits=3)} | {_num(p['settling_steps'])} | {_num(p['settling_s'])} |")
     uncertainty = record["uncertainty"]
@@ -222,6 +228,9 @@ def step_response_table(record: Mapping[str, Any]) -> str:
               "| CV | " + " | ".join(mv_tags) + " |", "| --- |" + " --- |" * len(mv_tags)]
     lines += [f"| {cv} | " + " | ".join(f"{v:.4g}" for v in row) + " |"
               for cv, row in zip(record["cv_tags"], mv["rga"])]
+    if ramps:
+        lines += ["", "Integrating CVs, whose gain is a rate (CV units per sample per unit of the input: a step "
+                      "makes them ramp) and whose settling time is their rate's: " + ", ".join(sorted(ramps))]
     transformed = record.get("transformed_cvs")
     if transformed:
         lines += ["", "Transformed CVs, whose rows are in transformed units (engineering units at the middle of "

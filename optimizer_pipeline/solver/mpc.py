@@ -29,6 +29,7 @@ import scipy.sparse as sparse
 import scipy.sparse.linalg
 
 from optimizer_pipeline.contracts import ProblemIR, StateSpace, Template
+from optimizer_pipeline.model.statespace import integrators
 
 OSQP_TOLERANCES: dict[str, float] = {}  # solver/solve.py's OSQP_SETTINGS as they are
 
@@ -86,14 +87,19 @@ def matrices(problem: ProblemIR) -> tuple[sparse.csc_matrix, sparse.csc_matrix]:
     Is = sparse.eye(N * ny)
     Iu = sparse.eye(N * nu)
     zx, zu, zs = (None,) * 3  # empty blocks of sparse.bmat
-    A = sparse.bmat([
+    blocks = [
         [Ax, Bu, zs],          # dynamics (equality)
         [zx, Iu, zs],          # MV bounds
         [zx, D, zs],           # MV rates
         [Cx, zu, Is],          # C x + s >= lo
         [Cx, zu, -Is],         # C x - s <= hi
         [zx, zu, Is],          # s >= 0
-    ], format="csc")
+    ]
+    W = integrators(problem.model)[0]
+    if W.shape[0]:  # the plan ends balanced: W (B u_{N-1} + drive) = 0
+        last = sparse.hstack([sparse.csc_matrix((W.shape[0], (N - 1) * nu)), sparse.csc_matrix(W @ Bd)])
+        blocks.append([sparse.csc_matrix((W.shape[0], N * nx)), last, sparse.csc_matrix((W.shape[0], N * ny))])
+    A = sparse.bmat(blocks, format="csc")
     return P, A
 
 
@@ -123,8 +129,9 @@ def vectors(problem: ProblemIR, y_lo: np.ndarray, y_hi: np.ndarray) -> tuple[np.
     du = _tile(np.asarray(problem.du_max), N)
     inf = np.full(N * ny, np.inf)
     cv_lo, cv_hi = _cv_limit_rows(problem, y_lo, y_hi)
-    l = np.concatenate([beq, _tile(np.asarray(problem.u_lo), N), e - du, cv_lo, -inf, np.zeros(N * ny)])
-    u = np.concatenate([beq, _tile(np.asarray(problem.u_hi), N), e + du, inf, cv_hi, inf])
+    balance = -integrators(problem.model)[0] @ drive
+    l = np.concatenate([beq, _tile(np.asarray(problem.u_lo), N), e - du, cv_lo, -inf, np.zeros(N * ny), balance])
+    u = np.concatenate([beq, _tile(np.asarray(problem.u_hi), N), e + du, inf, cv_hi, inf, balance])
     return q, l, u, constant
 
 

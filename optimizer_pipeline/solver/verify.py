@@ -15,6 +15,8 @@ Tolerances (documented defaults of `Tolerances`):
 * predicted CVs vs re-simulation: 1e-3 normalised units (0.1 % of a CV's train std).
 * cost agreement: |cost - independent| <= 1e-6 + 1e-4 * max(|cost|, |independent|); the cost
   includes a steered plan's MV target term and a steady target's economics.
+* a move plan with an integrating CV ends balanced: its settled rate under the last MVs held, from
+  `steady_state`, drifts it by at most the CV allowance over the horizon (not the HOLD baseline).
 `verified` = feasible, predictions agree and costs agree; every failed condition is listed in
 verify_report["reasons"].
 """
@@ -27,7 +29,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from optimizer_pipeline.contracts import CandidateKind, ProblemIR, SolveCandidate, SolveResult, Template
-from optimizer_pipeline.model.statespace import disturbance_gain, rollout, steady_state
+from optimizer_pipeline.model.statespace import disturbance_gain, integrating_outputs, rollout, steady_state
 from optimizer_pipeline.problem import robust_limits
 from optimizer_pipeline.solver.steady import STEADY_MOVE_SCALE, move_limit
 
@@ -105,6 +107,13 @@ class _Reference:
         self.robust = robust_limits(problem)
         self.w, self.target = np.asarray(problem.y_weight), np.asarray(problem.y_target)
         self.move_weight = problem.move_weight * (STEADY_MOVE_SCALE if steady else 1.0)
+        # an integrating CV's settled rate per step under the plan's last MVs held: G_rate u + offset
+        self.ramps = np.zeros(self.ny, bool) if steady else integrating_outputs(problem.model)
+        if self.ramps.any():
+            G, Gd, y0 = steady_state(problem.model)
+            self.rate_gain = G[self.ramps]
+            self.rate_offset = (Gd @ np.asarray(problem.d, float) + y0
+                                + disturbance_gain(problem.model) @ np.asarray(problem.bias, float))[self.ramps]
         self.report = {"tolerances": _tolerance_items(tolerances), "mv_allowed": _values(self.mv_allowed),
                        "max_move": _values(self.max_move), "cv_allowed": _values(self.cv_allowed)}
 
@@ -258,6 +267,8 @@ def _verify(ref: _Reference, candidates: Sequence[SolveCandidate], simulated: li
         if flagged[k]:
             _limit_reasons(problem, reasons, bound[k].tolist(), rate[k].tolist(), cv_violation[k].tolist(),
                            excess[k].tolist(), mv_allowed, cv_allowed)
+        if ref.ramps.any() and candidate.kind is not CandidateKind.HOLD:
+            _balance_reasons(ref, reasons, report, u[k][-1])
         report.update(cv_limit_violation=cv_v[k], cv_violation_beyond_hold=excess_v[k],
                       cv_allowed=list(ref.report["cv_allowed"]))
         feasible = not reasons
@@ -283,6 +294,19 @@ def _verify(ref: _Reference, candidates: Sequence[SolveCandidate], simulated: li
         out[i] = replace(candidate, feasible=feasible, verified=not reasons, independent_cost=recomputed,
                          verify_report=report)
     return tuple(out)
+
+
+def _balance_reasons(ref: _Reference, reasons: list[str], report: dict[str, Any], u_last: np.ndarray) -> None:
+    """A move plan ends balanced (solver/mpc.py): every integrating CV's settled rate under its last MVs held,
+    recomputed from the model's steady state (statespace.steady_state), drifts it by no more than the CV
+    allowance over the plan's horizon. Reported per integrating CV as `balance_drift`, engineering units."""
+    horizon = ref.problem.horizon
+    drift = np.abs(ref.rate_gain @ u_last + ref.rate_offset) * horizon * ref.y_std[ref.ramps]
+    allowed = ref.cv_allowed[ref.ramps]
+    tags = [tag for tag, ramp in zip(ref.problem.cv_tags, ref.ramps) if ramp]
+    report["balance_drift"] = dict(zip(tags, drift.tolist()))
+    reasons.extend(f"the plan does not end balanced: its last MVs held {horizon} samples, {tag} drifts {d:.3g} "
+                   f"(allowed {a:.3g})" for tag, d, a in zip(tags, drift, allowed) if not d <= a)
 
 
 def verify_all(problem: ProblemIR, result: SolveResult,

@@ -1,0 +1,260 @@
+"""Integrating CVs (a level, an inventory): a binding declares them (`integrating: true`), identification
+fixes their pole at 1, the steady state reads their settled rate, a move plan ends balanced and the
+verifier checks that it does, the steady-gain condition counts their drift over the plan's horizon, and
+the step-response view shows their gain as a rate. Known answers: the plant below, a level whose rate
+follows a first-order lag, r[t] = 0.5 r[t-1] - 0.1 u[t-1] + 0.1 d[t-1], so a held unit of u ramps the
+level at -0.1 / (1 - 0.5) = -0.2 per sample and a held unit of d at +0.2."""
+
+import copy
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from model_helpers import binding, excitation, run_series, split_of
+
+from optimizer_pipeline.contracts import (CandidateKind, ContractError, EvidenceSnapshot, Normalisation,
+                                          binding_from_dict)
+from optimizer_pipeline.model import ArxModel, Orders, artifact_from_model, identify
+from optimizer_pipeline.model.arx import spectral_radius, stack_runs
+from optimizer_pipeline.model.fit import RidgeProblem, Structure
+from optimizer_pipeline.model.statespace import (disturbance_gain, integrating_outputs, integrators, rollout,
+                                                 settling_steps, steady_state)
+from optimizer_pipeline.model.step_response import step_response_table
+from optimizer_pipeline.problem import compile_problem
+from optimizer_pipeline.recommend import gain_conditions
+from optimizer_pipeline.solver.solve import SolverCache, solve_problem
+from optimizer_pipeline.solver.verify import verify_candidate
+
+# y[t] = 1.5 y[t-1] - 0.5 y[t-2] - 0.1 u[t-1] + 0.1 d[t-1]: AR coefficients summing to 1, sum_l l a_l = 0.5
+LEVEL = ArxModel(Orders(2, 1, 1), np.array([[[1.5]], [[-0.5]]]), np.full((1, 1, 1), -0.1), np.full((1, 1, 1), 0.1),
+                 np.zeros(1))
+RATE_U, RATE_D = -0.2, 0.2  # settled rates per sample per unit held
+IDENTITY = Normalisation(("u0", "y0", "d0"), (0.0, 0.0, 0.0), (1.0, 1.0, 1.0))
+
+
+def level_binding(**cv):
+    return binding_from_dict({
+        "id": "surge", "sample_period_s": 1,
+        "mvs": [{"tag": "u0", "lo": -10, "hi": 10, "max_move": 1.0}],
+        "cvs": [{"tag": "y0", "lo": -5, "hi": 5, "target": 1.0, "weight": 1.0, "integrating": True, **cv}],
+        "dvs": [{"tag": "d0"}], "model": {"na": 2, "nb": 1, "delay": 1, "horizon": 8},
+        "profile": {"id": "surge", "template": "linear_mpc_quadratic@1", "horizon": 30, "move_weight": 0.1}})
+
+
+def level_runs(seed: int, runs: int = 8, n: int = 300, noise: float = 0.01):
+    """Runs of LEVEL with steps of u and d that keep the level inside a few units (u follows d), its noise an
+    equation error (what an ARX fit assumes)."""
+    rng = np.random.default_rng(seed)
+    d = excitation(rng, runs, n, 1)
+    u = d + 0.3 * excitation(rng, runs, n, 1)  # roughly balanced, so the level wanders but does not run off
+    y = np.zeros((runs, n, 1))
+    shocks = noise * rng.normal(size=y.shape)
+    for t in range(2, n):
+        y[:, t] = 1.5 * y[:, t - 1] - 0.5 * y[:, t - 2] - 0.1 * u[:, t - 1] + 0.1 * d[:, t - 1] + shocks[:, t]
+    return run_series("r", u, y, d)
+
+
+# --------------------------------------------------------------------------- identification
+
+
+def test_an_integrating_cv_is_fitted_as_its_increments_with_its_pole_at_one():
+    """The constrained fit is the least squares of y[t] - y[t-1] on y[t-1] - y[t-2], u[t-1], d[t-1] and 1,
+    mapped back (a_1 = 1 + beta_1, a_2 = -beta_1): computed here with numpy on the same rows."""
+    runs = level_runs(1)
+    stacked = stack_runs(runs, IDENTITY, ("u0",), ("y0",), ("d0",))
+    structure = Structure(2, 1, ((1, 1),), integrating=(True,))
+    problem = RidgeProblem(stacked, 2, 1)
+    theta = problem.fit(structure, 0.0).theta()[:, 0]  # [a1, a2, b, bd, c]
+    rows, z, target = [], [], []
+    for run in runs:
+        y, u, d = run.y[:, 0], run.u[:, 0], run.d[:, 0]
+        for t in range(2, len(y)):
+            z.append([y[t - 1] - y[t - 2], u[t - 1], d[t - 1], 1.0])
+            target.append(y[t] - y[t - 1])
+    beta = np.linalg.lstsq(np.array(z), np.array(target), rcond=None)[0]
+    np.testing.assert_allclose(theta, [1 + beta[0], -beta[0], beta[1], beta[2], beta[3]], atol=1e-8)
+    assert theta[0] + theta[1] == pytest.approx(1.0, abs=1e-12)
+    np.testing.assert_allclose(theta[:4], [1.5, -0.5, -0.1, 0.1], atol=0.02)
+    # one AR coefficient fewer to pin down than the free fit of the same orders
+    free = Structure(2, 1, ((1, 1),))
+    assert problem.effective_params(structure, 0.0) == pytest.approx(problem.effective_params(free, 0.0) - 1, abs=1e-6)
+    assert structure.n_params() == free.n_params() - 1
+
+
+def test_identify_keeps_the_pole_at_one_and_counts_the_model_stable():
+    spec = level_binding()
+    spec = replace(spec, model=replace(spec.model, na=None, nb=None, delay=None))
+    artifact = identify(split_of(spec, level_runs(2), 5, 2, 1), spec, 1)
+    assert artifact.selection["structure"]["integrating"] == [True]
+    assert artifact.selection["final"]["spectral_radius"] < 1.0 and artifact.selection["stable"]
+    assert integrating_outputs(artifact.state_space).tolist() == [True]
+    # the recorded gain is the level's settled rate per sample, normalised: x u_std / y_std of the split
+    assert "integrating_cvs" in artifact.step_response and "per sample" in step_response_table(artifact.step_response)
+    pair = next(p for p in artifact.step_response["pairs"] if p["input"] == "u0")
+    assert pair["gain"] == pytest.approx(RATE_U, rel=0.1) and pair["settling_steps"] is not None
+
+
+# --------------------------------------------------------------------------- steady state
+
+
+def test_the_steady_state_of_an_integrator_is_its_settled_rate():
+    ss = LEVEL.realise()
+    W, V = integrators(ss)
+    assert W.shape == (1, len(ss.A)) and np.allclose(W @ V, np.eye(1))
+    G, Gd, y0 = steady_state(ss)
+    np.testing.assert_allclose(np.hstack([G, Gd, y0[:, None]]), [[RATE_U, RATE_D, 0.0]], atol=1e-12)
+    np.testing.assert_allclose(disturbance_gain(ss), [[2.0]])  # a held unit disturbance: 1 / 0.5 per sample
+    # against the simulation: the last step's change under u = 1 and d = 0.5 held
+    y = rollout(ss, np.zeros((1, len(ss.A))), np.ones((1, 200, 1)), np.full((1, 200, 1), 0.5))[0, :, 0]
+    assert y[-1] - y[-2] == pytest.approx(RATE_U + 0.5 * RATE_D, abs=1e-12)
+    assert settling_steps(ss) == int(np.ceil(np.log(0.05) / np.log(0.5)))  # its rate settles as 0.5^H
+    assert spectral_radius(ss) == pytest.approx(0.5)  # the integrator is no instability
+
+
+def test_a_model_with_a_level_and_a_settling_cv_reads_a_rate_and_a_gain():
+    """Two CVs: the level above and y1[t] = 0.8 y1[t-1] + 0.2 u[t-1] (gain 1), each reading its own past."""
+    A = np.array([[[1.5, 0.0], [0.0, 0.8]], [[-0.5, 0.0], [0.0, 0.0]]])
+    model = ArxModel(Orders(2, 1, 1), A, np.array([[[-0.1], [0.2]]]), np.zeros((1, 2, 0)), np.zeros(2))
+    ss = model.realise()
+    G, _, _ = steady_state(ss)
+    assert integrating_outputs(ss).tolist() == [True, False]
+    assert G[:, 0] == pytest.approx([RATE_U, 1.0])
+    y = rollout(ss, np.zeros((1, len(ss.A))), np.ones((1, 300, 1)))[0]
+    assert y[-1, 0] - y[-2, 0] == pytest.approx(RATE_U) and y[-1, 1] == pytest.approx(1.0)
+
+
+# --------------------------------------------------------------------------- planning and verification
+
+
+@pytest.fixture(scope="module")
+def planned():
+    spec = level_binding()
+    artifact = artifact_from_model(LEVEL, spec, 1, IDENTITY)
+    # the level at 0 and balanced (u = d = 0.4); the target 1: up, then balanced again
+    x0 = np.zeros(2)  # [y t, y t-1]: the realisation of nb = 1, delay 1 keeps no input lags
+    problem = compile_problem(spec, artifact, x0, np.zeros(1), np.array([0.4]), np.array([0.4]), band=np.array([0.05]))
+    return spec, artifact, problem, solve_problem(problem, SolverCache())
+
+
+def test_a_move_plan_ends_balanced_and_on_target(planned):
+    """Each plan's last move, held 500 samples more (simulated here, not by the QP), leaves the level where
+    the plan ends: the MVs balance the feed (u = d), and the level is at its target."""
+    _, _, problem, result = planned
+    for kind in (CandidateKind.NOMINAL, CandidateKind.ROBUST):
+        plan = next(c for c in result.candidates if c.kind is kind)
+        assert plan.verified, plan.verify_report["reasons"]
+        u = np.asarray(plan.controls)
+        held = np.vstack([u, np.repeat(u[-1:], 500, axis=0)])
+        y = rollout(problem.model, np.asarray(problem.x0)[None], held[None],
+                    np.full((1, len(held), 1), 0.4))[0, :, 0]
+        assert u[-1, 0] == pytest.approx(0.4, abs=1e-5)  # balanced
+        assert abs(y[-1] - y[len(u) - 1]) < 1e-4 and y[-1] == pytest.approx(1.0, abs=0.02)
+        assert plan.verify_report["balance_drift"]["y0"] < 1e-4
+
+
+def test_the_verifier_refuses_a_plan_that_does_not_end_balanced(planned):
+    _, _, problem, result = planned
+    plan = next(c for c in result.candidates if c.kind is CandidateKind.NOMINAL)
+    controls = [list(row) for row in plan.controls]
+    controls[-1][0] += 0.01  # 0.01 more outflow: -0.002 per sample, 0.06 over the 30-sample horizon
+    tampered = verify_candidate(problem, replace(plan, controls=tuple(map(tuple, controls))))
+    assert not tampered.feasible and not tampered.verified
+    assert tampered.verify_report["balance_drift"]["y0"] == pytest.approx(0.06, rel=1e-3)
+    assert any(r.startswith("the plan does not end balanced: its last MVs held 30 samples, y0 drifts 0.06")
+               for r in tampered.verify_report["reasons"])
+    hold = next(c for c in result.candidates if c.kind is CandidateKind.HOLD)
+    assert "balance_drift" not in hold.verify_report  # holding is the baseline, not a plan
+
+
+def test_the_gain_uncertainty_of_a_level_is_its_drift_over_the_plan(planned):
+    """A level's gain is a rate: 2 standard errors of it along the planned move, held for the plan's horizon,
+    must fit in the band. The plan ends balanced where it started (u back at 0.4): no move, no drift. Ending
+    at u = 1.0 instead, a move of 0.6 with a rate s.e. of 0.001 drifts 2 x 0.001 x 0.6 x 30 = 0.036 within
+    the band 0.05; with an s.e. of 0.002, 0.072 beyond it."""
+    spec, artifact, problem, result = planned
+    plan = next(c for c in result.candidates if c.kind is CandidateKind.ROBUST)
+    moved = replace(plan, controls=plan.controls[:-1] + ((1.0,),))
+
+    def condition(se: float, candidate):
+        gain = {**artifact.steady_gain, "uncertainty": {"method": "given", "replicates": 8, "cov": [[[se ** 2]]]}}
+        evidence = EvidenceSnapshot(source="simulation", has_evidence=True, uq={"qhat": [0.05]}, uq_checks=(),
+                                    calibrated_at=None, calibration_fresh=True, fresh_days=7.0, input_distance=0.0)
+        return gain_conditions(replace(artifact, steady_gain=gain), problem, evidence, candidate)[0]
+
+    assert condition(0.001, plan).holds
+    held = condition(0.001, moved)
+    assert held.holds and held.value == "y0: 0.036 against band 0.05"
+    drifting = condition(0.002, moved)
+    assert not drifting.holds and drifting.reason.startswith(
+        "steady-gain uncertainty: along the planned move a drift of y0 of up to 0.072 over the plan's 30 samples "
+        "held after it (its rate, 2 standard errors of its gain) exceeds the band 0.05; step tests with more or "
+        "larger steps of u0 would determine the gain of y0")
+
+
+# --------------------------------------------------------------------------- the binding
+
+
+def test_a_binding_declares_an_integrating_cv_and_its_hash_is_unchanged_without_one():
+    spec = level_binding()
+    assert spec.cvs[0].integrating
+    plain = level_binding(integrating=False)
+    assert not plain.cvs[0].integrating and "integrating" not in plain.canonical_json()
+    assert spec.spec_hash != plain.spec_hash
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d["profile"].update(template="steady_response@1"),
+     "binding.cvs[0].integrating: an integrating CV has no steady state, only a balance; plan it with "
+     "linear_mpc_quadratic@1"),
+    (lambda d: d["cvs"][0].pop("target"),
+     "binding.cvs[0].integrating: a binding with an integrating CV needs a target on every CV and no costs (the "
+     "steady-state layer does not take a balance yet): cvs[0] has no target"),
+    (lambda d: d["mvs"][0].update(cost=1.0),
+     "binding.cvs[0].integrating: a binding with an integrating CV needs a target on every CV and no costs (the "
+     "steady-state layer does not take a balance yet): mvs[0] has a cost"),
+    (lambda d: d["cvs"][0].update(integrating="sometimes"),
+     "binding.cvs[0]: integrating must be true or false, got 'sometimes'"),
+])
+def test_what_an_integrating_cv_cannot_be_planned_with_is_refused_naming_the_field(change, message):
+    doc = copy.deepcopy(level_binding().to_dict())
+    change(doc)
+    with pytest.raises(ContractError) as refused:
+        binding_from_dict(doc)
+    assert str(refused.value) == message
+
+
+def test_a_binding_without_integrating_cvs_fits_as_before():
+    """No integrating CV: the structure records none and the fit is the unconstrained one."""
+    spec = binding(n_mv=1, n_cv=1, n_dv=1, na=2, nb=1, delay=1, horizon=8)
+    artifact = identify(split_of(spec, level_runs(3), 5, 2, 1), spec, 1)
+    assert "integrating" not in artifact.selection["structure"]
+    assert not integrating_outputs(artifact.state_space).any()
+
+
+# --------------------------------------------------------------------------- evidence
+
+
+@pytest.mark.parametrize("n, has_evidence", [(400, True), (65, False)])
+def test_a_plan_with_an_integrating_cv_is_judged_at_its_end_held_as_long_again(n, has_evidence):
+    """Its settled evidence scores the residual at the end of blocks of twice the plan's horizon (the plan,
+    then its last move held), on the val / test runs; runs too short for them give none, and the condition
+    says which end it misses."""
+    from datetime import datetime, timezone
+
+    from optimizer_pipeline import uq
+    from optimizer_pipeline.pipeline import held_rule, settled_evidence
+    from optimizer_pipeline.settings import Settings
+
+    spec = level_binding()
+    split = split_of(spec, level_runs(4, runs=12, n=n), 6, 3, 3)
+    artifact = identify(split, spec, 1)
+    h, score = held_rule(spec, artifact)
+    assert h == 2 * spec.profile.horizon and score in (uq.SETTLED_RESIDUAL, uq.SETTLED_LOCAL)
+    evidence, (condition,) = settled_evidence(spec, artifact, split, Settings(), datetime.now(timezone.utc))
+    assert condition.name == "settled evidence of the plan's end"
+    if has_evidence:
+        assert condition.holds and evidence.block_length == h and evidence.score == score
+    else:
+        assert evidence is None and not condition.holds
+        assert condition.reason.startswith("the end of the plan, its last move held 30 samples (an integrating "
+                                           "CV's) has no settled evidence: no UQ evidence: ")
