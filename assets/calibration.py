@@ -95,6 +95,9 @@ def _artifact_metadata(artifact: ModelArtifact, plot: Callable[[], str], step_pl
         # the steady-state MV gain (normalised units): condition number and its uncertainty (jackknife)
         "steady_gain_condition": _condition(artifact),
         "steady_gain": MetadataValue.json(dict(artifact.steady_gain)),
+        # CVs not declared integrating that fit a pole near 1: declare `integrating: true` on a level
+        **({"maybe_integrating": MetadataValue.json(dict(artifact.selection["integrating_hint"]))}
+           if (artifact.selection or {}).get("integrating_hint") else {}),
         # what a move is solved with: the identified model or its local refit around it (model/local.py)
         **({"steady_model": MetadataValue.json(dict(artifact.selection["steady_model"]))}
            if "steady_model" in (artifact.selection or {}) else {}),

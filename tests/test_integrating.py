@@ -258,3 +258,23 @@ def test_a_plan_with_an_integrating_cv_is_judged_at_its_end_held_as_long_again(n
         assert evidence is None and not condition.holds
         assert condition.reason.startswith("the end of the plan, its last move held 30 samples (an integrating "
                                            "CV's) has no settled evidence: no UQ evidence: ")
+
+
+def test_a_level_not_declared_integrating_is_flagged_with_its_fitted_pole():
+    """Identified as a settling CV, the level above fits a pole near 1: the artifact names it (a hint, the
+    model is not changed); declared, or a plainly settling CV, nothing is flagged."""
+    runs = level_runs(5)
+    undeclared = level_binding(integrating=False)
+    hint = identify(split_of(undeclared, runs, 5, 2, 1), undeclared, 1).selection["integrating_hint"]
+    assert set(hint) == {"y0"} and 0.98 < hint["y0"] < 1.0
+    declared = level_binding()
+    assert identify(split_of(declared, runs, 5, 2, 1), declared, 1).selection["integrating_hint"] == {}
+
+
+def test_the_hint_reads_which_output_the_slow_mode_belongs_to():
+    from optimizer_pipeline.model.artifact import integrating_hint
+
+    A = np.array([[[0.997, 0.0], [0.0, 0.8]]])  # y0 nearly integrates, y1 settles
+    model = ArxModel(Orders(1, 1, 1), A, np.full((1, 2, 1), 0.1), np.zeros((1, 2, 0)), np.zeros(2))
+    assert integrating_hint(model.realise(), ("y0", "y1")) == {"y0": pytest.approx(0.997)}
+    assert integrating_hint(LEVEL.realise(), ("y0",)) == {}  # an integrator's pole is exactly 1: declared

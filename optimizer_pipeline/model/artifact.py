@@ -263,6 +263,35 @@ def _steady_model(model: ArxModel, structure: Structure, ridge: float, train: St
                                refits=len(refits[bandwidth])), gains
 
 
+# a CV not declared integrating whose model reads a pole this close to 1 (a time constant of 50 samples or
+# more) is flagged as maybe integrating
+INTEGRATING_HINT_POLE = 0.02
+
+
+def integrating_hint(ss: StateSpace, cv_tags: Sequence[str]) -> dict[str, float]:
+    """CVs that look integrating in a model that was not told they are: per such CV, the fitted real pole
+    within INTEGRATING_HINT_POLE of 1 (an integrator's is exactly 1: statespace.integrators) that its
+    output reads most of the modes it reads. A level identified as a settling CV fits one: its
+    "settling" then takes hundreds of samples and its plans leave the flows unbalanced. A slow lag fits
+    one too, so it is a hint to declare `integrating: true`, not a decision."""
+    A, C = ss.arrays()[0], ss.arrays()[4]
+    if not len(A):
+        return {}
+    values, vectors = np.linalg.eig(A)
+    near = (np.abs(values.imag) < 1e-9) & (np.abs(values.real - 1.0) < INTEGRATING_HINT_POLE) & \
+        (np.abs(values.real - 1.0) > 1e-9)
+    if not near.any():
+        return {}
+    reads = np.abs(C @ vectors)  # (ny, nx): how much each output reads each mode (unit eigenvectors)
+    reads = reads / np.maximum(reads.max(axis=1, keepdims=True), np.finfo(float).tiny)
+    hints = {}
+    for i, tag in enumerate(cv_tags):
+        modes = np.flatnonzero(near & (reads[i] >= 0.5))
+        if modes.size:
+            hints[tag] = float(values.real[modes[np.argmax(reads[i, modes])]])
+    return hints
+
+
 def supported_window(ss: StateSpace, orders: Orders, horizon: int, val: Stacked,
                      test: Stacked) -> tuple[int | None, dict[str, Any]]:
     """The rows W the held disturbance is fitted over that the evidence's runs support, None for the model's
@@ -385,6 +414,11 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
     replicates = jackknife_models(problem, final.structure, final.ridge)
     gain = steady_gain_record(model, replicates, gains)
     window, window_record = supported_window(model.realise(), model.orders, horizon, val, test)
+    declared = {c.tag for c in binding.cvs if c.integrating}
+    hints = {tag: pole for tag, pole in integrating_hint(model.realise(), binding.cv_tags).items() if tag not in declared}
+    if hints:
+        log.warning("binding %s: %s may integrate (fitted pole %s); declare integrating: true on a level or "
+                    "inventory", binding.id, ", ".join(hints), ", ".join(f"{p:.4f}" for p in hints.values()))
     if gain["ill_conditioned"]:
         log.warning("binding %s: ill-conditioned steady-state gain (condition %s)", binding.id, gain["condition"])
     selection = {
@@ -411,6 +445,7 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
         "regression_rows": problem.n_rows,
         "steady_model": steady_model,
         "disturbance_window": window_record,
+        "integrating_hint": hints,
         "seconds": round(time.perf_counter() - started, 4),
     }
     artifact = artifact_from_model(
