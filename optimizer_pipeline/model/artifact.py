@@ -415,7 +415,8 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
     gain = steady_gain_record(model, replicates, gains)
     window, window_record = supported_window(model.realise(), model.orders, horizon, val, test)
     declared = {c.tag for c in binding.cvs if c.integrating}
-    hints = {tag: pole for tag, pole in integrating_hint(model.realise(), binding.cv_tags).items() if tag not in declared}
+    hints = {tag: pole for tag, pole in integrating_hint(model.realise(), binding.cv_tags).items()
+             if tag not in declared}
     if hints:
         log.warning("binding %s: %s may integrate (fitted pole %s); declare integrating: true on a level or "
                     "inventory", binding.id, ", ".join(hints), ", ".join(f"{p:.4f}" for p in hints.values()))
