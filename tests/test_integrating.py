@@ -65,7 +65,7 @@ def test_an_integrating_cv_is_fitted_as_its_increments_with_its_pole_at_one():
     structure = Structure(2, 1, ((1, 1),), integrating=(True,))
     problem = RidgeProblem(stacked, 2, 1)
     theta = problem.fit(structure, 0.0).theta()[:, 0]  # [a1, a2, b, bd, c]
-    rows, z, target = [], [], []
+    z, target = [], []
     for run in runs:
         y, u, d = run.y[:, 0], run.u[:, 0], run.d[:, 0]
         for t in range(2, len(y)):

@@ -64,7 +64,8 @@ from optimizer_pipeline.contracts.wiring import AdvisoryWiring, NodeIds, OpcUaWi
 __all__ = [
     "AdvisoryWiring", "BindingSpec", "BlockScores", "CVSpec", "CVTransform", "Calibration", "CandidateKind",
     "Condition", "ContractError", "DVSpec", "EvidenceSnapshot", "EvidenceSource", "Gate", "HistorySplit", "ID_PATTERN",
-    "MIN_STD", "MVSpec", "ModelArtifact", "ModelSettings", "NodeIds", "Normalisation", "OpcUaWiring", "Outcome",
+    "MIN_EMPIRICAL_VAL_BLOCKS", "MIN_STD", "MIN_TEST_RUNS", "MIN_UNIQUE_TEST_STEPS", "MVSpec", "ModelArtifact",
+    "ModelSettings", "NodeIds", "Normalisation", "OpcUaWiring", "Outcome",
     "OutcomeVerdict", "ProblemIR", "Profile", "Recommendation", "RecommendationStatus", "RunSeries", "Scores",
     "SolveCandidate", "SolveResult", "StateSpace", "StoredBinding", "Template", "UQEvidence", "all_finite",
     "binding_from_dict", "binding_from_json", "canonical_json", "content_hash", "fast_json", "forward_columns",
