@@ -220,7 +220,7 @@ def run(plant, seed: int, ledger: Ledger, cache: SolverCache) -> tuple[dict, dic
 
 
 def run_family_plan(plant, seed: int, ledger: Ledger, cache: SolverCache, hold_after: bool) -> dict:
-    """The product's judged plan, or, where the product fails on the way (an integrating CV it cannot
+    """The product's judged plan, or, where the product fails on the way (a plant it cannot
     model yet), no plan: status "failed", the failure's type and message its reason, the goals missed.
     The failure is what the families mode measures, so any exception of the product's path is one."""
     started = time.perf_counter()

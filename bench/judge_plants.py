@@ -273,7 +273,8 @@ class SurgeTank(Plant):
     binding: ClassVar[dict] = {
         "id": "surge-tank", "unit": "surge drum, level integrating the flow imbalance", "sample_period_s": 60,
         "mvs": [{"tag": "outflow_valve", "lo": 5.0, "hi": 95.0, "max_move": 3.0}],
-        # the target is 0.25 m above the live setpoint: reached by closing the valve, then rebalancing it
+        # the target is 0.25 m above the live setpoint: reached by closing the valve, then rebalancing it;
+        # declared integrating (docs/ARCHITECTURE.md, "Integrating CVs"), as a user would declare a level
         "cvs": [{"tag": "level", "lo": 0.4, "hi": 1.6, "target": 1.25, "weight": 1.0, "integrating": True}],
         "dvs": [{"tag": "feed"}], "model": {"horizon": 20},
         "profile": {"id": "surge-track", "version": 1, "template": "linear_mpc_quadratic@1", "horizon": 60,
