@@ -81,6 +81,27 @@ def test_an_integrating_cv_is_fitted_as_its_increments_with_its_pole_at_one():
     assert structure.n_params() == free.n_params() - 1
 
 
+def test_no_other_cv_reads_an_integrating_cvs_past():
+    """A settling CV beside the level, y1[t] = 0.8 y1[t-1] + 0.2 u[t-1]: its equation reads its own past
+    only (a coupling to the level, however small the fit made it, would make it ramp too), so the model
+    integrates in the level alone."""
+    rng = np.random.default_rng(6)
+    runs = level_runs(6)
+    for run in runs:
+        y1 = np.zeros(len(run.t))
+        for t in range(1, len(y1)):
+            y1[t] = 0.8 * y1[t - 1] + 0.2 * run.u[t - 1, 0] + 0.01 * rng.normal()
+        object.__setattr__(run, "y", np.column_stack([run.y[:, 0], y1]))
+    norm = Normalisation(("u0", "y0", "y1", "d0"), (0.0,) * 4, (1.0,) * 4)
+    stacked = stack_runs(runs, norm, ("u0",), ("y0", "y1"), ("d0",))
+    structure = Structure(2, 1, ((1, 1), (1, 1)), integrating=(True, False))
+    assert structure.past_read(0) == [0] and structure.past_read(1) == [1]
+    model = RidgeProblem(stacked, 2, 1).fit(structure, 1e-6)
+    assert np.all(model.A[:, 1, 0] == 0.0) and np.all(model.A[:, 0, 1] == 0.0)  # neither reads the other
+    assert integrating_outputs(model.realise()).tolist() == [True, False]
+    assert steady_state(model.realise())[0][:, 0] == pytest.approx([RATE_U, 1.0], abs=0.05)
+
+
 def test_identify_keeps_the_pole_at_one_and_counts_the_model_stable():
     spec = level_binding()
     spec = replace(spec, model=replace(spec.model, na=None, nb=None, delay=None))
@@ -109,6 +130,10 @@ def test_the_steady_state_of_an_integrator_is_its_settled_rate():
     assert y[-1] - y[-2] == pytest.approx(RATE_U + 0.5 * RATE_D, abs=1e-12)
     assert settling_steps(ss) == int(np.ceil(np.log(0.05) / np.log(0.5)))  # its rate settles as 0.5^H
     assert spectral_radius(ss) == pytest.approx(0.5)  # the integrator is no instability
+    # a double integrator (a defective pole at 1) is none: unstable, as any other pole on the unit circle
+    double = ArxModel(Orders(2, 1, 1), np.array([[[2.0]], [[-1.0]]]), np.full((1, 1, 1), 0.1), np.zeros((1, 1, 0)),
+                      np.zeros(1)).realise()
+    assert integrators(double)[0].shape[0] == 0 and spectral_radius(double) == pytest.approx(1.0)
 
 
 def test_a_model_with_a_level_and_a_settling_cv_reads_a_rate_and_a_gain():
@@ -212,6 +237,8 @@ def test_a_binding_declares_an_integrating_cv_and_its_hash_is_unchanged_without_
     (lambda d: d["mvs"][0].update(cost=1.0),
      "binding.cvs[0].integrating: a binding with an integrating CV needs a target on every CV and no costs (the "
      "steady-state layer does not take a balance yet): mvs[0] has a cost"),
+    (lambda d: d["cvs"][0].update(transform={"kind": "logit", "lo": -6, "hi": 6}),
+     "binding.cvs[0].integrating: an integrating CV takes no transform (its balance is a rate in its own units)"),
     (lambda d: d["cvs"][0].update(integrating="sometimes"),
      "binding.cvs[0]: integrating must be true or false, got 'sometimes'"),
 ])

@@ -318,6 +318,8 @@ def _check_integrating(cvs: list[CVSpec], mvs: list[MVSpec], template: Template,
         if not cv.integrating:
             continue
         at = f"{w}.cvs[{i}].integrating"
+        if cv.transform is not None:
+            raise ContractError(f"{at}: an integrating CV takes no transform (its balance is a rate in its own units)")
         if template is Template.STEADY_RESPONSE:
             raise ContractError(f"{at}: an integrating CV has no steady state, only a balance; plan it with "
                                 f"{Template.LINEAR_MPC.value}")

@@ -123,7 +123,7 @@ class ModelArtifact:
     # for an artifact identified before it was recorded, whose JSON and hash then stay as they were
     step_response: Mapping[str, Any] | None = None
     # the rows W the held disturbance is fitted over when the evidence's runs need fewer than the model's
-    # own rule gives (uq.with_supported_window); None: that rule (model.artifact.held_window)
+    # own rule gives (model.artifact.supported_window); None: that rule (model.artifact.held_window)
     disturbance_rows: int | None = None
 
     def _doc(self) -> dict[str, Any]:

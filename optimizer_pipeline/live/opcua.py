@@ -38,7 +38,8 @@ log = logging.getLogger(__name__)
 SETTLE_S = 0.2  # a grid time's sample is formed this long after it (notifications in flight arrive)
 PUBLISH_MAX_MS = 1000.0  # the subscriptions publish at least this often (and 4 times per smallest period)
 CONNECT_TIMEOUT_S = 4.0
-BACKOFF_S = (1.0, 60.0)  # reconnect / first-connect retries: from, doubling up to
+# reconnect / first-connect retries: from, doubling up to; reset once a connection has held for the longest
+BACKOFF_S = (1.0, 60.0)
 STOP_TIMEOUT_S = 10.0
 MAX_BACKFILL = 2000  # missed grid samples filled from a server's history after a gap (the live window's length)
 # asyncua's session logs each failed PublishRequest with its traceback at ERROR, once a second while a
@@ -360,10 +361,10 @@ class OpcUaSource:
                     return
                 delay = min(BACKOFF_S[1], 2 * delay)
                 continue
-            endpoint.error, delay = None, BACKOFF_S[0]
+            endpoint.error = None
             log.info("opcua %s: %s, %d node(s) monitored", endpoint.url,
                      "reconnected" if connected_before else "connected", len(endpoint.periods))
-            connected_before = True
+            connected_before, up_at = True, time.monotonic()
             try:
                 lost = await self._follow(client)
             finally:
@@ -376,6 +377,12 @@ class OpcUaSource:
             if not lost:
                 return
             log.warning("opcua %s: connection lost; no samples until it is back", endpoint.url)
+            if time.monotonic() - up_at >= BACKOFF_S[1]:  # it had held: reconnect at once, backoff anew
+                delay = BACKOFF_S[0]
+            else:  # a server that accepts and drops sessions is not asked again every second
+                if await _wait(self._stopping, delay):
+                    return
+                delay = min(BACKOFF_S[1], 2 * delay)
 
     async def _subscribe(self, client, endpoint: _Endpoint) -> None:
         from asyncua import ua

@@ -33,7 +33,9 @@ class Structure:
 
     `integrating[i]`: CV i integrates its inputs (a level): its equation reads its own past only, and its
     AR coefficients sum to 1, a pole at 1 (`increments`): it is fitted as the increment y[t] - y[t-1]
-    on the past na - 1 increments and the inputs. Empty: none does."""
+    on the past na - 1 increments and the inputs. No other CV's equation reads its past: one that did
+    would ramp with it (statespace.integrating_outputs) on the strength of whatever coupling the ridge
+    fit. Empty: none does."""
 
     na: int
     nb: int
@@ -60,9 +62,14 @@ class Structure:
         return len({d for row in self.delays for d in row}) > 1 or self.own_ar
 
     def n_params(self) -> int:
-        ny = len(self.delays)
-        return sum((self.na - 1 if self.integrates(i) else self.na * (1 if self.own_ar else ny)) + self.nb * len(row)
+        return sum((self.na - 1 if self.integrates(i) else self.na * len(self.past_read(i))) + self.nb * len(row)
                    + 1 for i, row in enumerate(self.delays))
+
+    def past_read(self, i: int) -> list[int]:
+        """The CVs whose past the equation of CV i reads (`integrating`, `own_ar`)."""
+        if self.own_ar or self.integrates(i):
+            return [i]
+        return [k for k in range(len(self.delays)) if not self.integrates(k)]
 
     def record(self) -> dict[str, Any]:
         record = {"na": self.na, "nb": self.nb, "delays": [list(row) for row in self.delays], "own_ar": self.own_ar}
@@ -88,8 +95,7 @@ def layout(structure: Structure, dims: tuple[int, int, int], na_full: int,
     orders = structure.orders
     out = []
     for i, delays in enumerate(structure.delays):
-        outputs = [i] if structure.own_ar or structure.integrates(i) else list(range(ny))
-        cols = [lag * ny + k for lag in range(structure.na) for k in outputs]
+        cols = [lag * ny + k for lag in range(structure.na) for k in structure.past_read(i)]
         rows = list(cols)
         for v, delay in enumerate(delays):
             for lag in range(delay, delay + structure.nb):  # 1-based lag of the input

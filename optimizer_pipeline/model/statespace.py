@@ -77,23 +77,29 @@ def integrators(ss: StateSpace) -> tuple[np.ndarray, np.ndarray]:
     Cached by value; the arrays are read-only."""
     A = ss.arrays()[0]
     nx = A.shape[0]
-    if nx == 0:
-        return np.zeros((0, 0)), np.zeros((0, 0))
-    left, sv, right = np.linalg.svd(np.eye(nx) - A)
-    null = sv < INTEGRATOR_TOL * max(1.0, float(sv.max()))
-    W, V = left[:, null].T, right[null].T
-    if null.any():
-        W = np.linalg.solve(W @ V, W)
+    W, V = np.zeros((0, nx)), np.zeros((nx, 0))
+    if nx:
+        left, sv, right = np.linalg.svd(np.eye(nx) - A)
+        null = sv < INTEGRATOR_TOL * max(1.0, float(sv.max()))
+        W0, V0 = left[:, null].T, right[null].T
+        # a defective pole at 1 (a double integrator: its left and right null vectors are orthogonal, W0 V0
+        # singular) is no integrator here: unstable, as any other pole on the unit circle
+        if null.any() and np.linalg.svd(W0 @ V0, compute_uv=False).min() > INTEGRATOR_TOL:
+            W, V = np.linalg.solve(W0 @ V0, W0), V0
     for a in (W, V):
         a.setflags(write=False)
     return W, V
 
 
+@lru_cache(maxsize=256)
 def integrating_outputs(ss: StateSpace) -> np.ndarray:
-    """(ny,) bool: the outputs that read an integrator (`integrators`): they ramp under held inputs."""
+    """(ny,) bool, read-only: the outputs that read an integrator (`integrators`): they ramp under held
+    inputs. Cached by value."""
     _, V = integrators(ss)
     C = ss.arrays()[4]
-    return np.abs(C @ V).max(axis=1, initial=0.0) > INTEGRATOR_TOL if V.size else np.zeros(C.shape[0], bool)
+    ramps = np.abs(C @ V).max(axis=1, initial=0.0) > INTEGRATOR_TOL if V.size else np.zeros(C.shape[0], bool)
+    ramps.setflags(write=False)
+    return ramps
 
 
 def _settled(ss: StateSpace, rhs: np.ndarray, rcond: float) -> np.ndarray:
