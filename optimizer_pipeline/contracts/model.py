@@ -75,6 +75,16 @@ class StateSpace:
         C = np.asarray(C, float).reshape(-1, nx)
         return StateSpace(tuple2(A), tuple2(B), tuple2(E), tuple1(np.asarray(f, float).reshape(nx)), tuple2(C))
 
+    def __hash__(self) -> int:
+        """The fields' hash, computed once per instance and kept as `_hash` (the fields are not changed after
+        it is made): model/statespace.py caches its settling horizon, integrators and their outputs by value,
+        and the hash of a long numerator's ~15 000 coefficients took ~0.2 ms on each lookup of a solve."""
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash((self.A, self.B, self.E, self.f, self.C))
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         nx = len(self.A)
         return (np.asarray(self.A, float).reshape(nx, nx),

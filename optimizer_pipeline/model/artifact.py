@@ -274,7 +274,7 @@ def integrating_hint(ss: StateSpace, cv_tags: Sequence[str]) -> dict[str, float]
     output reads most of the modes it reads. A level identified as a settling CV fits one: its
     "settling" then takes hundreds of samples and its plans leave the flows unbalanced. A slow lag fits
     one too, so it is a hint to declare `integrating: true`, not a decision."""
-    A, C = ss.arrays()[0], ss.arrays()[4]
+    A, _, _, _, C = ss.arrays()
     if not len(A):
         return {}
     values, vectors = np.linalg.eig(A)
@@ -413,10 +413,10 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
     steady_model, gains = _steady_model(model, final.structure, final.ridge, train, selector, selection_data == "val")
     replicates = jackknife_models(problem, final.structure, final.ridge)
     gain = steady_gain_record(model, replicates, gains)
-    window, window_record = supported_window(model.realise(), model.orders, horizon, val, test)
+    realised = model.realise()
+    window, window_record = supported_window(realised, model.orders, horizon, val, test)
     declared = {c.tag for c in binding.cvs if c.integrating}
-    hints = {tag: pole for tag, pole in integrating_hint(model.realise(), binding.cv_tags).items()
-             if tag not in declared}
+    hints = {tag: pole for tag, pole in integrating_hint(realised, binding.cv_tags).items() if tag not in declared}
     if hints:
         log.warning("binding %s: %s may integrate (fitted pole %s); declare integrating: true on a level or "
                     "inventory", binding.id, ", ".join(hints), ", ".join(f"{p:.4f}" for p in hints.values()))
@@ -457,7 +457,7 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
                 "test": tuple(r.run_id for r in split.test),
                 "live": () if split.live is None else (split.live.run_id,)},
         training_data_hash=split.data_hash, selection=selection, steady_gain=gain,
-        step_response=step_response_record(model.realise(), replicates, binding, split.normalisation, gains),
+        step_response=step_response_record(realised, replicates, binding, split.normalisation, gains),
         disturbance_rows=window)
     log.info("binding %s rev %d: ARX %s ridge=%g, val score %.4f, gates %s, %.3f s", binding.id, binding_revision,
              final.structure.record(), final.ridge, final.score,

@@ -107,7 +107,7 @@ def _settled(ss: StateSpace, rhs: np.ndarray, rcond: float) -> np.ndarray:
     an integrator, its settled rate per step instead: C V W rhs (`integrators`). The rest of the state
     settles at (I - A)^-1 (rhs - V W rhs), solved by least squares with `rcond` (a near-integrating
     model keeps a finite map instead of inventing huge gains)."""
-    A, C = ss.arrays()[0], ss.arrays()[4]
+    A, _, _, _, C = ss.arrays()
     W, V = integrators(ss)
     ramp = V @ (W @ rhs) if W.size else np.zeros_like(rhs)
     level = C @ np.linalg.lstsq(np.eye(A.shape[0]) - A, rhs - ramp, rcond=rcond)[0]
