@@ -152,9 +152,13 @@ def held_rule(binding: BindingSpec, artifact: ModelArtifact) -> tuple[int, str]:
     """Block length and score of the settled evidence of a move plan with an integrating CV: the residual
     at the end of blocks of twice the plan's horizon (the plan, then its last move held as long: a level
     off balance drifts on, which the P-step band does not see), by the local procedure when
-    identification chose it."""
+    identification chose it. A plan steered to the steady-state layer ends where the other CVs settle
+    too: blocks as long as the model's settling horizon where that is longer (`block_rule`'s steady one)."""
     local = steady_procedure(artifact) == LOCAL
-    return 2 * binding.profile.horizon, uq.SETTLED_LOCAL if local else uq.SETTLED_RESIDUAL
+    h = 2 * binding.profile.horizon
+    if needs_steady_layer(binding):
+        h = max(h, block_rule(steady_layer(binding), artifact)[0])
+    return h, uq.SETTLED_LOCAL if local else uq.SETTLED_RESIDUAL
 
 
 def score_blocks(binding: BindingSpec, artifact: ModelArtifact, split: HistorySplit, held: bool = False) -> Scores:
@@ -405,10 +409,8 @@ def settled_evidence(binding: BindingSpec, artifact: ModelArtifact, split: Histo
     if binding.profile.template is Template.STEADY_RESPONSE or not (steered or ramps or
                                                                      steady_procedure(artifact) == LOCAL):
         return None, []
-    if ramps and not steered:
-        scores = score_blocks(binding, artifact, split, held=True)
-    else:
-        scores = score_blocks(steady_layer(binding), artifact, split)
+    scores = score_blocks(binding, artifact, split, held=True) if ramps else \
+        score_blocks(steady_layer(binding), artifact, split)
     evidence = uq.compute_block_uq(scores.val, scores.test, alpha=settings.uq_alpha, calibrated_at=iso_utc(now))
     failures = uq.gate_failures(evidence, settings.uq_gate)
     name = "settled evidence of the steady-state target" if steered else "settled evidence of the plan's end"

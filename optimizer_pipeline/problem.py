@@ -18,7 +18,7 @@ from optimizer_pipeline.contracts import BindingSpec, ContractError, CVTransform
 from optimizer_pipeline.contracts.transform import KINDS
 from optimizer_pipeline.contracts.problem import ECONOMIC_FIELDS
 from optimizer_pipeline.economics import normalised_costs
-from optimizer_pipeline.model.statespace import disturbance_gain, steady_state
+from optimizer_pipeline.model.statespace import balance_rows, disturbance_gain, integrating_outputs, steady_state
 from optimizer_pipeline.validation import (
     AT_LEAST_ONE,
     NON_NEGATIVE,
@@ -282,7 +282,10 @@ def compile_problem(binding: BindingSpec, artifact: ModelArtifact, x0: Any, bias
     and a weight > 0 is held exactly while the costs (`economic_terms`) spend what freedom is left.
     steering (u_ss (nu,), y_ss (ny,), engineering units): the steady-state layer's target a move
     plan steers to (two layers, solver/targets.py): it replaces the CV targets and adds the MV
-    target; required for a move plan whose binding has costs or a CV without a target.
+    target; required for a move plan whose binding has costs or a CV without a target. An integrating
+    CV keeps its own target (or none) in a steered plan; in a steady target (the steady-state layer:
+    binding files refuse steady_response@1 with one) its row is a balance (`balance_rows`): its drift
+    over the horizon under the steady MVs, limits 0 (soft, as every CV limit), no target, no band.
     model_hash: the model artifact the problem names (default: `artifact`'s own hash; a local refit's
     problem names the identified artifact it was refitted from, pipeline.solve_and_decide).
     Raises ProblemError naming the field on a tag mismatch, a wrong length or a non-finite value.
@@ -331,18 +334,28 @@ def compile_problem(binding: BindingSpec, artifact: ModelArtifact, x0: Any, bias
     # a CV without a target: weight 0, its "target" the middle of its limits (enters no cost)
     cv_target = np.array([0.5 * (c.lo + c.hi) if c.target is None else c.target for c in binding.cvs])
     weight = np.where(targeted, [c.weight for c in binding.cvs], 0.0)
+    ramps = integrating_outputs(artifact.state_space)
     steered: dict[str, Any] = {}
     if steering is not None:
         u_ss = check_vector(steering[0], f"{where}.steering.u", nu, error=ProblemError)
-        cv_target = check_vector(steering[1], f"{where}.steering.y", ny, error=ProblemError)
-        weight = np.array([c.weight for c in binding.cvs], float)
+        # an integrating CV keeps its own target (the layer holds its balance, not a level)
+        cv_target = np.where(ramps, cv_target, check_vector(steering[1], f"{where}.steering.y", ny,
+                                                            error=ProblemError))
+        weight = np.where(ramps & ~targeted, 0.0, [c.weight for c in binding.cvs])
         steered = {"u_target": _flat((u_ss - u_mean) / u_std), "u_target_weight": STEERING_MV_WEIGHT}
+    y_lo, y_hi = norm.normalise(binding.cv_tags, cv_lo), norm.normalise(binding.cv_tags, cv_hi)
 
     steady: dict[str, Any] = {}
     if steady_template:
         G, Gd, y0 = steady_state(artifact.state_space)
         y0 = y0 + disturbance_gain(artifact.state_space) @ bias  # the held disturbance, compiled in once
-        steady = {"steady_gain": G, "steady_dv_gain": Gd, "steady_offset": y0}
+        scale = balance_rows(artifact.state_space, binding.profile.horizon)
+        steady = {"steady_gain": G * scale[:, None], "steady_dv_gain": Gd * scale[:, None],
+                  "steady_offset": y0 * scale}
+        if ramps.any():  # balance rows: a drift over the horizon held at 0, no target, no band
+            y_lo, y_hi = np.where(ramps, 0.0, y_lo), np.where(ramps, 0.0, y_hi)
+            weight = np.where(ramps, 0.0, weight)
+            band = None if band is None else np.where(ramps, 0.0, band)
         for name, value in steady.items():
             if not np.all(np.isfinite(value)):
                 raise ProblemError(f"{where}.{name}: the model's steady state is not finite")
@@ -350,7 +363,7 @@ def compile_problem(binding: BindingSpec, artifact: ModelArtifact, x0: Any, bias
             held = check_vector(held, f"{where}.held", ny, error=ProblemError)
             hold = targeted & (weight > 0)
             cv_target = np.where(hold, held, cv_target)  # held where the targets-first stage reached
-            steady.update(economic_terms(binding, G, (mv_lo - u_mean) / u_std, (mv_hi - u_mean) / u_std, u_mean,
+            steady.update(economic_terms(binding, steady["steady_gain"], (mv_lo - u_mean) / u_std, (mv_hi - u_mean) / u_std, u_mean,
                                          u_std, y_mean, y_std, hold))
         steady = {name: _rows(v) if name in ("steady_gain", "steady_dv_gain") else _flat(v)
                   for name, v in steady.items()}
@@ -365,8 +378,9 @@ def compile_problem(binding: BindingSpec, artifact: ModelArtifact, x0: Any, bias
         model=artifact.state_space,
         x0=_flat(x0), u_prev=_flat((u_now - u_mean) / u_std), d=_flat((d_now - d_mean) / d_std), bias=_flat(bias),
         u_lo=_flat((mv_lo - u_mean) / u_std), u_hi=_flat((mv_hi - u_mean) / u_std), du_max=_flat(mv_move / u_std),
-        y_lo=_flat(norm.normalise(binding.cv_tags, cv_lo)), y_hi=_flat(norm.normalise(binding.cv_tags, cv_hi)),
-        y_target=_flat(norm.normalise(binding.cv_tags, cv_target)), y_weight=_flat(weight),
+        y_lo=_flat(y_lo), y_hi=_flat(y_hi),
+        y_target=_flat(np.where(ramps & steady_template, 0.0, norm.normalise(binding.cv_tags, cv_target))),
+        y_weight=_flat(weight),
         move_weight=float(binding.profile.move_weight), slack_weight=float(slack_weight),
         band=None if band is None else _flat(band),
         u_mean=_flat(u_mean), u_std=_flat(u_std), y_mean=_flat(y_mean), y_std=_flat(y_std),

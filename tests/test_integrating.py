@@ -216,6 +216,104 @@ def test_the_gain_uncertainty_of_a_level_is_its_drift_over_the_plan(planned):
         "larger steps of u0 would determine the gain of y0")
 
 
+# --------------------------------------------------------------------------- the steady-state layer
+
+# two outflows on the level: y[t] = 1.5 y[t-1] - 0.5 y[t-2] - 0.1 u0[t-1] - 0.1 u1[t-1] + 0.1 d[t-1]; balanced
+# where u0 + u1 = d
+TWO_OUTFLOWS = ArxModel(Orders(2, 1, 1), LEVEL.A, np.full((1, 1, 2), -0.1), LEVEL.D, np.zeros(1))
+
+
+def two_outflows(**doc):
+    return binding_from_dict({
+        "id": "surge2", "sample_period_s": 1,
+        "mvs": [{"tag": "u0", "lo": 0, "hi": 10, "max_move": 1.0, "cost": 1.0},
+                {"tag": "u1", "lo": 0, "hi": 10, "max_move": 1.0}],
+        "cvs": [{"tag": "y0", "lo": -5, "hi": 5, "target": 1.0, "weight": 1.0, "integrating": True}],
+        "dvs": [{"tag": "d0"}], "model": {"na": 2, "nb": 1, "delay": 1, "horizon": 8},
+        "profile": {"id": "surge", "template": "linear_mpc_quadratic@1", "horizon": 30, "move_weight": 0.1},
+        **doc})
+
+
+def steered_inputs(spec):
+    norm = Normalisation(("u0", "u1", "y0", "d0"), (0.0,) * 4, (1.0,) * 4)
+    artifact = artifact_from_model(TWO_OUTFLOWS, spec, 1, norm)
+    # the level at 0 and balanced, the feed 0.4 shared by both outflows
+    return artifact, (np.zeros(2), np.zeros(1), np.array([0.2, 0.2]), np.array([0.4]))
+
+
+def test_the_layer_holds_a_level_as_a_balance_row_not_a_gain():
+    """In the steady-state layer the level's row is its drift over the plan's 30 samples (-0.2 per sample per
+    unit of each outflow: -6), held at 0 by limits 0, with no target and no band."""
+    from optimizer_pipeline.solver.targets import compile_steady, steady_layer
+
+    spec = two_outflows()
+    artifact, state = steered_inputs(spec)
+    layer = compile_steady(steady_layer(spec), artifact, *state, band=np.array([0.05]))
+    assert np.asarray(layer.steady_gain) == pytest.approx(np.array([[30 * RATE_U, 30 * RATE_U]]))
+    assert np.asarray(layer.steady_dv_gain) == pytest.approx(np.array([[30 * RATE_D]]))
+    assert (layer.y_lo, layer.y_hi, layer.y_weight, layer.band) == ((0.0,), (0.0,), (0.0,), (0.0,))
+    result = solve_problem(layer, SolverCache())
+    plan = next(c for c in result.candidates if c.kind is CandidateKind.ROBUST)
+    assert plan.verified and plan.controls[0] == pytest.approx((0.0, 0.4), abs=1e-5)
+    # an unbalanced steady target: 0.1 too little outflow drifts the level 0.1 x 0.2 x 30 = 0.6
+    tampered = verify_candidate(layer, replace(plan, controls=((0.0, 0.3),), predicted=((0.6,),)))
+    assert not tampered.feasible
+    assert tampered.verify_report["reasons"][0] == (
+        "CV y0 is not balanced: it drifts 0.6 over the 30 samples, 0.6 more than holding the current MVs "
+        "(allowed 0.001)")
+
+
+def test_a_plan_with_costs_and_a_level_balances_the_flows_on_the_cheapest_outflow():
+    """Known answer: the balance needs u0 + u1 = 0.4; u0 costs, u1 does not, so the layer puts u0 at its low
+    limit and u1 at 0.4. The move plan steers there, ends balanced and the level on its own target 1."""
+    from optimizer_pipeline.solver.targets import compile_steered
+
+    spec = two_outflows()
+    artifact, state = steered_inputs(spec)
+    problem = compile_steered(spec, artifact, *state, band=np.array([0.05]))
+    assert problem.u_target == pytest.approx((0.0, 0.4), abs=1e-6)
+    assert (problem.y_target, problem.y_weight) == ((1.0,), (1.0,))  # its own target, not the layer's row
+    result = solve_problem(problem, SolverCache())
+    for kind in (CandidateKind.NOMINAL, CandidateKind.ROBUST):
+        plan = next(c for c in result.candidates if c.kind is kind)
+        assert plan.verified, plan.verify_report["reasons"]
+        u = np.asarray(plan.controls)
+        held = np.vstack([u, np.repeat(u[-1:], 500, axis=0)])
+        y = rollout(problem.model, np.asarray(problem.x0)[None], held[None], np.full((1, len(held), 1), 0.4))[0]
+        assert u[-1] == pytest.approx([0.0, 0.4], abs=1e-3) and u[-1].sum() == pytest.approx(0.4, abs=1e-5)
+        assert y[-1, 0] == pytest.approx(1.0, abs=0.02) and abs(y[-1, 0] - y[len(u) - 1, 0]) < 1e-4
+
+
+def test_a_level_without_a_target_is_kept_in_its_limits_and_balanced():
+    """No target on the level: the plan is steered (the layer picks the outflows), tracks no level, and still
+    ends balanced."""
+    from optimizer_pipeline.solver.targets import compile_steered
+
+    doc = two_outflows().to_dict()
+    doc["cvs"][0].pop("target")
+    spec = binding_from_dict(doc)
+    artifact, state = steered_inputs(spec)
+    problem = compile_steered(spec, artifact, *state)
+    assert problem.y_weight == (0.0,)
+    plan = next(c for c in solve_problem(problem, SolverCache()).candidates if c.kind is CandidateKind.NOMINAL)
+    assert plan.verified and plan.verify_report["balance_drift"]["y0"] < 1e-4
+    assert plan.controls[-1] == pytest.approx((0.0, 0.4), abs=1e-3)
+
+
+@pytest.mark.parametrize("horizon, h", [(30, 60), (2, 5)])
+def test_a_steered_plan_with_a_level_is_judged_where_every_cv_has_settled(horizon, h):
+    """Its settled evidence scores blocks of twice the plan's horizon, or of the model's settling horizon
+    (5 samples here) where that is longer."""
+    from optimizer_pipeline.pipeline import held_rule
+
+    spec = two_outflows()
+    spec = replace(spec, profile=replace(spec.profile, horizon=horizon))
+    assert held_rule(spec, steered_inputs(spec)[0])[0] == h
+    plain = level_binding()
+    plain = replace(plain, profile=replace(plain.profile, horizon=horizon))
+    assert held_rule(plain, artifact_from_model(LEVEL, plain, 1, IDENTITY))[0] == 2 * horizon  # not steered
+
+
 # --------------------------------------------------------------------------- the binding
 
 
@@ -231,12 +329,9 @@ def test_a_binding_declares_an_integrating_cv_and_its_hash_is_unchanged_without_
     (lambda d: d["profile"].update(template="steady_response@1"),
      "binding.cvs[0].integrating: an integrating CV has no steady state, only a balance; plan it with "
      "linear_mpc_quadratic@1"),
-    (lambda d: d["cvs"][0].pop("target"),
-     "binding.cvs[0].integrating: a binding with an integrating CV needs a target on every CV and no costs (the "
-     "steady-state layer does not take a balance yet): cvs[0] has no target"),
-    (lambda d: d["mvs"][0].update(cost=1.0),
-     "binding.cvs[0].integrating: a binding with an integrating CV needs a target on every CV and no costs (the "
-     "steady-state layer does not take a balance yet): mvs[0] has a cost"),
+    (lambda d: d["cvs"][0].update(cost=1.0),
+     "binding.cvs[0].integrating: an integrating CV takes no cost (it settles at no steady value to price; its "
+     "balance is held, its target tracked)"),
     (lambda d: d["cvs"][0].update(transform={"kind": "logit", "lo": -6, "hi": 6}),
      "binding.cvs[0].integrating: an integrating CV takes no transform (its balance is a rate in its own units)"),
     (lambda d: d["cvs"][0].update(integrating="sometimes"),

@@ -303,17 +303,18 @@ def binding_from_dict(doc: Any, source: str = "binding") -> BindingSpec:
         valid_for_s=check_number(get_field(profile_doc, "valid_for_s", at, 3600), f"{at}.valid_for_s", POSITIVE),
     )
 
-    _check_integrating(cvs, mvs, template, w)
+    _check_integrating(cvs, template, w)
     return BindingSpec(id=binding_id, sample_period_s=period, mvs=tuple(mvs), cvs=tuple(cvs), dvs=tuple(dvs),
                        model=model, profile=profile, unit=unit,
                        opcua=wiring_from_dict(get_field(doc, "opcua", w, None), tuple(m.tag for m in mvs),
                                               tuple(seen), w))  # seen: every tag, in order
 
 
-def _check_integrating(cvs: list[CVSpec], mvs: list[MVSpec], template: Template, w: str) -> None:
+def _check_integrating(cvs: list[CVSpec], template: Template, w: str) -> None:
     """An integrating CV has no steady value, only a balance: it is planned by a move plan that ends balanced
-    (solver/mpc.py) toward its target, and the steady-state layer (steady targets, costs, a CV without a
-    target: solver/targets.py) does not take a balance."""
+    (solver/mpc.py) toward its target, if it has one; the steady-state layer a plan with costs or a CV
+    without a target steers to holds its balance (problem.py). A steady target would publish a balance and
+    no level, and a cost on it would price a level it does not settle at: both refused."""
     for i, cv in enumerate(cvs):
         if not cv.integrating:
             continue
@@ -323,12 +324,9 @@ def _check_integrating(cvs: list[CVSpec], mvs: list[MVSpec], template: Template,
         if template is Template.STEADY_RESPONSE:
             raise ContractError(f"{at}: an integrating CV has no steady state, only a balance; plan it with "
                                 f"{Template.LINEAR_MPC.value}")
-        needs_layer = [f"cvs[{j}] has no target" for j, c in enumerate(cvs) if c.target is None] + \
-            [f"{kind}[{j}] has a cost" for kind, specs in (("mvs", mvs), ("cvs", cvs))
-             for j, c in enumerate(specs) if c.cost or c.cost_quadratic]
-        if needs_layer:
-            raise ContractError(f"{at}: a binding with an integrating CV needs a target on every CV and no costs "
-                                f"(the steady-state layer does not take a balance yet): {'; '.join(needs_layer)}")
+        if cv.cost or cv.cost_quadratic:
+            raise ContractError(f"{at}: an integrating CV takes no cost (it settles at no steady value to price; "
+                                f"its balance is held, its target tracked)")
 
 
 def load_binding_file(path: str | Path) -> BindingSpec:

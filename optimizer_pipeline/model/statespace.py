@@ -126,6 +126,15 @@ def steady_state(ss: StateSpace, rcond: float = 1e-8) -> tuple[np.ndarray, np.nd
     return mapped[:, :nu], mapped[:, nu:nu + nd], mapped[:, nu + nd]
 
 
+def balance_rows(ss: StateSpace, horizon: int) -> np.ndarray:
+    """(ny,) the factor a steady target (steady_response@1, the steady-state layer) reads each output of
+    `steady_state` by: 1 for a settling output (its settled value), `horizon` for an integrating one (its
+    settled rate becomes its drift over the plan's horizon, a balance row held at 0: a drift in the units of
+    the CV's limits, so the soft-limit penalty holds it as it holds any limit, where a rate per step could be
+    too small a number to weigh)."""
+    return np.where(integrating_outputs(ss), float(horizon), 1.0)
+
+
 def disturbance_gain(ss: StateSpace, steps: int | None = None, rcond: float = 1e-8) -> np.ndarray:
     """(ny, ny): the outputs' response to a held disturbance (module docstring) of one unit per
     output, from rest: after `steps` steps (C (I + A + ... + A^(steps-1)) C'), or at steady state

@@ -15,6 +15,8 @@ Tolerances (documented defaults of `Tolerances`):
 * predicted CVs vs re-simulation: 1e-3 normalised units (0.1 % of a CV's train std).
 * cost agreement: |cost - independent| <= 1e-6 + 1e-4 * max(|cost|, |independent|); the cost
   includes a steered plan's MV target term and a steady target's economics.
+* a steady target's row of an integrating CV is its drift over the horizon (problem.py), limits 0: allowed
+  1e-3 of the CV's std beyond holding the current MVs.
 * a move plan with an integrating CV ends balanced: its settled rate under the last MVs held, from
   `steady_state`, drifts it by at most the CV allowance over the horizon (not the HOLD baseline).
 `verified` = feasible, predictions agree and costs agree; every failed condition is listed in
@@ -29,7 +31,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from optimizer_pipeline.contracts import CandidateKind, ProblemIR, SolveCandidate, SolveResult, Template
-from optimizer_pipeline.model.statespace import disturbance_gain, integrating_outputs, rollout, steady_state
+from optimizer_pipeline.model.statespace import (balance_rows, disturbance_gain, integrating_outputs, rollout,
+                                                 steady_state)
 from optimizer_pipeline.problem import robust_limits
 from optimizer_pipeline.solver.steady import STEADY_MOVE_SCALE, move_limit
 
@@ -58,7 +61,8 @@ def _simulate(problem: ProblemIR, u: np.ndarray) -> np.ndarray:
     bias = np.asarray(problem.bias, float)
     if problem.template is Template.STEADY_RESPONSE:
         G, Gd, y0 = steady_state(problem.model)
-        return (u[:, :1] @ G.T + Gd @ d + y0 + disturbance_gain(problem.model) @ bias)
+        settled = u[:, :1] @ G.T + Gd @ d + y0 + disturbance_gain(problem.model) @ bias
+        return settled * balance_rows(problem.model, problem.horizon)  # an integrating CV's drift: its balance
     m, rows = u.shape[:2]
     x0 = np.tile(np.asarray(problem.x0, float), (m, 1))
     return rollout(problem.model, x0, u, np.tile(d, (m, rows, 1)), disturbance=bias)
@@ -104,6 +108,10 @@ class _Reference:
         self.y_lo, self.y_hi = np.asarray(problem.y_lo), np.asarray(problem.y_hi)
         self.cv_lo, self.cv_hi = problem.cv_engineering(self.y_lo), problem.cv_engineering(self.y_hi)
         self.cv_allowed = tolerances.cv_rel * (self.cv_hi - self.cv_lo)
+        # a steady target's balance rows (an integrating CV's drift over the horizon, limits 0): the allowance
+        # of a drift, a fraction of the CV's std (its limits are not in the row)
+        self.balance = integrating_outputs(problem.model) if steady else np.zeros(self.ny, bool)
+        self.cv_allowed[self.balance] = tolerances.cv_rel * self.y_std[self.balance]
         self.robust = robust_limits(problem)
         self.w, self.target = np.asarray(problem.y_weight), np.asarray(problem.y_target)
         self.move_weight = problem.move_weight * (STEADY_MOVE_SCALE if steady else 1.0)
@@ -177,14 +185,19 @@ def verify_candidates(problem: ProblemIR, candidates: Sequence[SolveCandidate],
 
 def _limit_reasons(problem: ProblemIR, reasons: list[str], bound: list[float], rate: list[float],
                    cv_violation: list[float], excess: list[float], mv_allowed: list[float],
-                   cv_allowed: list[float]) -> None:
-    """Append a reason per MV bound / rate and CV limit violated beyond what is allowed (one plan)."""
+                   cv_allowed: list[float], balance: np.ndarray) -> None:
+    """Append a reason per MV bound / rate and CV limit (a balance row's where `balance`) violated beyond what
+    is allowed (one plan)."""
     for name, violation in (("bound", bound), ("rate", rate)):
         for j, (value, allowed) in enumerate(zip(violation, mv_allowed)):
             if value > allowed:
                 reasons.append(f"MV {problem.mv_tags[j]} {name} violated by {value:.6g} (allowed {allowed:.3g})")
     for j, (value, allowed) in enumerate(zip(excess, cv_allowed)):
-        if value > allowed:
+        if value > allowed and balance[j]:
+            reasons.append(f"CV {problem.cv_tags[j]} is not balanced: it drifts {cv_violation[j]:.6g} over the "
+                           f"{problem.horizon} samples, {value:.6g} more than holding the current MVs (allowed "
+                           f"{allowed:.3g})")
+        elif value > allowed:
             reasons.append(f"CV {problem.cv_tags[j]} limit violated by {cv_violation[j]:.6g}, {value:.6g} "
                            f"more than holding the current MVs (allowed {allowed:.3g})")
 
@@ -266,7 +279,7 @@ def _verify(ref: _Reference, candidates: Sequence[SolveCandidate], simulated: li
                       mv_allowed=list(ref.report["mv_allowed"]), max_move=list(ref.report["max_move"]))
         if flagged[k]:
             _limit_reasons(problem, reasons, bound[k].tolist(), rate[k].tolist(), cv_violation[k].tolist(),
-                           excess[k].tolist(), mv_allowed, cv_allowed)
+                           excess[k].tolist(), mv_allowed, cv_allowed, ref.balance)
         if ref.ramps.any() and candidate.kind is not CandidateKind.HOLD:
             _balance_reasons(ref, reasons, report, u[k][-1])
         report.update(cv_limit_violation=cv_v[k], cv_violation_beyond_hold=excess_v[k],
