@@ -363,8 +363,8 @@ def compile_problem(binding: BindingSpec, artifact: ModelArtifact, x0: Any, bias
             held = check_vector(held, f"{where}.held", ny, error=ProblemError)
             hold = targeted & (weight > 0)
             cv_target = np.where(hold, held, cv_target)  # held where the targets-first stage reached
-            steady.update(economic_terms(binding, steady["steady_gain"], (mv_lo - u_mean) / u_std, (mv_hi - u_mean) / u_std, u_mean,
-                                         u_std, y_mean, y_std, hold))
+            steady.update(economic_terms(binding, steady["steady_gain"], (mv_lo - u_mean) / u_std,
+                                         (mv_hi - u_mean) / u_std, u_mean, u_std, y_mean, y_std, hold))
         steady = {name: _rows(v) if name in ("steady_gain", "steady_dv_gain") else _flat(v)
                   for name, v in steady.items()}
 
