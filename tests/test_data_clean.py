@@ -42,7 +42,7 @@ def test_clean_run_without_defects_is_unchanged():
     np.testing.assert_array_equal(series.t, frame["timestamp"])
     np.testing.assert_array_equal(series.u[:, 0], frame["v1"])
     np.testing.assert_array_equal(series.y[:, 0], frame["y1"])
-    assert _entry(report, "r1")["action"] == "kept" and _entry(report, "r1")["outliers"] == 0
+    assert _entry(report, "r1")["action"] == "kept" and _entry(report, "r1")["flagged"] == 0
 
 
 def test_shapes_follow_binding_tag_groups_and_no_dv_gives_empty_d():
@@ -59,8 +59,8 @@ def test_spike_is_removed_counted_and_replaced_by_interpolation():
     expected = (np.sin(16 / 6.0) + np.sin(18 / 6.0)) / 2
     assert series.y[17, 0] == pytest.approx(expected, abs=1e-12)
     np.testing.assert_array_equal(np.delete(series.y[:, 0], 17), np.delete(np.sin(np.arange(40) / 6.0), 17))
-    assert _entry(report, "r1")["outliers"] == 1 and _entry(report, "r1")["outliers_by_tag"] == {"y1": 1}
-    assert report["totals"]["outliers"] == 1
+    assert _entry(report, "r1")["flagged"] == 1 and _entry(report, "r1")["flagged_by_tag"] == {"y1": {"spike": 1}}
+    assert report["totals"]["flagged"] == {"y1": {"spike": 1}}
 
 
 @pytest.mark.parametrize("last", [1, 2, 3])
@@ -73,7 +73,7 @@ def test_a_step_in_the_newest_samples_is_kept_and_the_run_keeps_its_end(last):
     assert len(series.t) == 40 and series.t[-1] == frame["timestamp"].iloc[-1]
     np.testing.assert_array_equal(series.d[-last:, 0], 5.0)
     np.testing.assert_array_equal(series.u[:, 0], frame["v1"])
-    assert _entry(report, "r1")["outliers"] == 0 and _entry(report, "r1")["action"] == "kept"
+    assert _entry(report, "r1")["flagged"] == 0 and _entry(report, "r1")["action"] == "kept"
 
 
 @pytest.mark.parametrize("row", [35, 36, 37, 38])
@@ -82,7 +82,7 @@ def test_a_spike_near_the_end_with_normal_samples_after_it_is_still_removed(row)
     frame.loc[row, "y1"] = 40.0
     (series,), report = clean_runs(frame, _binding(), min_length=10)
     assert series.y[row, 0] == pytest.approx((np.sin((row - 1) / 6.0) + np.sin((row + 1) / 6.0)) / 2, abs=1e-12)
-    assert len(series.t) == 40 and _entry(report, "r1")["outliers_by_tag"] == {"y1": 1}
+    assert len(series.t) == 40 and _entry(report, "r1")["flagged_by_tag"] == {"y1": {"spike": 1}}
 
 
 def test_only_the_newest_run_keeps_a_step_at_its_end():
@@ -101,7 +101,7 @@ def test_mv_pulses_are_not_treated_as_outliers():
     frame.loc[[10, 20, 21], "v1"] = 3.0  # a one-sample and a two-sample move of a step test
     (series,), report = clean_runs(frame, _binding(), min_length=10)
     np.testing.assert_array_equal(series.u[:, 0], frame["v1"])
-    assert _entry(report, "r1")["outliers"] == 0
+    assert _entry(report, "r1")["flagged"] == 0
 
 
 def test_non_finite_values_are_dropped_and_filled():
@@ -243,7 +243,7 @@ def test_gaussian_noise_is_not_eroded_by_the_outlier_filter():
     noise = np.random.default_rng(5).normal(0.0, 0.5, 20000)
     frame = pd.DataFrame({"run_id": "r1", "timestamp": PERIOD * np.arange(noise.size), "v1": 1.0, "y1": noise})
     _, report = clean_runs(frame, _binding(), min_length=10)
-    assert report["runs"][0]["outliers"] / noise.size < 0.005
+    assert report["runs"][0]["flagged"] / noise.size < 0.005
 
 
 def test_spike_in_noise_is_removed():

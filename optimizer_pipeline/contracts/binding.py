@@ -68,11 +68,13 @@ class CVSpec:
     cost_quadratic: float = 0.0
     transform: CVTransform | None = None  # identified and planned in transformed units (contracts.transform)
     integrating: bool = False  # a level or inventory: integrates its inputs' imbalance (model/fit.py)
+    range: tuple[float, float] | None = None  # the transmitter's range: a value at its end is pinned (data/flags.py)
 
 
 @dataclass(frozen=True)
 class DVSpec:
     tag: str
+    range: tuple[float, float] | None = None  # the transmitter's range (data/flags.py)
 
 
 @dataclass(frozen=True)
@@ -132,7 +134,7 @@ class BindingSpec:
         return json.loads(self.canonical_json())
 
     def canonical_json(self) -> str:
-        """The spec as canonical JSON; zero costs and absent CV transforms are left out, so a binding
+        """The spec as canonical JSON; zero costs, absent CV transforms and ranges are left out, so a binding
         written before they existed keeps its hash (and its revision), and so is the OPC UA wiring (not
         the model: see OpcUaWiring)."""
         doc = asdict(self)
@@ -146,6 +148,9 @@ class BindingSpec:
                     del item["transform"]
                 if kind == "cvs" and not item["integrating"]:
                     del item["integrating"]
+        for item in doc["cvs"] + doc["dvs"]:
+            if item["range"] is None:
+                del item["range"]
         return canonical_json(doc)
 
     @property
@@ -230,6 +235,24 @@ def _transform(item: Mapping[str, Any], lo: float, hi: float, costs: Mapping[str
     return CVTransform(kind, t_lo, t_hi)
 
 
+def _range(item: Mapping[str, Any], where: str, limits: tuple[float, float] | None = None) -> tuple[float, float] | None:
+    """A CV's or DV's optional transmitter `range` [lo, hi], lo < hi: values at its ends are pinned, not
+    measured (data/flags.py). A CV's limits lie inside it (a limit beyond it could never be measured)."""
+    value = get_field(item, "range", where, None)
+    if value is None:
+        return None
+    at = f"{where}.range"
+    pair = check_list(value, at)
+    if len(pair) != 2:
+        refuse(at, "two numbers [lo, hi], the transmitter's range", value)
+    lo, hi = (check_number(v, f"{at}[{i}]") for i, v in enumerate(pair))
+    check_ordered(lo, hi, at, strict=True)
+    if limits is not None and not (lo < limits[0] and limits[1] < hi):
+        refuse(at, f"a range with the CV's limits [{limits[0]:g}, {limits[1]:g}] strictly inside it (a value at "
+                   "the range's end is not measured)", None, got=f"[{lo:g}, {hi:g}]")
+    return lo, hi
+
+
 def binding_from_dict(doc: Any, source: str = "binding") -> BindingSpec:
     """Validate a binding document (docs/ARCHITECTURE.md, "Binding file") into a BindingSpec.
 
@@ -263,11 +286,12 @@ def binding_from_dict(doc: Any, source: str = "binding") -> BindingSpec:
         costs = _costs(item, at)
         integrating = check_rule(get_field(item, "integrating", at, False), bool_rule(), at, "integrating")
         cvs.append(CVSpec(_tag(get_field(item, "tag", at), f"{at}.tag"), lo, hi, target, weight, **costs,
-                          transform=_transform(item, lo, hi, costs, at), integrating=integrating))
+                          transform=_transform(item, lo, hi, costs, at), integrating=integrating,
+                          range=_range(item, at, (lo, hi))))
     if not cvs:
         raise ContractError(f"{w}.cvs: at least one CV is required")
 
-    dvs = [DVSpec(_tag(get_field(item, "tag", f"{w}.dvs[{i}]"), f"{w}.dvs[{i}].tag"))
+    dvs = [DVSpec(_tag(get_field(item, "tag", f"{w}.dvs[{i}]"), f"{w}.dvs[{i}].tag"), _range(item, f"{w}.dvs[{i}]"))
            for i, item in enumerate(_items(doc, "dvs", DVSpec, w, required=False))]
 
     seen: dict[str, str] = {}
