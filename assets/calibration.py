@@ -63,7 +63,7 @@ def plant_history(env: StageEnv, inputs: BindingInputs) -> StageResult:
     stored = inputs.stored
     split = pipeline.prepare_split(env.ledger, stored)
     cleaning = split.report["cleaning"]
-    changed = [r for r in cleaning["runs"] if r["action"] != "kept" or r["outliers"] or r["interpolated"]]
+    changed = [r for r in cleaning["runs"] if r["action"] != "kept" or r["flagged"] or r["interpolated"]]
     return StageResult(split, {
         "binding_revision": stored.revision,
         "rows": int(sum(len(r) for r in (*split.train, *split.val, *split.test))),
@@ -72,7 +72,7 @@ def plant_history(env: StageEnv, inputs: BindingInputs) -> StageResult:
         "data_hash": split.data_hash,
         "runs_changed_or_dropped": _table(changed, [
             ("run_id", "string"), ("action", "string"), ("reason", "string"), ("rows_in", "int"),
-            ("rows_out", "int"), ("outliers", "int"), ("interpolated", "int")]),
+            ("rows_out", "int"), ("flagged", "int"), ("interpolated", "int")]),
         "warnings": MetadataValue.json(list(split.report.get("warnings", []))),
     })
 

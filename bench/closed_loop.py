@@ -99,7 +99,7 @@ def replay(plant_name: str, args: argparse.Namespace) -> dict:
     from dagster import DagsterInstance, RunsFilter, build_sensor_context
 
     from optimizer_pipeline import outcomes
-    from optimizer_pipeline.cli import prepare_dagster_home
+    from optimizer_pipeline.launch import prepare_dagster_home
     from optimizer_pipeline.contracts import iso_utc, parse_iso_utc
     from optimizer_pipeline.definitions import build_definitions
     from optimizer_pipeline.ledger import open_ledger

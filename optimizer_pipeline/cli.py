@@ -1,5 +1,5 @@
 """The `optimizer-pipeline` command line (docs/ARCHITECTURE.md, "Interfaces"): demo, ingest, export,
-materialize, recommendation, status, model, whatif, outcome, ledger, live, simulate, daemon, worker, ui.
+exclude, materialize, recommendation, status, model, whatif, outcome, ledger, live, simulate, daemon, worker, ui.
 Bad input: one specific line on stderr, exit code 2, nothing partial written. Dagster is imported only
 by the commands that run it.
 """
@@ -11,9 +11,10 @@ import sys
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn, Sequence
 
 from optimizer_pipeline.contracts import ContractError, EvidenceSource, load_binding_file, parse_iso_utc
+from optimizer_pipeline.launch import UserError, prepare_dagster_home, require_broker, run_partitions
 from optimizer_pipeline.recommendation_text import demo_table, recommendation_text
 from optimizer_pipeline.settings import dagster_home, disk_full, ledger_path, load_settings, resolve_home
 
@@ -24,103 +25,6 @@ EXIT_USER_ERROR = 2
 EXIT_RUN_FAILED = 1
 DEMO_SEED = 1
 JOBS = ("refresh", "recalibrate", "solve")
-# Dagster's console logger silenced: the CLI prints its own summary or one error line; the full
-# log, tracebacks included, is in the run's event log (UI).
-QUIET_RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
-
-
-class UserError(Exception):
-    """A mistake the user can fix; printed as one line."""
-
-
-# ------------------------------------------------------------------ home / Dagster instance
-
-WRITTEN_BY = "# written by optimizer-pipeline from the home's settings; edit settings.yaml, not this file\n"
-
-
-def prepare_dagster_home(home: Path) -> Path:
-    """`<home>/dagster` (or $DAGSTER_HOME) with its dagster.yaml written from the settings
-    (optimizer_pipeline/deployment.py: telemetry off; PostgreSQL storage, Celery runs when set);
-    a dagster.yaml the user wrote (without our first line) is left alone. Exported for Dagster."""
-    from optimizer_pipeline.deployment import dagster_yaml
-
-    path = dagster_home(home)
-    path.mkdir(parents=True, exist_ok=True)
-    config = path / "dagster.yaml"
-    if not config.exists() or config.read_text(encoding="utf-8").startswith(WRITTEN_BY):
-        config.write_text(WRITTEN_BY + dagster_yaml(load_settings(home)), encoding="utf-8")
-    os.environ["DAGSTER_HOME"] = str(path)
-    os.environ["OPTIMIZER_HOME"] = str(home)
-    return path
-
-
-class BindingRun(NamedTuple):
-    """How one binding fared in a CLI-launched run: ok, or the stage and reason it failed."""
-
-    binding_id: str
-    ok: bool
-    dagster_run_id: str
-    detail: str  # "" when ok, else "<stage>: <reason>"
-
-
-def run_partitions(home: Path, binding_ids: Sequence[str], job_name: str = "refresh",
-                   wait: bool = True) -> list[BindingRun]:
-    """Run a job over the given binding partitions. Embedded default: in process on the home's
-    instance, one run per stretch of them in the instance's partition order (all of them: one run).
-    With `dagster.run_launcher: celery`: runs of at most `dagster.max_partitions_per_run` bindings
-    submitted to the instance (the daemon launches them onto Celery workers), waited for unless
-    `wait` is False. A binding that failed is named with its stage and reason from the ledger."""
-    prepare_dagster_home(home)
-    from dagster import DagsterInstance
-
-    from optimizer_pipeline.assets.compat import range_tags
-    from optimizer_pipeline.automation import partition_ranges, submit_and_wait
-    from optimizer_pipeline.definitions import build_definitions
-    from optimizer_pipeline.ledger import open_ledger
-    from optimizer_pipeline.solver.shared import kept_alive
-
-    settings = load_settings(home)
-    if settings.dagster_run_launcher == "celery":
-        _require_broker(settings)
-        return [BindingRun(*outcome) for outcome in submit_and_wait(
-            home, open_ledger(home, settings), binding_ids, job_name, settings.dagster_max_partitions_per_run, wait)]
-    ledger = open_ledger(home)
-    results = {}
-    with DagsterInstance.get() as instance, kept_alive():
-        # resolved inside the instance's scope: Dagster reads the definitions' state from the
-        # instance that is current while it builds the repository
-        job = build_definitions(home).resolve_job_def(job_name)
-        known = set(instance.get_dynamic_partitions("bindings"))
-        missing = [b for b in binding_ids if b not in known]
-        if missing:
-            instance.add_dynamic_partitions("bindings", missing)
-        ordered = instance.get_dynamic_partitions("bindings")
-        for first, last in partition_ranges(ordered, binding_ids):
-            partition = {"partition_key": first} if first == last else {}
-            result = job.execute_in_process(instance=instance, raise_on_error=False, run_config=QUIET_RUN_CONFIG,
-                                            tags={"optimizer/launched_by": "cli",
-                                                  **({} if partition else range_tags(first, last))}, **partition)
-            failed = {f.binding_id: f"{f.stage}: {f.message}" for f in ledger.list_failures(dagster_run_id=result.run_id)}
-            run_error = "" if result.success or failed else _failure(result)
-            for key in ordered[ordered.index(first):ordered.index(last) + 1]:
-                detail = failed.get(key, run_error)
-                results[key] = BindingRun(key, not detail, result.run_id, detail)
-    return [results[b] for b in binding_ids]
-
-
-def _failure(result: Any) -> str:
-    """The reason a run failed outside any binding's stages (e.g. a resource that could not start)."""
-    for event in result.all_events:
-        if event.is_step_failure:
-            error = event.step_failure_data.error
-            while error.cause is not None and error.cls_name.startswith("Dagster"):
-                error = error.cause
-            message = error.message.strip().splitlines()[0]
-            prefix = f"{error.cls_name}: "
-            if prefix in message:  # "package.module.HistoryError: text" -> "text"
-                message = message.split(prefix, 1)[1]
-            return f"step {event.step_key} failed: {message}"
-    return "run failed"
 
 
 # ------------------------------------------------------------------ commands
@@ -172,6 +76,23 @@ def _iso_option(name: str, text: str | None) -> datetime | None:
         return None if text is None else parse_iso_utc(text)
     except ValueError:
         raise UserError(f"--{name}: {text!r} is not an ISO 8601 timestamp (e.g. 2026-12-01T06:00:00)") from None
+
+
+def cmd_exclude(args: argparse.Namespace, home: Path) -> int:
+    from optimizer_pipeline import exclusions
+
+    ledger = _existing_ledger(home)
+    stored = ledger.get_binding(args.binding_id)
+    if args.revoke:
+        if args.start or args.end or args.tags:
+            raise UserError("exclude --revoke ID takes only --reason (the exclusion it revokes names its slice)")
+        print(json.dumps(exclusions.revoke(ledger, stored, args.revoke, args.reason), indent=2))
+        return 0
+    if not (args.start and args.end):
+        raise UserError(f"exclude {args.binding_id}: --from and --to are required (or --revoke ID)")
+    start, end = (_iso_option(name, text) for name, text in (("from", args.start), ("to", args.end)))
+    print(json.dumps(exclusions.exclude(ledger, stored, start, end, args.tags or (), args.reason), indent=2))
+    return 0
 
 
 def cmd_materialize(args: argparse.Namespace, home: Path) -> int:
@@ -393,16 +314,6 @@ def cmd_live(args: argparse.Namespace, home: Path) -> int:
     return 0
 
 
-def _require_broker(settings: Any) -> None:
-    from optimizer_pipeline.deployment import broker_problem
-    from optimizer_pipeline.settings import redact_url
-
-    problem = broker_problem(settings.dagster_broker)
-    if problem is not None:
-        raise UserError(f"broker {redact_url(settings.dagster_broker)} cannot be reached ({problem}); start Redis "
-                        f"or correct dagster.broker")
-
-
 def cmd_worker(args: argparse.Namespace, home: Path) -> int:
     from optimizer_pipeline.deployment import WORKER_ENV, write_celery_config
     from optimizer_pipeline.supervise import run_supervised
@@ -411,7 +322,7 @@ def cmd_worker(args: argparse.Namespace, home: Path) -> int:
     if settings.dagster_run_launcher != "celery":
         raise UserError(f"worker: home {home} has dagster.run_launcher {settings.dagster_run_launcher!r}; set "
                         f"dagster.run_launcher: celery, dagster.broker and dagster.postgres_url first")
-    _require_broker(settings)
+    require_broker(settings)
     prepare_dagster_home(home)
     config_dir = write_celery_config(dagster_home(home), settings)
     name = args.name or f"optimizer-{os.getpid()}"
@@ -486,6 +397,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--since", metavar="ISO", help="only samples at or after this time (ISO 8601, naive = UTC)")
     p.add_argument("--until", metavar="ISO", help="only samples at or before this time (ISO 8601, naive = UTC)")
     p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("exclude", help="mark a slice of a binding's history bad (append-only; applied by the next "
+                                       "recalibration), or --revoke an earlier exclusion")
+    p.add_argument("binding_id")
+    p.add_argument("--from", dest="start", metavar="ISO", help="first excluded time (ISO 8601, naive = UTC)")
+    p.add_argument("--to", dest="end", metavar="ISO", help="end of the slice, not included (ISO 8601)")
+    p.add_argument("--tags", nargs="+", metavar="TAG", help="only these tags (default: every tag of the binding)")
+    p.add_argument("--revoke", metavar="EXCLUSION_ID", help="withdraw an exclusion instead")
+    p.add_argument("--reason", required=True, help="why (kept with the record)")
+    p.set_defaults(func=cmd_exclude)
 
     p = sub.add_parser("materialize", help="materialize the assets of binding partitions in process (one Dagster run "
                                            "for all of them); prints one JSON object, or a list for several / --all")

@@ -1,10 +1,13 @@
 """What `optimizer-pipeline ledger` prints: the runs (a what-if run marked), what-ifs, candidates,
-recommendations, outcomes and binding failures of the ledger or of one binding, as text or JSON."""
+recommendations, outcomes, binding failures, exclusions and the samples the latest split flagged, of the
+ledger or of one binding, as text or JSON."""
 
 import json
+from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
-from optimizer_pipeline.ledger import Ledger
+from optimizer_pipeline.contracts import iso_from_seconds
+from optimizer_pipeline.ledger import ExclusionRecord, Ledger
 from optimizer_pipeline.recommendation_text import num
 
 Section = tuple[list, Callable[[Any], str]]
@@ -13,6 +16,41 @@ Section = tuple[list, Callable[[Any], str]]
 def _override_text(override: dict[str, Any]) -> str:
     """A recorded what-if override as it was given: PATH=VALUE."""
     return f"{override['path']}={override['value']}"
+
+
+@dataclass(frozen=True)
+class FlagSpan:
+    """A stretch of one tag's samples a cleaning rule flagged (data/flags.py), of a binding's latest split."""
+
+    binding_id: str
+    binding_revision: int
+    run_id: str
+    tag: str
+    rule: str
+    start: str  # ISO 8601 UTC
+    end: str
+    samples: int
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def flag_spans(ledger: Ledger, binding: str | None) -> list[FlagSpan]:
+    """The flagged stretches of each binding's (or one binding's) latest split of its current revision."""
+    spans = []
+    for stored in ledger.list_bindings():
+        split = None if binding not in (None, stored.spec.id) else ledger.latest_split(stored.spec.id, stored.revision)
+        for s in [] if split is None else split.report.get("cleaning", {}).get("flags", []):
+            spans.append(FlagSpan(stored.spec.id, stored.revision, s["run_id"], s["tag"], s["rule"],
+                                  iso_from_seconds(s["start_s"]), iso_from_seconds(s["end_s"]), s["samples"]))
+    return spans
+
+
+def _exclusion_text(e: ExclusionRecord) -> str:
+    if e.revokes:
+        return f"{e.exclusion_id}  {e.binding_id}  revokes {e.revokes}  {e.reason}"
+    return (f"{e.exclusion_id}  {e.binding_id}  {iso_from_seconds(e.start_s)} .. {iso_from_seconds(e.end_s)}  "
+            f"{' '.join(e.tags) or 'every tag'}  {e.reason}" + (f"  (revoked by {e.revoked_by})" if e.revoked_by else ""))
 
 
 def _sections(ledger: Ledger, binding: str | None) -> dict[str, Section]:
@@ -38,6 +76,10 @@ def _sections(ledger: Ledger, binding: str | None) -> dict[str, Section]:
         "failures": (ledger.list_failures(binding),
                      lambda f: f"{f.id}  {f.binding_id}@r{f.binding_revision}  {f.stage}  {f.created_at}  "
                                f"{f.error}: {f.message}"),
+        "exclusions": (ledger.list_exclusions(binding), _exclusion_text),
+        "flagged": (flag_spans(ledger, binding),
+                    lambda s: f"{s.binding_id}@r{s.binding_revision}  {s.run_id}  {s.tag}  {s.rule}  {s.start} .. "
+                              f"{s.end}  {s.samples} sample(s)"),
     }
 
 

@@ -22,6 +22,7 @@ from optimizer_pipeline.contracts import (
     Calibration,
     CandidateKind,
     Condition,
+    Exclusion,
     HistorySplit,
     ModelArtifact,
     ProblemIR,
@@ -81,7 +82,7 @@ def prepare_split(ledger: Ledger, stored: StoredBinding) -> HistorySplit:
     through = ledger.samples_through(spec.id)
     if through is None:
         raise MissingInputError(f"binding {spec.id}: no plant samples in the ledger; ingest its history first")
-    split = _split_of(ledger, stored, through, SPLIT_SEED)
+    split = _split_of(ledger, stored, through, SPLIT_SEED, ledger.exclusions(spec.id))
     ledger.put_split(spec.id, stored.revision, samples_through=through, seed=SPLIT_SEED, data_hash=split.data_hash,
                      runs={"train": [r.run_id for r in split.train], "val": [r.run_id for r in split.val],
                            "test": [r.run_id for r in split.test]},
@@ -89,11 +90,12 @@ def prepare_split(ledger: Ledger, stored: StoredBinding) -> HistorySplit:
     return split
 
 
-def _split_of(ledger: Ledger, stored: StoredBinding, through: datetime, seed: int) -> HistorySplit:
+def _split_of(ledger: Ledger, stored: StoredBinding, through: datetime, seed: int,
+              exclusions: Sequence[Exclusion]) -> HistorySplit:
     spec = stored.spec
     frame = validate_history_frame(ledger.history_frame(spec.id, spec.tags, through), spec,
                                    f"stored history of {spec.id}")
-    return prepare_history(frame, spec, seed=seed)
+    return prepare_history(frame, spec, seed=seed, exclusions=exclusions)
 
 
 def current_split(ledger: Ledger, stored: StoredBinding) -> HistorySplit:
@@ -102,17 +104,20 @@ def current_split(ledger: Ledger, stored: StoredBinding) -> HistorySplit:
     through = ledger.samples_through(stored.spec.id)
     if through is None:
         raise MissingInputError(f"binding {stored.spec.id}: no plant samples in the ledger; ingest its history first")
-    return _split_of(ledger, stored, through, SPLIT_SEED)
+    return _split_of(ledger, stored, through, SPLIT_SEED, ledger.exclusions(stored.spec.id))
 
 
 def load_split(ledger: Ledger, stored: StoredBinding) -> HistorySplit:
-    """The split `plant_history` last recorded for this revision, rebuilt from the same samples."""
+    """The split `plant_history` last recorded for this revision, rebuilt from the same samples and the
+    exclusions it applied (revoked since or not: a revocation applies from the next split)."""
     spec = stored.spec
     record = ledger.latest_split(spec.id, stored.revision)
     if record is None:
         raise MissingInputError(f"binding {spec.id} revision {stored.revision}: no plant_history in the ledger; "
                                 f"materialize plant_history (job recalibrate or refresh) first")
-    split = _split_of(ledger, stored, record.samples_through, record.seed)
+    applied = record.report.get("cleaning", {}).get("settings", {}).get("flags", {}).get("exclusions", [])
+    split = _split_of(ledger, stored, record.samples_through, record.seed,
+                      [e for e in ledger.all_exclusions(spec.id) if e.exclusion_id in applied])
     if split.data_hash != record.data_hash:
         raise MissingInputError(f"binding {spec.id}: the samples ingested up to {record.samples_through} no longer "
                                 f"give the split {record.id} (data hash differs); materialize plant_history again")

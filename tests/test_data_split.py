@@ -177,7 +177,7 @@ def test_prepare_history_names_the_mvs_and_cvs_without_a_value_in_the_newest_sam
     assert prepare_history(frame, _binding()).report["live_missing"] == missing
 
 
-@pytest.mark.parametrize("after_gap, warming", [(5, True), (25, True), (26, False)])  # cleaning keeps n - 1
+@pytest.mark.parametrize("after_gap, warming", [(5, True), (24, True), (25, False)])
 def test_the_newest_samples_after_a_gap_are_warming_up_until_they_hold_the_models_window(after_gap, warming):
     binding = _binding()
     need = default_min_length(binding)  # 25
@@ -185,7 +185,7 @@ def test_the_newest_samples_after_a_gap_are_warming_up_until_they_hold_the_model
     live = frame[frame["run_id"] == "run3"]
     more = live.tail(after_gap).assign(timestamp=live["timestamp"].max() + 5.0 * (10 + np.arange(after_gap)))
     split = prepare_history(pd.concat([frame, more], ignore_index=True), binding)
-    expected = {"samples": after_gap - 1, "needed": need, "since": float(more["timestamp"].iloc[1])} if warming \
+    expected = {"samples": after_gap, "needed": need, "since": float(more["timestamp"].iloc[0])} if warming \
         else None
     assert split.report["live_warming_up"] == expected
     assert split.report["live_tail_dropped"] is warming

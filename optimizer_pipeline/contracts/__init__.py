@@ -8,7 +8,7 @@ optimizer_pipeline.contracts import X` is the one way to use them:
   transform       CVTransform (a saturating CV's logit) and its column-wise forward / inverse
   wiring          a binding's OPC UA wiring: OpcUaWiring, AdvisoryWiring, NodeIds, wiring_from_json
   binding         Template, MV / CV / DV specs, ModelSettings, Profile, BindingSpec and its loaders, StoredBinding
-  history         RunSeries, HistorySplit
+  history         RunSeries, HistorySplit, Exclusion
   model           Normalisation, StateSpace, Gate, ModelArtifact, MIN_STD
   problem         ProblemIR
   solve           CandidateKind, SolveCandidate, SolveResult
@@ -45,7 +45,7 @@ from optimizer_pipeline.contracts.canonical import (
 )
 from optimizer_pipeline.contracts.evidence import (MIN_EMPIRICAL_VAL_BLOCKS, MIN_TEST_RUNS, MIN_UNIQUE_TEST_STEPS,
                                                    BlockScores, Calibration, Scores, UQEvidence)
-from optimizer_pipeline.contracts.history import HistorySplit, RunSeries
+from optimizer_pipeline.contracts.history import Exclusion, HistorySplit, RunSeries
 from optimizer_pipeline.contracts.model import MIN_STD, Gate, ModelArtifact, Normalisation, StateSpace
 from optimizer_pipeline.contracts.outcome import Outcome, OutcomeVerdict
 from optimizer_pipeline.contracts.problem import ProblemIR
@@ -63,7 +63,8 @@ from optimizer_pipeline.contracts.wiring import AdvisoryWiring, NodeIds, OpcUaWi
 
 __all__ = [
     "AdvisoryWiring", "BindingSpec", "BlockScores", "CVSpec", "CVTransform", "Calibration", "CandidateKind",
-    "Condition", "ContractError", "DVSpec", "EvidenceSnapshot", "EvidenceSource", "Gate", "HistorySplit", "ID_PATTERN",
+    "Condition", "ContractError", "DVSpec", "EvidenceSnapshot", "EvidenceSource", "Exclusion", "Gate", "HistorySplit",
+    "ID_PATTERN",
     "MIN_EMPIRICAL_VAL_BLOCKS", "MIN_STD", "MIN_TEST_RUNS", "MIN_UNIQUE_TEST_STEPS", "MVSpec", "ModelArtifact",
     "ModelSettings", "NodeIds", "Normalisation", "OpcUaWiring", "Outcome",
     "OutcomeVerdict", "ProblemIR", "Profile", "Recommendation", "RecommendationStatus", "RunSeries", "Scores",

@@ -1,5 +1,5 @@
 """Plant history on the binding's sample grid: one run (RunSeries) and the runs of a binding split
-for training (HistorySplit). Engineering units."""
+for training (HistorySplit), engineering units; and a slice of it excluded by hand (Exclusion)."""
 
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -70,3 +70,17 @@ class HistorySplit:
     normalisation: Normalisation
     report: Mapping[str, Any]
     data_hash: str
+
+
+@dataclass(frozen=True)
+class Exclusion:
+    """A slice of a binding's history marked bad by hand (`optimizer-pipeline exclude`, the ledger's
+    `exclusions`): samples with start_s <= t < end_s (seconds since the epoch) of `tags` (empty: every
+    tag) count as missing in cleaning (data/flags.py)."""
+
+    exclusion_id: str
+    binding_id: str
+    start_s: float
+    end_s: float
+    tags: tuple[str, ...]
+    reason: str

@@ -4,10 +4,11 @@ Typical use: `prepare_history(read_history(path, binding), binding, seed)` -> Hi
 """
 
 from dataclasses import replace
+from typing import Sequence
 
 import pandas as pd
 
-from optimizer_pipeline.contracts import BindingSpec, HistorySplit, RunSeries
+from optimizer_pipeline.contracts import BindingSpec, Exclusion, HistorySplit, RunSeries
 from optimizer_pipeline.data.clean import clean_newest_run, clean_runs
 from optimizer_pipeline.data.ingest import HistoryError, read_history, validate_history_frame
 from optimizer_pipeline.data.split import split_runs
@@ -22,9 +23,10 @@ def default_min_length(binding: BindingSpec) -> int:
     return window_lag(binding) + binding.model.horizon + 1
 
 
-def prepare_history(frame: pd.DataFrame, binding: BindingSpec, seed: int = 0,
-                    min_length: int | None = None) -> HistorySplit:
-    """Clean a validated history frame and split it; the cleaning report is report["cleaning"].
+def prepare_history(frame: pd.DataFrame, binding: BindingSpec, seed: int = 0, min_length: int | None = None,
+                    exclusions: Sequence[Exclusion] = ()) -> HistorySplit:
+    """Clean a validated history frame (the slices `exclusions` count as missing) and split it; the
+    cleaning report is report["cleaning"].
 
     report["warnings"] collects the cleaning and split warnings, plus one when the live run does not
     reach the history's latest sample (its newest samples were dropped in cleaning, so "now" is
@@ -34,7 +36,7 @@ def prepare_history(frame: pd.DataFrame, binding: BindingSpec, seed: int = 0,
     report["live_warming_up"] how far the newest samples are from a live state (`warming_up`).
     """
     need = default_min_length(binding) if min_length is None else min_length
-    runs, cleaning = clean_runs(frame, binding, need)
+    runs, cleaning = clean_runs(frame, binding, need, exclusions)
     split = split_runs(runs, binding, seed=seed)
     warnings = list(cleaning["warnings"]) + list(split.report["warnings"])
     tail = _live_tail(split.live, cleaning["latest_timestamp_s"], binding)

@@ -25,9 +25,9 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from optimizer_pipeline.contracts import BindingSpec, RunSeries
-from optimizer_pipeline.data.flags import (PIN_FRACTION, SPIKE_SIGMAS, STUCK_CHANCE, STUCK_MIN_SAMPLES, Exclusion,
-                                           TagRules, flag_run, flag_spans, tag_rules, true_spans)
+from optimizer_pipeline.contracts import BindingSpec, Exclusion, RunSeries
+from optimizer_pipeline.data.flags import (PIN_FRACTION, SPIKE_SIGMAS, STUCK_CHANCE, STUCK_MIN_SAMPLES, TagRules,
+                                           flag_run, flag_spans, tag_rules, true_spans)
 from optimizer_pipeline.data.ingest import RUN_ID, TIMESTAMP
 
 log = logging.getLogger(__name__)
@@ -138,7 +138,7 @@ def _clean_run(run_id: str, t: np.ndarray, values: np.ndarray, rules: TagRules, 
     tags = rules.tags
     values = np.where(np.isfinite(values), values, np.nan)
     non_finite = int(np.isnan(values).sum())
-    flags = flag_run(t, values, rules, open_end=keep_end)
+    flags = flag_run(t, values, rules, period, open_end=keep_end)
     flagged_spans = flag_spans(run_id, t, flags, tags)
     flagged = np.logical_or.reduce(list(flags.values())) if flags else np.zeros(values.shape, bool)
     values[flagged] = np.nan

@@ -7,8 +7,9 @@ first three: they are commanded values, and an MV held by an operator is not a f
 
 * spike (CVs and DVs): a sample that both one-sided line extrapolations miss the same way, from the
   two samples before it (2 x[k-1] - x[k-2]) and from the two after it (2 x[k+1] - x[k+2]), each by more
-  than SPIKE_SIGMAS robust standard deviations of the run's second differences (1.4826 x their median
-  absolute value; floored at the tag's resolution, its smallest step). A line follows a trend, so a
+  than SPIKE_SIGMAS robust standard deviations of the tag's second differences over the history (1.4826
+  x their median absolute value; floored at the tag's resolution, its smallest step), within stretches
+  without a time gap. A line follows a trend, so a
   spike on a moving CV is seen; a step moves one side only, so it is kept. The Hampel filter this rule
   replaced (a window median +- 3 MADs) missed half the glitches of +-20 noise sigmas on the quadruple
   tank: a 7-sample window across a move holds a MAD of 5-30 noise sigmas (docs/ARCHITECTURE.md,
@@ -34,7 +35,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from optimizer_pipeline.contracts import BindingSpec
+from optimizer_pipeline.contracts import BindingSpec, Exclusion
 
 SPIKE, STUCK, PINNED, EXCLUDED = "spike", "stuck", "pinned", "excluded"
 RULES = (SPIKE, STUCK, PINNED, EXCLUDED)
@@ -46,25 +47,14 @@ PIN_FRACTION = 1e-3
 
 
 @dataclass(frozen=True)
-class Exclusion:
-    """A slice of the history marked bad by hand (ledger `exclusions`): [start_s, end_s) of `tags`
-    (empty: every tag of the binding)."""
-
-    exclusion_id: str
-    start_s: float
-    end_s: float
-    tags: tuple[str, ...]
-    reason: str
-
-
-@dataclass(frozen=True)
 class TagRules:
     """What the rules need of a binding beyond the samples: the tags they judge (measured: CVs and DVs),
-    each tag's repeat frequency over the whole history (`repeat_frequency`, for `stuck`), the transmitter
-    ranges given, and the exclusions in force."""
+    each tag's noise (`noise_sigma`, for `spikes`) and repeat frequency (`repeat_frequency`, for `stuck`)
+    over the whole history, the transmitter ranges given, and the exclusions in force."""
 
     tags: tuple[str, ...]
     measured: np.ndarray  # (n_tags,) bool: a CV or DV
+    noise: np.ndarray  # (n_tags,) the robust std of the second differences
     repeats: np.ndarray  # (n_tags,) p of the stuck rule; NaN: not measured
     samples: int  # n of the stuck rule: the history's samples per tag
     ranges: dict[str, tuple[float, float]]
@@ -80,7 +70,8 @@ def tag_rules(binding: BindingSpec, columns: dict[str, np.ndarray], exclusions: 
     repeats = np.array([repeat_frequency(columns[tag]) if tag in measured_tags else np.nan for tag in tags])
     ranges = {spec.tag: spec.range for spec in (*binding.cvs, *binding.dvs) if spec.range is not None}
     samples = max((len(v) for v in columns.values()), default=0)
-    return TagRules(tags, measured, repeats, samples, ranges, tuple(exclusions))
+    noise = noise_sigma(np.column_stack([columns[tag] for tag in tags])) if samples else np.ones(len(tags))
+    return TagRules(tags, measured, noise, repeats, samples, ranges, tuple(exclusions))
 
 
 def repeat_frequency(values: np.ndarray) -> float:
@@ -99,19 +90,25 @@ def repeat_frequency(values: np.ndarray) -> float:
     return float(same[counted].sum() / counted.sum()) if counted.any() else 0.0
 
 
-def flag_run(t: np.ndarray, values: np.ndarray, rules: TagRules, open_end: bool = False) -> dict[str, np.ndarray]:
+def flag_run(t: np.ndarray, values: np.ndarray, rules: TagRules, period: float,
+             open_end: bool = False) -> dict[str, np.ndarray]:
     """The samples of one run (t (n,) seconds, values (n, n_tags) in rules.tags order, NaN missing) each
-    rule flags: rule -> (n, n_tags) bool, for the rules that flag any; `open_end`: the newest run
-    (`spikes`)."""
-    flags = {SPIKE: spikes(values, open_end) & rules.measured,
-             STUCK: stuck(values, rules.repeats, rules.samples) & rules.measured,
+    rule flags: rule -> (n, n_tags) bool, for the rules that flag any. Spikes and stuck values are judged
+    per stretch of samples without a time gap (more than 1.5 `period` between two): a sample across a
+    gap is no neighbour. `open_end`: the newest run (`spikes`)."""
+    spike, still = np.zeros(values.shape, bool), np.zeros(values.shape, bool)
+    bounds = [0, *(np.flatnonzero(np.diff(t) > 1.5 * period) + 1).tolist(), len(t)]
+    for a, b in zip(bounds, bounds[1:]):
+        spike[a:b] = spikes(values[a:b], rules.noise, open_end and b == len(t))
+        still[a:b] = stuck(values[a:b], rules.repeats, rules.samples)
+    flags = {SPIKE: spike & rules.measured, STUCK: still & rules.measured,
              PINNED: pinned(values, rules.tags, rules.ranges),
              EXCLUDED: excluded(t, rules.tags, rules.exclusions)}
     return {rule: mask for rule, mask in flags.items() if mask.any()}
 
 
-def spikes(values: np.ndarray, open_end: bool = False) -> np.ndarray:
-    """(n, n_tags) bool: the spike rule (module docstring). Next to a run's edge the short side holds one
+def spikes(values: np.ndarray, noise: np.ndarray, open_end: bool = False) -> np.ndarray:
+    """(n, n_tags) bool: the spike rule (module docstring), `noise` each tag's `noise_sigma`. Next to a run's edge the short side holds one
     neighbour: it extrapolates flat, allowed the other side's slope on top. A run's first and last samples
     have one side only and are judged by it (no sample will come to tell a spike from a step), except,
     with `open_end` (the newest run), the last: the samples that arrive next judge it (and the live
@@ -125,7 +122,7 @@ def spikes(values: np.ndarray, open_end: bool = False) -> np.ndarray:
     forward[2:] = values[2:] - (2 * values[1:-1] - values[:-2])
     backward[:-2] = values[:-2] - (2 * values[1:-1] - values[2:])
     forward[1], backward[-2] = values[1] - values[0], values[-2] - values[-1]
-    limit = SPIKE_SIGMAS * _second_difference_sigma(values)
+    limit = SPIKE_SIGMAS * np.asarray(noise, float)
     forward_limit, backward_limit = np.tile(limit, (n, 1)), np.tile(limit, (n, 1))
     forward_limit[1] += np.abs(values[3] - values[2])
     backward_limit[-2] += np.abs(values[-3] - values[-4])
@@ -137,18 +134,18 @@ def spikes(values: np.ndarray, open_end: bool = False) -> np.ndarray:
     return flagged
 
 
-def jump_sigmas(values: np.ndarray) -> np.ndarray:
+def jump_sigmas(values: np.ndarray, noise: np.ndarray) -> np.ndarray:
     """(n_tags,) how far the newest sample lies off the line through the two before it, in robust standard
     deviations of the second differences (NaN where unknown): beyond SPIKE_SIGMAS a spike or a step,
-    which only the samples after it tell apart (the live window's rule, pipeline.live_run)."""
+    which only the samples after it tell apart (the live window's rule, pipeline.live_run); `noise` each
+    tag's `noise_sigma`."""
     values = np.asarray(values, float)
-    if len(values) < 5:
+    if len(values) < 3:
         return np.full(values.shape[1], np.nan)
-    miss = values[-1] - (2 * values[-2] - values[-3])
-    return np.abs(miss) / _second_difference_sigma(values)
+    return np.abs(values[-1] - (2 * values[-2] - values[-3])) / np.asarray(noise, float)
 
 
-def _second_difference_sigma(values: np.ndarray) -> np.ndarray:
+def noise_sigma(values: np.ndarray) -> np.ndarray:
     """(n_tags,) the robust std of the second differences, floored at the tag's resolution (its smallest
     step between samples) and at 1e-9 of its spread (noise-free data)."""
     with warnings.catch_warnings():

@@ -15,12 +15,13 @@ from optimizer_pipeline.ledger.records import (
     candidate_id,
     new_id,
 )
+from optimizer_pipeline.ledger.exclusion_rows import ExclusionRecord
 from optimizer_pipeline.ledger.live_rows import LivePublication, LiveService, Publication, Written
 from optimizer_pipeline.ledger.overview_rows import BindingOverview
 from optimizer_pipeline.ledger.repository import Ledger, open_ledger
 from optimizer_pipeline.ledger.schema import SCHEMA_VERSION
 
 __all__ = ["SCHEMA_VERSION", "BindingFailure", "BindingOverview", "BindingUpsert", "CalibrationRecord",
-           "CandidateRecord", "HistorySplitRecord", "Ledger", "LedgerBusyError", "LedgerError", "LivePublication",
+           "CandidateRecord", "ExclusionRecord", "HistorySplitRecord", "Ledger", "LedgerBusyError", "LedgerError", "LivePublication",
            "LiveService", "NotFoundError", "OutcomeRecord", "Publication", "RecommendationRecord", "RunRecord", "RunStateError",
            "StoredBinding", "WhatIfRecord", "Written", "candidate_id", "new_id", "open_ledger"]

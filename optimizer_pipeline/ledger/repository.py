@@ -38,6 +38,7 @@ from optimizer_pipeline.contracts import (
 from optimizer_pipeline.ledger.candidates import BULK_CANDIDATE_ROWS, candidate_table
 from optimizer_pipeline.ledger.duckdb_backend import DuckDBBackend
 from optimizer_pipeline.ledger.evidence_rows import EvidenceRows
+from optimizer_pipeline.ledger.exclusion_rows import ExclusionRows
 from optimizer_pipeline.ledger.live_rows import LiveRows
 from optimizer_pipeline.ledger.overview_rows import OverviewRows
 from optimizer_pipeline.ledger.whatif_rows import WhatIfRows
@@ -65,10 +66,10 @@ OPEN_STATUSES = (RecommendationStatus.VERIFIED.value, RecommendationStatus.UNVER
 COUNTED_TABLES = ("bindings", "binding_revisions", "binding_wiring", "plant_samples", "history_splits",
                   "model_artifacts", "uq_block_scores", "uq_calibrations", "optimizer_runs", "optimizer_candidates",
                   "optimizer_recommendations", "optimizer_outcomes", "binding_failures", "whatif_runs",
-                  "live_services", "live_publications")
+                  "live_services", "live_publications", "exclusions")
 
 
-class Ledger(EvidenceRows, WhatIfRows, LiveRows, OverviewRows, WiringRows):
+class Ledger(EvidenceRows, ExclusionRows, WhatIfRows, LiveRows, OverviewRows, WiringRows):
     """The pipeline's append-only store. `Ledger(path)` opens the embedded DuckDB file; a backend
     (DuckDBBackend, PostgresBackend: the same interface) may be given instead (see `open_ledger`)."""
 

@@ -311,6 +311,21 @@ MIGRATIONS: list[tuple[int, str, list[Statement]]] = [
             PRIMARY KEY (binding_id, seq)
         )""",
     ]),
+    # Slices of a binding's history excluded by hand (`optimizer-pipeline exclude`, issue 38): append-only;
+    # a later row with `revokes` set withdraws an earlier one. The next recalibration's cleaning counts the
+    # samples of the exclusions in force as missing (data/flags.py).
+    (10, "history exclusions", [
+        """CREATE TABLE exclusions (
+            exclusion_id VARCHAR PRIMARY KEY,
+            binding_id VARCHAR NOT NULL,
+            start_ts DOUBLE,                   -- seconds since epoch, UTC, inclusive; null on a revocation
+            end_ts DOUBLE,                     -- exclusive
+            tags_json VARCHAR,                 -- the tags excluded, [] for every tag
+            reason VARCHAR NOT NULL,
+            revokes VARCHAR,                   -- the exclusion this row withdraws; null: an exclusion
+            created_at TIMESTAMP NOT NULL
+        )""",
+    ]),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
