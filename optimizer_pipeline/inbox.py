@@ -22,7 +22,7 @@ from typing import Any, Callable
 import pandas as pd
 
 from optimizer_pipeline.contracts import BindingSpec, ContractError
-from optimizer_pipeline.data import read_history
+from optimizer_pipeline.data import clean_runs, read_history
 from optimizer_pipeline.ledger import Ledger, LedgerBusyError, LedgerError, NotFoundError
 
 INBOX = "inbox"
@@ -37,8 +37,11 @@ def ingest_history(ledger_of: Callable[[], Ledger], spec: BindingSpec, path: str
     (`ledger_of()`: only once the file is good, so a refused file leaves no ledger behind) and store
     it in one transaction: with `store_binding` the spec too (a changed spec bumps the revision and
     expires the binding's open recommendations; a changed OPC UA wiring alone does neither), else only
-    the samples. Returns the summary."""
+    the samples. Returns the summary; its `flagged` counts the file's samples the cleaning rules flag, per
+    tag and rule (data/flags.py: judged on the file's own samples; the next recalibration judges them
+    with the whole history)."""
     frame = read_history(path, spec, now_s=time.time())
+    flagged = clean_runs(frame, spec, 1)[1]["totals"]["flagged"]
     ledger = ledger_of()
     if store_binding:
         upsert, rows = ledger.ingest(spec, frame, source)
@@ -49,7 +52,7 @@ def ingest_history(ledger_of: Callable[[], Ledger], spec: BindingSpec, path: str
         rows = ledger.append_samples(spec.id, frame, spec.tags, source)
         summary = {"binding_id": spec.id}
     return {**summary, "runs": int(frame["run_id"].nunique()), "rows_read": len(frame), "samples_added": rows,
-            "source": source}
+            "source": source, "flagged": flagged}
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ from optimizer_pipeline.contracts import (
     iso_utc,
 )
 from optimizer_pipeline.data import prepare_history, validate_history_frame
+from optimizer_pipeline.data.flags import SPIKE_SIGMAS
 from optimizer_pipeline.deployment import WORKER_ENV
 from optimizer_pipeline.ledger import Ledger, LedgerError, OutcomeRecord, new_id
 from optimizer_pipeline.model import current_state, identify
@@ -303,6 +304,7 @@ def newest_sample(split: HistorySplit, predicted: int = 0, allowed: int = 0) -> 
         f"the newest sample has no value of {', '.join(missing or ())} (missing, or refused as bad by its source"
         + (f"; {predicted} newest sample(s) of a CV missing, {rule}" if cvs_only else "")
         + "): the plan would start from a state not measured")]
+    found += flagged_newest(split.report.get("live_flagged"))
     if "live_tail_dropped" not in split.report:
         return found
     behind, warming = split.report["live_behind_s"], split.report.get("live_warming_up")
@@ -317,6 +319,19 @@ def newest_sample(split: HistorySplit, predicted: int = 0, allowed: int = 0) -> 
                               "within half a sample period", not split.report["live_tail_dropped"],
                               f"the live state is {duration(behind)} older than the history's newest sample (the "
                               f"newest samples were dropped in cleaning)")]
+
+
+def flagged_newest(flagged: dict[str, str] | None) -> list[Condition]:
+    """The newest sample's MV and CV values are data (data.newest_flagged): one a cleaning rule flags, or a
+    CV's off its trend (a spike or a step), makes the recommendation unverified at once, naming the tag
+    and the rule; the next samples judge it again. Not judged for a split without that record."""
+    if flagged is None:
+        return []
+    text = ", ".join(f"{tag}: {rule}" for tag, rule in flagged.items())
+    return [Condition("newest sample not flagged", text or "none", "no newest MV or CV value flagged (data/flags.py)",
+                      not flagged, f"the newest sample's value of {text} is flagged (a jump: more than "
+                      f"{SPIKE_SIGMAS:g} noise sigmas off the CV's trend, a spike or a step the next samples tell "
+                      f"apart): the plan would start from a value that may be a glitch" if flagged else "")]
 
 
 def score_rule_condition(evidence: uq.UQEvidence) -> list[Condition]:

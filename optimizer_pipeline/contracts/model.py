@@ -135,12 +135,17 @@ class ModelArtifact:
     # the rows W the held disturbance is fitted over when the evidence's runs need fewer than the model's
     # own rule gives (model.artifact.supported_window); None: that rule (model.artifact.held_window)
     disturbance_rows: int | None = None
+    # what cleaning flagged in the history the model was identified from (data/flags.py): {"flags": spans
+    # {tag, run_id, rule, start_s, end_s, samples} of the train / val / test runs, "exclusions": the ids of
+    # the exclusions applied}; None when nothing was flagged or excluded
+    cleaning: Mapping[str, Any] | None = None
 
     def _doc(self) -> dict[str, Any]:
         """The fields as written and hashed: those added later are left out where unset (no step response,
-        no CV transforms, the held disturbance's own window), so such an artifact keeps the JSON and hash it had before they existed."""
+        no CV transforms, the held disturbance's own window, nothing flagged), so such an artifact keeps the
+        JSON and hash it had before they existed."""
         doc = {f.name: getattr(self, f.name) for f in fields(self)}
-        for name in ("step_response", "disturbance_rows"):
+        for name in ("step_response", "disturbance_rows", "cleaning"):
             if doc[name] is None:
                 del doc[name]
         if not self.normalisation.transforms:
@@ -181,4 +186,5 @@ class ModelArtifact:
             training_data_hash=doc["training_data_hash"], selection=doc.get("selection", {}),
             steady_gain=doc.get("steady_gain", {}), step_response=doc.get("step_response"),
             disturbance_rows=None if doc.get("disturbance_rows") is None else int(doc["disturbance_rows"]),
+            cleaning=doc.get("cleaning"),
         )

@@ -20,8 +20,9 @@ first three: they are commanded values, and an MV held by an operator is not a f
   stretches of STUCK_MIN_SAMPLES or more), so a stretch of L equal samples turns up by chance about
   n p^(L-1) times in n samples; flagged when that is below STUCK_CHANCE and L >= STUCK_MIN_SAMPLES.
   A noisy transmitter (p ~ 0) that stops moving is flagged after STUCK_MIN_SAMPLES; a tag quantized
-  or compressed by the historian repeats values often (p large) and is flagged only on a far longer
-  stretch.
+  or compressed by the historian repeats values more often and is flagged only on a longer stretch (p
+  0.5: 20 samples in 5 000); a tag that repeats its value more often than not (p > STUCK_MAX_REPEAT: a
+  noise-free DV, a coarse quantization) has no noise that says it should move and is never flagged.
 * pinned (CVs and DVs with a transmitter `range` in the binding): a value within PIN_FRACTION of the
   range's span of either end, or beyond it: a transmitter at its end reads its end, not the process.
 * excluded: the samples of an exclusion recorded by hand (`optimizer-pipeline exclude`, the ledger's
@@ -43,6 +44,7 @@ SPIKE_SIGMAS = 4.0
 MAD_TO_SIGMA = 1.4826  # sigma of a normal distribution per unit MAD
 STUCK_MIN_SAMPLES = 10
 STUCK_CHANCE = 0.01
+STUCK_MAX_REPEAT = 0.5
 PIN_FRACTION = 1e-3
 
 
@@ -165,7 +167,7 @@ def stuck(values: np.ndarray, repeats: np.ndarray, samples: int) -> np.ndarray:
     flagged = np.zeros(values.shape, bool)
     for j in range(values.shape[1]):
         p = repeats[j]
-        if np.isnan(p):
+        if np.isnan(p) or p > STUCK_MAX_REPEAT:
             continue
         same = values[1:, j] == values[:-1, j]
         for start, end in zip(*true_spans(same)):

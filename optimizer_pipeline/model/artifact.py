@@ -458,7 +458,7 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
                 "live": () if split.live is None else (split.live.run_id,)},
         training_data_hash=split.data_hash, selection=selection, steady_gain=gain,
         step_response=step_response_record(realised, replicates, binding, split.normalisation, gains),
-        disturbance_rows=window)
+        disturbance_rows=window, cleaning=cleaning_record(split))
     log.info("binding %s rev %d: ARX %s ridge=%g, val score %.4f, gates %s, %.3f s", binding.id, binding_revision,
              final.structure.record(), final.ridge, final.score,
              "".join("P" if g.passed else "F" for g in artifact.gates), selection["seconds"])
@@ -470,7 +470,7 @@ def artifact_from_model(model: ArxModel, binding: BindingSpec, binding_revision:
                         training_data_hash: str = "", selection: Mapping[str, Any] | None = None,
                         steady_gain: Mapping[str, Any] | None = None,
                         step_response: Mapping[str, Any] | None = None,
-                        disturbance_rows: int | None = None) -> ModelArtifact:
+                        disturbance_rows: int | None = None, cleaning: Mapping[str, Any] | None = None) -> ModelArtifact:
     """A ModelArtifact for `model` (tags, P and sample period from the binding; orders from the model;
     steady_gain defaults to the model's gain record without uncertainty; step_response, the record of
     model/step_response.py, to none; disturbance_rows (`supported_window`) to the model's rule)."""
@@ -483,7 +483,18 @@ def artifact_from_model(model: ArxModel, binding: BindingSpec, binding_revision:
         splits=dict(splits) if splits is not None else {"train": (), "val": (), "test": (), "live": ()},
         training_data_hash=training_data_hash, selection=dict(selection or {}),
         steady_gain=dict(steady_gain_record(model) if steady_gain is None else steady_gain),
-        step_response=None if step_response is None else dict(step_response), disturbance_rows=disturbance_rows)
+        step_response=None if step_response is None else dict(step_response), disturbance_rows=disturbance_rows,
+        cleaning=cleaning)
+
+
+def cleaning_record(split: HistorySplit) -> dict[str, Any] | None:
+    """The artifact's `cleaning` record: the flag spans of the split's train / val / test runs and the
+    exclusions applied (data/flags.py, the split's report["cleaning"]); None when there are neither."""
+    cleaning = split.report.get("cleaning", {})
+    runs = {r.source_run or r.run_id for r in (*split.train, *split.val, *split.test)}
+    flags = [span for span in cleaning.get("flags", []) if span["run_id"] in runs]
+    exclusions = cleaning.get("settings", {}).get("flags", {}).get("exclusions", [])
+    return {"flags": flags, "exclusions": list(exclusions)} if flags or exclusions else None
 
 
 def local_fitter(artifact: ModelArtifact, train: Sequence[RunSeries]) -> LocalFitter:
