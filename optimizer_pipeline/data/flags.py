@@ -16,13 +16,14 @@ first three: they are commanded values, and an MV held by an operator is not a f
   "Flagged samples"). Each side's miss has 6 sigma^2 of variance on white noise; both beyond 4 of their
   sigmas the same way: none in 10^6 samples of white noise (measured; at 3.5: 2e-6, at 3: 2.2e-5).
 * stuck (CVs and DVs): a stretch of one value repeated, every sample after its first flagged, when
-  chance cannot explain it: the tag repeats its previous value with frequency p (its pairs outside
-  stretches of STUCK_MIN_SAMPLES or more), so a stretch of L equal samples turns up by chance about
+  chance cannot explain it: the tag repeats its previous value with frequency p over the history
+  (`repeat_frequency`), so a stretch of L equal samples turns up by chance about
   n p^(L-1) times in n samples; flagged when that is below STUCK_CHANCE and L >= STUCK_MIN_SAMPLES.
   A noisy transmitter (p ~ 0) that stops moving is flagged after STUCK_MIN_SAMPLES; a tag quantized
   or compressed by the historian repeats values more often and is flagged only on a longer stretch (p
   0.5: 20 samples in 5 000); a tag that repeats its value more often than not (p > STUCK_MAX_REPEAT: a
-  noise-free DV, a coarse quantization) has no noise that says it should move and is never flagged.
+  noise-free DV, a coarse quantization) has no noise that says it should move and is never flagged, nor
+  is a transmitter dead for most of the history (exclude such a slice by hand).
 * pinned (CVs and DVs with a transmitter `range` in the binding): a value within PIN_FRACTION of the
   range's span of either end, or beyond it: a transmitter at its end reads its end, not the process.
 * excluded: the samples of an exclusion recorded by hand (`optimizer-pipeline exclude`, the ledger's
@@ -77,19 +78,12 @@ def tag_rules(binding: BindingSpec, columns: dict[str, np.ndarray], exclusions: 
 
 
 def repeat_frequency(values: np.ndarray) -> float:
-    """How often the tag repeats its previous value: equal consecutive pairs (both present) outside
-    stretches of STUCK_MIN_SAMPLES equal samples or more, over all such pairs (0 without pairs)."""
+    """How often the tag repeats its previous value: equal consecutive pairs over the pairs with both
+    values present (0 without such pairs). Its own stuck stretches count too: a tag that repeats more often
+    than not, whatever the reason, gives no evidence that a stretch is a fault (module docstring)."""
     values = np.asarray(values, float)
-    if values.size < 2:
-        return 0.0
-    same = (values[1:] == values[:-1])
     both = ~np.isnan(values[1:]) & ~np.isnan(values[:-1])
-    long_run = np.zeros(same.size, bool)
-    for start, end in zip(*true_spans(same)):
-        if end - start + 1 >= STUCK_MIN_SAMPLES:
-            long_run[start:end] = True
-    counted = both & ~long_run
-    return float(same[counted].sum() / counted.sum()) if counted.any() else 0.0
+    return float((values[1:] == values[:-1])[both].mean()) if both.any() else 0.0
 
 
 def flag_run(t: np.ndarray, values: np.ndarray, rules: TagRules, period: float,
@@ -131,20 +125,23 @@ def spikes(values: np.ndarray, noise: np.ndarray, open_end: bool = False) -> np.
     with np.errstate(invalid="ignore"):
         off_f, off_b = np.abs(forward) > forward_limit, np.abs(backward) > backward_limit
         flagged = off_f & off_b & (np.sign(forward) == np.sign(backward))
-        flagged[0] = off_b[0]
-        flagged[-1] = False if open_end else off_f[-1]
+        # an edge's one side runs through its neighbours: not judged when the neighbour is a spike itself
+        flagged[0] = off_b[0] & ~flagged[1]
+        flagged[-1] = False if open_end else off_f[-1] & ~flagged[-2]
     return flagged
 
 
 def jump_sigmas(values: np.ndarray, noise: np.ndarray) -> np.ndarray:
-    """(n_tags,) how far the newest sample lies off the line through the two before it, in robust standard
-    deviations of the second differences (NaN where unknown): beyond SPIKE_SIGMAS a spike or a step,
+    """(n_tags,) how far the newest sample lies off its trend, in robust standard deviations of the second
+    differences (NaN where unknown): the nearer of the line through the two samples before it and the
+    sample before it (a sample after a step holds the new level). Beyond SPIKE_SIGMAS a spike or a step,
     which only the samples after it tell apart (the live window's rule, pipeline.live_run); `noise` each
     tag's `noise_sigma`."""
     values = np.asarray(values, float)
     if len(values) < 3:
         return np.full(values.shape[1], np.nan)
-    return np.abs(values[-1] - (2 * values[-2] - values[-3])) / np.asarray(noise, float)
+    line, flat = values[-1] - (2 * values[-2] - values[-3]), values[-1] - values[-2]
+    return np.fmin(np.abs(line), np.abs(flat)) / np.asarray(noise, float)
 
 
 def noise_sigma(values: np.ndarray) -> np.ndarray:
