@@ -8,7 +8,7 @@ from dagster import MetadataValue, TableColumn, TableRecord, TableSchema
 
 from optimizer_pipeline import pipeline, plots, uq
 from optimizer_pipeline.assets.batch import BindingInputs, Check, StageEnv, StageResult
-from optimizer_pipeline.contracts import HistorySplit, ModelArtifact, Scores, utc_now
+from optimizer_pipeline.contracts import BindingSpec, HistorySplit, ModelArtifact, Scores, iso_from_seconds, utc_now
 from optimizer_pipeline.model.step_response import step_response_table
 
 GATE_CHECKS = ("G1", "G2", "G3", "G4")
@@ -58,13 +58,30 @@ def scores_plot(figures: plots.FigureQueue, scores: Scores, evidence: uq.UQEvide
                        scores.test.scores, evidence.qhat, evidence.coverage_per_cv, evidence.coverage_threshold, title)
 
 
+def flags_plot(figures: plots.FigureQueue, spec: BindingSpec, split: HistorySplit) -> Callable[[], str]:
+    """Markdown (when called): the flagged tags' most flagged runs with their flag spans shaded."""
+    spans = split.report["cleaning"]["flags"]
+    if not spans:
+        return lambda: "*no sample flagged*"
+    runs = [*split.train, *split.val, *split.test, *([split.live] if split.live else [])]
+    return figures.add("flagged samples", plots.flags_figure, plots.flag_series(spec, runs, spans),
+                       f"{spec.id}: flagged samples (data/flags.py) in the most flagged runs")
+
+
 def plant_history(env: StageEnv, inputs: BindingInputs) -> StageResult:
-    """Clean and split the binding's stored samples; the split is recorded in the ledger."""
+    """Clean and split the binding's stored samples; the split is recorded in the ledger. What cleaning
+    flagged (data/flags.py) shows as a table, per tag and rule, and as a figure."""
     stored = inputs.stored
     split = pipeline.prepare_split(env.ledger, stored)
     cleaning = split.report["cleaning"]
     changed = [r for r in cleaning["runs"] if r["action"] != "kept" or r["flagged"] or r["interpolated"]]
+    spans = [{**s, "start": iso_from_seconds(s["start_s"]), "end": iso_from_seconds(s["end_s"])}
+             for s in cleaning["flags"]]
     return StageResult(split, {
+        "flagged_samples": MetadataValue.json(cleaning["totals"]["flagged"]),
+        "flags": _table(spans, [("tag", "string"), ("run_id", "string"), ("rule", "string"), ("start", "string"),
+                                ("end", "string"), ("samples", "int")]),
+        "flags_plot": flags_plot(env.figures, stored.spec, split),
         "binding_revision": stored.revision,
         "rows": int(sum(len(r) for r in (*split.train, *split.val, *split.test))),
         "runs_train": len(split.train), "runs_val": len(split.val), "runs_test": len(split.test),

@@ -448,6 +448,75 @@ def model_fit_figure(s: FitSeries, title: str) -> bytes:
     return png_bytes(draw_model_fit(s, title))
 
 
+# --------------------------------------------------------------------------- flagged samples
+
+FLAG_COLOURS = {"spike": "#d62728", "stuck": "#9467bd", "pinned": "#8c564b", "excluded": "#7f7f7f"}
+MAX_FLAG_PANELS = 4
+
+
+@dataclass(frozen=True)
+class FlagSeries:
+    """Per flagged tag (at most MAX_FLAG_PANELS, the most flagged first), the cleaned values of the run it
+    has the most flagged samples in (t s from the run start, NaN between its pieces) and that run's flag
+    spans of the tag as (start s, end s, rule)."""
+
+    panels: tuple[tuple[str, str, np.ndarray, np.ndarray, tuple[tuple[float, float, str], ...]], ...]
+
+
+def flag_series(spec: BindingSpec, runs: Sequence[RunSeries], spans: Sequence[Mapping[str, Any]]) -> FlagSeries:
+    """The FlagSeries of a split's runs (every piece, the live one too) and its cleaning report's flag spans."""
+    per_tag: dict[str, dict[str, int]] = {}
+    for span in spans:
+        counts = per_tag.setdefault(span["tag"], {})
+        counts[span["run_id"]] = counts.get(span["run_id"], 0) + span["samples"]
+    panels = []
+    for tag, counts in sorted(per_tag.items(), key=lambda item: -sum(item[1].values()))[:MAX_FLAG_PANELS]:
+        run_id = max(counts, key=counts.get)
+        pieces = sorted((r for r in runs if (r.source_run or r.run_id) == run_id), key=lambda r: float(r.t[0]))
+        if not pieces:  # the run was dropped in cleaning: its spans only
+            t, values, t0 = np.zeros(0), np.zeros(0), min(s["start_s"] for s in spans if s["run_id"] == run_id)
+        else:
+            t0 = float(pieces[0].t[0])
+            t = np.concatenate([np.r_[r.t, np.nan] for r in pieces]) - t0
+            values = np.concatenate([np.r_[_tag_values(spec, r, tag), np.nan] for r in pieces])
+        marked = tuple((s["start_s"] - t0, s["end_s"] - t0, s["rule"]) for s in spans
+                       if s["tag"] == tag and s["run_id"] == run_id)
+        panels.append((tag, run_id, t, values, marked))
+    return FlagSeries(tuple(panels))
+
+
+def _tag_values(spec: BindingSpec, run: RunSeries, tag: str) -> np.ndarray:
+    for tags, array in ((spec.mv_tags, run.u), (spec.cv_tags, run.y), (spec.dv_tags, run.d)):
+        if tag in tags:
+            return np.asarray(array[:, tags.index(tag)], float)
+    raise KeyError(tag)
+
+
+def draw_flags(s: FlagSeries, title: str) -> Figure:
+    """One panel per flagged tag: the cleaned values of its most flagged run (flagged samples count as
+    missing: interpolated across short gaps, else the run is cut there) and each flagged span shaded in
+    its rule's colour."""
+    span_s = max((float(np.nanmax(t)) for _, _, t, _, _ in s.panels if t.size), default=0.0)
+    scale, unit = _time_unit(span_s)
+    fig, axes = _figure(len(s.panels), title)
+    for ax, (tag, run_id, t, values, marked) in zip(axes, s.panels):
+        ax.plot(t / scale, values, color=MEASURED, lw=1.0, label=f"{run_id}, cleaned")
+        shown = set()
+        for start, end, rule in marked:
+            ax.axvspan(start / scale, max(end, start + 0.5) / scale, color=FLAG_COLOURS.get(rule, "#000000"),
+                       alpha=0.35, lw=0, label=None if rule in shown else f"flagged: {rule}")
+            shown.add(rule)
+        ax.set_ylabel(tag, fontsize=8)
+        _legend(ax)
+    axes[-1].set_xlabel(f"time in the run [{unit}]", fontsize=8)
+    return fig
+
+
+def flags_figure(s: FlagSeries, title: str) -> bytes:
+    """PNG bytes of `draw_flags`."""
+    return png_bytes(draw_flags(s, title))
+
+
 # --------------------------------------------------------------------------- step-response matrix
 
 

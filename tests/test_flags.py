@@ -304,3 +304,18 @@ def test_bad_exclusions_are_refused_with_one_line_and_write_nothing(tmp_path, da
     missing_reason = subprocess.run([sys.executable, "-m", "optimizer_pipeline.cli", "--home", str(home), "exclude", b,
                                      "--from", "2026-01-02", "--to", "2026-01-03"], capture_output=True, text=True)
     assert missing_reason.returncode == 2 and "--reason" in missing_reason.stderr
+
+
+def test_the_history_figure_shades_each_flagged_span_of_the_most_flagged_run():
+    from optimizer_pipeline import plots
+
+    rng = np.random.default_rng(13)
+    y = rng.normal(50, 0.5, 200)
+    y[50:80] = y[50]
+    y[120] += 8.0
+    series, report = clean_runs(frame(y), binding(), 10)
+    drawn = plots.flag_series(binding(), series, report["flags"])
+    (tag, run_id, t, values, marked), = drawn.panels
+    assert (tag, run_id) == ("y", "r1") and marked == ((51.0, 79.0, "stuck"), (120.0, 120.0, "spike"))
+    assert np.isnan(values[t == 60.0]).all() or not (t == 60.0).any()  # the stuck stretch is cut, not drawn
+    assert plots.flags_figure(drawn, "flags").startswith(b"\x89PNG")

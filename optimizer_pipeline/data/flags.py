@@ -145,11 +145,13 @@ def jump_sigmas(values: np.ndarray, noise: np.ndarray) -> np.ndarray:
 
 
 def noise_sigma(values: np.ndarray) -> np.ndarray:
-    """(n_tags,) the robust std of the second differences, floored at the tag's resolution (its smallest
-    step between samples) and at 1e-9 of its spread (noise-free data)."""
+    """(n_tags,) the robust std of the second differences (those not 0: a stuck stretch would pull the
+    median down), floored at the tag's resolution (its smallest step between samples) and at 1e-9 of its
+    spread (noise-free data)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # a tag without values gives NaN
-        sigma = MAD_TO_SIGMA * np.nanmedian(np.abs(np.diff(values, 2, axis=0)), axis=0)
+        curvature = np.abs(np.diff(values, 2, axis=0))
+        sigma = MAD_TO_SIGMA * np.nanmedian(np.where(curvature > 0, curvature, np.nan), axis=0)
         steps = np.abs(np.diff(values, axis=0))
         resolution = np.nanmin(np.where(steps > 0, steps, np.nan), axis=0)
         spread = np.nanmax(values, axis=0) - np.nanmin(values, axis=0)
