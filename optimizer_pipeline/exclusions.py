@@ -18,8 +18,8 @@ def exclude(ledger: Ledger, stored: StoredBinding, start: datetime, end: datetim
     spec, where = stored.spec, f"exclude {stored.spec.id}"
     for tag in tags:
         if tag not in spec.tags:
-            raise ContractError(f"{where}: --tags: binding {spec.id!r} has no tag {tag!r}{did_you_mean(tag, spec.tags)} "
-                                f"(its tags: {', '.join(spec.tags)})")
+            raise ContractError(f"{where}: --tags: binding {spec.id!r} has no tag {tag!r}"
+                                f"{did_you_mean(tag, spec.tags)} (its tags: {', '.join(spec.tags)})")
     if start >= end:
         raise ContractError(f"{where}: --from {iso_utc(start)} must be before --to {iso_utc(end)}")
     reason = _reason(reason, where)

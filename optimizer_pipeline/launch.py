@@ -83,7 +83,8 @@ def run_partitions(home: Path, binding_ids: Sequence[str], job_name: str = "refr
             result = job.execute_in_process(instance=instance, raise_on_error=False, run_config=QUIET_RUN_CONFIG,
                                             tags={"optimizer/launched_by": "cli",
                                                   **({} if partition else range_tags(first, last))}, **partition)
-            failed = {f.binding_id: f"{f.stage}: {f.message}" for f in ledger.list_failures(dagster_run_id=result.run_id)}
+            failed = {f.binding_id: f"{f.stage}: {f.message}"
+                      for f in ledger.list_failures(dagster_run_id=result.run_id)}
             run_error = "" if result.success or failed else _failure(result)
             for key in ordered[ordered.index(first):ordered.index(last) + 1]:
                 detail = failed.get(key, run_error)

@@ -50,7 +50,8 @@ def _exclusion_text(e: ExclusionRecord) -> str:
     if e.revokes:
         return f"{e.exclusion_id}  {e.binding_id}  revokes {e.revokes}  {e.reason}"
     return (f"{e.exclusion_id}  {e.binding_id}  {iso_from_seconds(e.start_s)} .. {iso_from_seconds(e.end_s)}  "
-            f"{' '.join(e.tags) or 'every tag'}  {e.reason}" + (f"  (revoked by {e.revoked_by})" if e.revoked_by else ""))
+            f"{' '.join(e.tags) or 'every tag'}  {e.reason}"
+            + (f"  (revoked by {e.revoked_by})" if e.revoked_by else ""))
 
 
 def _sections(ledger: Ledger, binding: str | None) -> dict[str, Section]:

@@ -235,7 +235,8 @@ def _transform(item: Mapping[str, Any], lo: float, hi: float, costs: Mapping[str
     return CVTransform(kind, t_lo, t_hi)
 
 
-def _range(item: Mapping[str, Any], where: str, limits: tuple[float, float] | None = None) -> tuple[float, float] | None:
+def _range(item: Mapping[str, Any], where: str,
+           limits: tuple[float, float] | None = None) -> tuple[float, float] | None:
     """A CV's or DV's optional transmitter `range` [lo, hi], lo < hi: values at its ends are pinned, not
     measured (data/flags.py). A CV's limits lie inside it (a limit beyond it could never be measured)."""
     value = get_field(item, "range", where, None)

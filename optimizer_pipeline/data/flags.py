@@ -104,8 +104,9 @@ def flag_run(t: np.ndarray, values: np.ndarray, rules: TagRules, period: float,
 
 
 def spikes(values: np.ndarray, noise: np.ndarray, open_end: bool = False) -> np.ndarray:
-    """(n, n_tags) bool: the spike rule (module docstring), `noise` each tag's `noise_sigma`. Next to a run's edge the short side holds one
-    neighbour: it extrapolates flat, allowed the other side's slope on top. A run's first and last samples
+    """(n, n_tags) bool: the spike rule (module docstring), `noise` each tag's `noise_sigma`. Next to a
+    run's edge the short side holds one neighbour: it extrapolates flat, allowed the other side's slope on
+    top. A run's first and last samples
     have one side only and are judged by it (no sample will come to tell a spike from a step), except,
     with `open_end` (the newest run), the last: the samples that arrive next judge it (and the live
     window's rule, `jump_sigmas`, until then). A side with a missing neighbour is unknown."""

@@ -22,6 +22,7 @@ from optimizer_pipeline.ledger.repository import Ledger, open_ledger
 from optimizer_pipeline.ledger.schema import SCHEMA_VERSION
 
 __all__ = ["SCHEMA_VERSION", "BindingFailure", "BindingOverview", "BindingUpsert", "CalibrationRecord",
-           "CandidateRecord", "ExclusionRecord", "HistorySplitRecord", "Ledger", "LedgerBusyError", "LedgerError", "LivePublication",
-           "LiveService", "NotFoundError", "OutcomeRecord", "Publication", "RecommendationRecord", "RunRecord", "RunStateError",
-           "StoredBinding", "WhatIfRecord", "Written", "candidate_id", "new_id", "open_ledger"]
+           "CandidateRecord", "ExclusionRecord", "HistorySplitRecord", "Ledger", "LedgerBusyError", "LedgerError",
+           "LivePublication", "LiveService", "NotFoundError", "OutcomeRecord", "Publication", "RecommendationRecord",
+           "RunRecord", "RunStateError", "StoredBinding", "WhatIfRecord", "Written", "candidate_id", "new_id",
+           "open_ledger"]

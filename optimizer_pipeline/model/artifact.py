@@ -470,7 +470,8 @@ def artifact_from_model(model: ArxModel, binding: BindingSpec, binding_revision:
                         training_data_hash: str = "", selection: Mapping[str, Any] | None = None,
                         steady_gain: Mapping[str, Any] | None = None,
                         step_response: Mapping[str, Any] | None = None,
-                        disturbance_rows: int | None = None, cleaning: Mapping[str, Any] | None = None) -> ModelArtifact:
+                        disturbance_rows: int | None = None,
+                        cleaning: Mapping[str, Any] | None = None) -> ModelArtifact:
     """A ModelArtifact for `model` (tags, P and sample period from the binding; orders from the model;
     steady_gain defaults to the model's gain record without uncertainty; step_response, the record of
     model/step_response.py, to none; disturbance_rows (`supported_window`) to the model's rule)."""
