@@ -211,10 +211,16 @@ def test_the_newest_sample_flagged_or_off_its_trend_is_named_and_a_plan_from_it_
     assert pipeline.flagged_newest({})[0].holds and pipeline.flagged_newest(None) == []
 
 
-def test_a_split_reports_the_newest_sample_flagged():
-    split = prepare_history(pd.concat([frame(np.random.default_rng(12).normal(50, 0.5, 200), run="r0", t0=-1000),
-                                       live_frame([50.0, 49.8, 65.0])], ignore_index=True), binding())
+def test_a_split_and_the_live_services_window_report_the_newest_sample_flagged():
+    """prepare_history (a Dagster solve) and with_live_run (the live service's window) name the same flag."""
+    from optimizer_pipeline.data import with_live_run
+
+    history = frame(np.random.default_rng(12).normal(50, 0.5, 200), run="r0", t0=-1000)
+    split = prepare_history(pd.concat([history, live_frame([50.0, 49.8, 65.0])], ignore_index=True), binding())
     assert split.report["live_flagged"] == {"y": "jump"}
+    window = live_frame(np.full(20, 51.0))
+    assert with_live_run(split, window, binding()).report["live_flagged"] == {"y": "stuck"}
+    assert with_live_run(split, live_frame([50.0, 49.8, 50.1]), binding()).report["live_flagged"] == {}
 
 
 # --------------------------------------------------------------------------- reported, excluded by hand
