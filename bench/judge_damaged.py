@@ -31,7 +31,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from judge import OUTCOMES, SEEDS, outcome, run_product, variants  # noqa: E402
 
-import optimizer_pipeline.data as data  # noqa: E402
 import optimizer_pipeline.data.clean as clean  # noqa: E402
 from optimizer_pipeline.data.flags import SPIKE  # noqa: E402
 from optimizer_pipeline.ledger import Ledger  # noqa: E402
@@ -111,12 +110,12 @@ def hampel_before(t, values, rules, period, open_end=False) -> dict:
 @contextmanager
 def cleaning_before():
     """Cleaning as before issue 38 inside the block: the Hampel flags, no live-window flag rule."""
-    saved = clean.flag_run, data.newest_flagged
-    clean.flag_run, data.newest_flagged = hampel_before, (lambda frame, binding, exclusions=(): {})
+    saved = clean.flag_run, clean._newest_flagged
+    clean.flag_run, clean._newest_flagged = hampel_before, (lambda *args: {})
     try:
         yield
     finally:
-        clean.flag_run, data.newest_flagged = saved
+        clean.flag_run, clean._newest_flagged = saved
 
 
 # --------------------------------------------------------------------------- the run

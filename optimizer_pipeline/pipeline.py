@@ -322,9 +322,10 @@ def newest_sample(split: HistorySplit, predicted: int = 0, allowed: int = 0) -> 
 
 
 def flagged_newest(flagged: dict[str, str] | None) -> list[Condition]:
-    """The newest sample's MV and CV values are data (data.newest_flagged): one a cleaning rule flags, or a
-    CV's off its trend (a spike or a step), makes the recommendation unverified at once, naming the tag
-    and the rule; the next samples judge it again. Not judged for a split without that record."""
+    """The newest sample's MV and CV values are data (the split's live_flagged, data/clean.py): one a rule
+    flags, or a CV's off its trend (a spike or a step), makes the recommendation unverified at once,
+    naming the tag and the rule; the next samples judge it again. Not judged for a split without that
+    record."""
     if flagged is None:
         return []
     text = ", ".join(f"{tag}: {rule}" for tag, rule in flagged.items())

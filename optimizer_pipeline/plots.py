@@ -459,7 +459,6 @@ class FlagSeries:
     """Per flagged tag (at most MAX_FLAG_PANELS, the most flagged first), the cleaned values of the run it
     has the most flagged samples in (t s from the run start, NaN between its pieces) and that run's flag
     spans of the tag as (start s, end s, rule)."""
-
     panels: tuple[tuple[str, str, np.ndarray, np.ndarray, tuple[tuple[float, float, str], ...]], ...]
 
 
@@ -473,23 +472,15 @@ def flag_series(spec: BindingSpec, runs: Sequence[RunSeries], spans: Sequence[Ma
     for tag, counts in sorted(per_tag.items(), key=lambda item: -sum(item[1].values()))[:MAX_FLAG_PANELS]:
         run_id = max(counts, key=counts.get)
         pieces = sorted((r for r in runs if (r.source_run or r.run_id) == run_id), key=lambda r: float(r.t[0]))
-        if not pieces:  # the run was dropped in cleaning: its spans only
-            t, values, t0 = np.zeros(0), np.zeros(0), min(s["start_s"] for s in spans if s["run_id"] == run_id)
-        else:
-            t0 = float(pieces[0].t[0])
-            t = np.concatenate([np.r_[r.t, np.nan] for r in pieces]) - t0
-            values = np.concatenate([np.r_[_tag_values(spec, r, tag), np.nan] for r in pieces])
+        # a run dropped in cleaning has no pieces: its spans only
+        t0 = float(pieces[0].t[0]) if pieces else min(s["start_s"] for s in spans if s["run_id"] == run_id)
+        t = np.concatenate([np.r_[r.t, np.nan] for r in pieces] or [np.zeros(0)]) - t0
+        column = spec.tags.index(tag)  # u, y, d in binding order
+        values = np.concatenate([np.r_[np.hstack([r.u, r.y, r.d])[:, column], np.nan] for r in pieces] or [np.zeros(0)])
         marked = tuple((s["start_s"] - t0, s["end_s"] - t0, s["rule"]) for s in spans
                        if s["tag"] == tag and s["run_id"] == run_id)
         panels.append((tag, run_id, t, values, marked))
     return FlagSeries(tuple(panels))
-
-
-def _tag_values(spec: BindingSpec, run: RunSeries, tag: str) -> np.ndarray:
-    for tags, array in ((spec.mv_tags, run.u), (spec.cv_tags, run.y), (spec.dv_tags, run.d)):
-        if tag in tags:
-            return np.asarray(array[:, tags.index(tag)], float)
-    raise KeyError(tag)
 
 
 def draw_flags(s: FlagSeries, title: str) -> Figure:

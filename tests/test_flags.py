@@ -15,7 +15,7 @@ from test_cli import assert_one_line_error, cli
 
 from optimizer_pipeline import pipeline
 from optimizer_pipeline.contracts import ContractError, binding_from_dict
-from optimizer_pipeline.data import clean_runs, newest_flagged, prepare_history
+from optimizer_pipeline.data import clean_newest_run, clean_runs, prepare_history
 from optimizer_pipeline.data.flags import (SPIKE_SIGMAS, STUCK_MIN_SAMPLES, noise_sigma, repeat_frequency, spikes,
                                            stuck)
 from optimizer_pipeline.ledger import Ledger
@@ -194,6 +194,10 @@ def test_an_exclusion_flags_its_slice_of_its_tags_or_every_tag():
 def live_frame(y_tail):
     y = np.r_[np.random.default_rng(10).normal(50, 0.5, 100), y_tail]
     return frame(y)
+
+
+def newest_flagged(window, spec):
+    return clean_newest_run(window, spec, 1)[1]
 
 
 def test_the_newest_sample_flagged_or_off_its_trend_is_named_and_a_plan_from_it_unverified():

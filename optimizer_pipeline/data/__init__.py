@@ -6,12 +6,10 @@ Typical use: `prepare_history(read_history(path, binding), binding, seed)` -> Hi
 from dataclasses import replace
 from typing import Sequence
 
-import numpy as np
 import pandas as pd
 
 from optimizer_pipeline.contracts import BindingSpec, Exclusion, HistorySplit, RunSeries
 from optimizer_pipeline.data.clean import clean_newest_run, clean_runs
-from optimizer_pipeline.data.flags import SPIKE_SIGMAS, flag_run, jump_sigmas, tag_rules
 from optimizer_pipeline.data.ingest import HistoryError, read_history, validate_history_frame
 from optimizer_pipeline.data.split import split_runs
 from optimizer_pipeline.model.artifact import window_lag
@@ -35,8 +33,8 @@ def prepare_history(frame: pd.DataFrame, binding: BindingSpec, seed: int = 0, mi
     older than the file says); report["live_behind_s"] is that lag (0 up to grid snapping) and
     report["live_tail_dropped"] whether it happened (None / False without a live run);
     report["live_missing"] the MV and CV tags without a value in the newest sample (`newest_missing`);
-    report["live_flagged"] those whose newest value a cleaning rule flags, or off its CV's trend
-    (`newest_flagged`);
+    report["live_flagged"] those whose newest value a cleaning rule flags, or a CV's off its trend
+    (clean.py `_newest_flagged`);
     report["live_warming_up"] how far the newest samples are from a live state (`warming_up`).
     """
     need = default_min_length(binding) if min_length is None else min_length
@@ -46,7 +44,7 @@ def prepare_history(frame: pd.DataFrame, binding: BindingSpec, seed: int = 0, mi
     tail = _live_tail(split.live, cleaning["latest_timestamp_s"], binding)
     return replace(split, report={**split.report, "warnings": warnings + tail.pop("warnings"), "cleaning": cleaning,
                                   **tail, "live_missing": newest_missing(frame, binding),
-                                  "live_flagged": newest_flagged(frame, binding, exclusions),
+                                  "live_flagged": cleaning["newest_flagged"],
                                   "live_warming_up": warming_up(frame, binding, need) if tail["live_tail_dropped"]
                                   else None})
 
@@ -61,14 +59,14 @@ def with_live_run(split: HistorySplit, frame: pd.DataFrame, binding: BindingSpec
     val / test runs, the normalisation and the data hash are the split's. None when cleaning leaves
     no piece of the run long enough (then prepare the whole history: its live run is an older one)."""
     need = default_min_length(binding) if min_length is None else min_length
-    runs = clean_newest_run(frame, binding, need)
+    runs, flagged = clean_newest_run(frame, binding, need)
     if not runs:
         return None
     live = max(runs, key=lambda r: (float(r.t[-1]), r.run_id))
     tail = _live_tail(live, float(frame["timestamp"].max()), binding)
     base = [w for w in split.report.get("warnings", []) if "newest samples were dropped" not in w]
     report = {**split.report, "warnings": base + tail.pop("warnings"), **tail,
-              "live_missing": newest_missing(frame, binding), "live_flagged": newest_flagged(frame, binding),
+              "live_missing": newest_missing(frame, binding), "live_flagged": flagged,
               "live_warming_up": warming_up(frame, binding, need) if tail["live_tail_dropped"] else None,
               "live": {"run_id": live.run_id, "start_s": float(live.t[0]), "end_s": float(live.t[-1]),
                        "samples": len(live)},
@@ -85,28 +83,6 @@ def newest_missing(frame: pd.DataFrame, binding: BindingSpec) -> list[str]:
     return [tag for tag in binding.mv_tags + binding.cv_tags if pd.isna(newest[tag])]
 
 
-def newest_flagged(frame: pd.DataFrame, binding: BindingSpec, exclusions: Sequence[Exclusion] = ()) -> dict[str, str]:
-    """{tag: rule} for the MVs and CVs whose value in the newest sample a cleaning rule flags (data/flags.py,
-    judged on the newest run's own samples), or, for a CV, that lies more than SPIKE_SIGMAS off the line
-    through its two samples before ("jump": a spike or a step, which only the samples after it tell
-    apart; `flags.jump_sigmas`): a plan must not start from a glitch."""
-    if frame.empty:
-        return {}
-    newest = frame[frame["run_id"] == frame.loc[frame["timestamp"].idxmax(), "run_id"]].sort_values("timestamp")
-    tags = binding.tags
-    t, values = newest["timestamp"].to_numpy(float), newest[list(tags)].to_numpy(float)
-    rules = tag_rules(binding, dict(zip(tags, values.T)), exclusions)
-    judged = set(binding.mv_tags + binding.cv_tags)
-    found = {tags[j]: rule for rule, mask in flag_run(t, values, rules, binding.sample_period_s, open_end=True).items()
-             for j in np.flatnonzero(mask[-1]) if tags[j] in judged}
-    jumps = jump_sigmas(values, rules.noise) if len(t) < 3 or t[-1] - t[-3] <= 2.5 * binding.sample_period_s \
-        else np.full(len(tags), np.nan)
-    for j, tag in enumerate(tags):
-        if tag in binding.cv_tags and tag not in found and jumps[j] > SPIKE_SIGMAS:
-            found[tag] = "jump"
-    return found
-
-
 def warming_up(frame: pd.DataFrame, binding: BindingSpec, need: int) -> dict | None:
     """When the newest run's last piece (after a gap cleaning cuts it at) holds fewer samples after
     cleaning than the model's window `need`, it cannot be a live state yet (cleaning drops it):
@@ -114,7 +90,7 @@ def warming_up(frame: pd.DataFrame, binding: BindingSpec, need: int) -> dict | N
     if frame.empty:
         return None
     newest = frame[frame["run_id"] == frame.loc[frame["timestamp"].idxmax(), "run_id"]].sort_values("timestamp")
-    pieces = clean_newest_run(newest, binding, 1)  # every piece, however short
+    pieces, _ = clean_newest_run(newest, binding, 1)  # every piece, however short
     if not pieces:
         return None
     piece = max(pieces, key=lambda run: float(run.t[-1]))

@@ -27,7 +27,7 @@ import pandas as pd
 
 from optimizer_pipeline.contracts import BindingSpec, Exclusion, RunSeries
 from optimizer_pipeline.data.flags import (PIN_FRACTION, SPIKE_SIGMAS, STUCK_CHANCE, STUCK_MIN_SAMPLES, TagRules,
-                                           flag_run, flag_spans, tag_rules, true_spans)
+                                           JUMP, flag_run, flag_spans, jump_sigmas, tag_rules, true_spans)
 from optimizer_pipeline.data.ingest import RUN_ID, TIMESTAMP
 
 log = logging.getLogger(__name__)
@@ -58,6 +58,7 @@ def clean_runs(frame: pd.DataFrame, binding: BindingSpec, min_length: int,
     rules = tag_rules(binding, {tag: ordered[tag].to_numpy(float) for tag in tags}, exclusions)
 
     series: list[RunSeries] = []
+    newest_flagged: dict[str, str] = {}
     runs_report: list[dict[str, Any]] = []
     dropped: list[dict[str, Any]] = []
     ends = ordered.groupby(RUN_ID, sort=False)[TIMESTAMP].max()
@@ -68,6 +69,7 @@ def clean_runs(frame: pd.DataFrame, binding: BindingSpec, min_length: int,
                                                 min_length, keep_end=str(run_id) == newest)
         runs_report.append(entry)
         dropped.extend(run_dropped)
+        newest_flagged = entry.pop("newest_flagged", newest_flagged)
         for name, t, values, filled in pieces:
             series.append(_run_series(name, t, values, filled, binding, str(run_id) if name != str(run_id) else ""))
 
@@ -76,6 +78,7 @@ def clean_runs(frame: pd.DataFrame, binding: BindingSpec, min_length: int,
         "runs": runs_report,
         "dropped": dropped,
         "flags": spans,
+        "newest_flagged": newest_flagged,
         "settings": {"sample_period_s": period, "min_length": int(min_length), "max_gap_samples": MAX_GAP_SAMPLES,
                      "flags": {"spike_sigmas": SPIKE_SIGMAS, "stuck_min_samples": STUCK_MIN_SAMPLES,
                                "stuck_chance": STUCK_CHANCE, "pin_fraction": PIN_FRACTION,
@@ -111,35 +114,36 @@ def flag_counts(spans: Sequence[dict[str, Any]]) -> dict[str, dict[str, int]]:
 
 
 def clean_newest_run(frame: pd.DataFrame, binding: BindingSpec, min_length: int,
-                     exclusions: Sequence[Exclusion] = ()) -> list[RunSeries]:
+                     exclusions: Sequence[Exclusion] = ()) -> tuple[list[RunSeries], dict[str, str]]:
     """The pieces of one run, the history's newest (its end kept as clean_runs keeps the newest run's),
-    cleaned as clean_runs cleans it, without its report: frame holds that run's rows in time order
-    (run_id, timestamp, binding.tags), e.g. the live service's window of the live run (the stuck rule's
-    repeat frequencies are the window's own)."""
+    cleaned as clean_runs cleans it, and its newest sample's flags (`_newest_flagged`), without the
+    report: frame holds that run's rows in time order (run_id, timestamp, binding.tags), e.g. the live
+    service's window of the live run (the rules' noise and repeat frequencies are the window's own)."""
     if frame.empty:
-        return []
+        return [], {}
     tags = binding.tags
     cv_columns = np.array([tag in binding.cv_tags for tag in tags])
     run_id = str(frame[RUN_ID].iloc[-1])
     values = frame[list(tags)].to_numpy(float)
     rules = tag_rules(binding, dict(zip(tags, values.T)), exclusions)
-    pieces, _, _ = _clean_run(run_id, frame[TIMESTAMP].to_numpy(float), values, rules, cv_columns,
-                              float(binding.sample_period_s), min_length, keep_end=True)
-    return [_run_series(name, t, values, filled, binding, run_id if name != run_id else "")
-            for name, t, values, filled in pieces]
+    pieces, entry, _ = _clean_run(run_id, frame[TIMESTAMP].to_numpy(float), values, rules, cv_columns,
+                                  float(binding.sample_period_s), min_length, keep_end=True)
+    return ([_run_series(name, t, values, filled, binding, run_id if name != run_id else "")
+             for name, t, values, filled in pieces], entry["newest_flagged"])
 
 
 def _clean_run(run_id: str, t: np.ndarray, values: np.ndarray, rules: TagRules, cv_columns: np.ndarray, period: float,
                min_length: int,
                keep_end: bool = False) -> tuple[list[tuple[str, np.ndarray, np.ndarray, np.ndarray]], dict, list[dict]]:
     """One run: t (n,) seconds, values (n, n_tags); keep_end: the newest run, whose last CV values missing
-    are held (module docstring). Returns the kept pieces (name, t, values, the values filled in), the
-    run's report entry and its dropped runs / pieces with reasons."""
+    are held (module docstring) and whose entry has `newest_flagged`. Returns the kept pieces (name, t,
+    values, the values filled in), the run's report entry and its dropped runs / pieces with reasons."""
     tags = rules.tags
     values = np.where(np.isfinite(values), values, np.nan)
     non_finite = int(np.isnan(values).sum())
     flags = flag_run(t, values, rules, period, open_end=keep_end)
     flagged_spans = flag_spans(run_id, t, flags, tags)
+    newest = _newest_flagged(t, values, flags, rules, cv_columns, period) if keep_end else None
     flagged = np.logical_or.reduce(list(flags.values())) if flags else np.zeros(values.shape, bool)
     values[flagged] = np.nan
 
@@ -163,7 +167,7 @@ def _clean_run(run_id: str, t: np.ndarray, values: np.ndarray, rules: TagRules, 
 
     entry: dict[str, Any] = {"run_id": run_id, "rows_in": int(t.size), "rows_out": 0,
                              "flagged": int(flagged.sum()), "flagged_by_tag": flag_counts(flagged_spans),
-                             "flags": flagged_spans,
+                             "flags": flagged_spans, **({} if newest is None else {"newest_flagged": newest}),
                              "non_finite": non_finite, "grid_samples": grid_samples,
                              "interpolated": interpolated, "held_newest": held, "pieces": []}
     dropped: list[dict[str, Any]] = []
@@ -204,6 +208,21 @@ def _clean_run(run_id: str, t: np.ndarray, values: np.ndarray, rules: TagRules, 
             notes = [dropped[0]["reason"]]
     entry.update(action=action, reason="; ".join(reasons + ([_first(notes, "; ")] if notes else [])))
     return kept, entry, dropped
+
+
+def _newest_flagged(t: np.ndarray, values: np.ndarray, flags: dict[str, np.ndarray], rules: TagRules,
+                    cv_columns: np.ndarray, period: float) -> dict[str, str]:
+    """{tag: rule} for the MVs and CVs whose value in the run's last sample a rule flags, or, for a CV, that
+    lies more than SPIKE_SIGMAS off its trend ("jump", flags.jump_sigmas: a spike or a step, which only the
+    samples after it tell apart; judged when the last three samples hold no time gap): a plan must not
+    start from a glitch (pipeline.flagged_newest)."""
+    judged = ~rules.measured | cv_columns  # the MVs and CVs
+    found = {rules.tags[j]: rule for rule, mask in flags.items() for j in np.flatnonzero(mask[-1] & judged)}
+    if len(t) >= 3 and t[-1] - t[-3] <= 2.5 * period:
+        jumps = jump_sigmas(values[-3:], rules.noise)
+        for j in np.flatnonzero(cv_columns & (jumps > SPIKE_SIGMAS)):
+            found.setdefault(rules.tags[j], JUMP)
+    return found
 
 
 def _align(k: np.ndarray, values: np.ndarray) -> np.ndarray:

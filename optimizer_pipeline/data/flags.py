@@ -41,6 +41,7 @@ from optimizer_pipeline.contracts import BindingSpec, Exclusion
 
 SPIKE, STUCK, PINNED, EXCLUDED = "spike", "stuck", "pinned", "excluded"
 RULES = (SPIKE, STUCK, PINNED, EXCLUDED)
+JUMP = "jump"  # the live window's newest CV value off its trend (`jump_sigmas`): a spike or a step
 SPIKE_SIGMAS = 4.0
 MAD_TO_SIGMA = 1.4826  # sigma of a normal distribution per unit MAD
 STUCK_MIN_SAMPLES = 10
@@ -148,16 +149,28 @@ def jump_sigmas(values: np.ndarray, noise: np.ndarray) -> np.ndarray:
 def noise_sigma(values: np.ndarray) -> np.ndarray:
     """(n_tags,) the robust std of the second differences (those not 0: a stuck stretch would pull the
     median down), floored at the tag's resolution (its smallest step between samples) and at 1e-9 of its
-    spread (noise-free data)."""
+    spread (noise-free data); 1 for a tag with fewer than 3 samples (nothing to judge)."""
+    if len(values) < 3:
+        return np.ones(np.shape(values)[1])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # a tag without values gives NaN
         curvature = np.abs(np.diff(values, 2, axis=0))
-        sigma = MAD_TO_SIGMA * np.nanmedian(np.where(curvature > 0, curvature, np.nan), axis=0)
+        sigma = MAD_TO_SIGMA * _column_nanmedian(np.where(curvature > 0, curvature, np.nan))
         steps = np.abs(np.diff(values, axis=0))
         resolution = np.nanmin(np.where(steps > 0, steps, np.nan), axis=0)
         spread = np.nanmax(values, axis=0) - np.nanmin(values, axis=0)
     floor = np.fmax(1e-9 * np.nan_to_num(spread), np.finfo(float).tiny)
     return np.fmax(np.fmax(np.nan_to_num(sigma), np.nan_to_num(resolution)), floor)
+
+
+def _column_nanmedian(values: np.ndarray) -> np.ndarray:
+    """Each column's median ignoring NaN (NaN for a column without values): np.nanmedian's answer, ~10x
+    faster on a window of the live service (it sorts per column instead of a Python loop over them)."""
+    ordered = np.sort(values, axis=0)  # NaN sort last
+    count = np.count_nonzero(~np.isnan(values), axis=0)
+    lo = np.take_along_axis(ordered, np.maximum(count - 1, 0)[None] // 2, axis=0)[0]
+    hi = np.take_along_axis(ordered, np.minimum(count // 2, len(values) - 1)[None], axis=0)[0]
+    return np.where(count > 0, (lo + hi) / 2, np.nan)
 
 
 def stuck(values: np.ndarray, repeats: np.ndarray, samples: int) -> np.ndarray:
