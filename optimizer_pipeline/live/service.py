@@ -15,7 +15,8 @@ whether it is alive), a clean stop, one INFO line per publication. Per tick of t
 3. a binding with unsolved samples and no solve in flight is re-solved on one of the solver
    pool's threads (at most one solve in flight per binding: samples that arrive meanwhile are
    coalesced into its next solve);
-4. the solves that finished are published together, in ONE ledger transaction (Ledger.publish_live:
+4. the solves that finished are published together, at most every PUBLISH_S, in ONE ledger
+   transaction (Ledger.publish_live:
    each under its publication key), then handed to the reporter (Dagster, in the CLI).
 
 All ledger calls run on the loop's thread; the solve threads compute and call the pool only. A
@@ -46,6 +47,10 @@ from optimizer_pipeline.settings import Settings
 log = logging.getLogger(__name__)
 
 TICK_S = 0.05  # the loop's pause when it has nothing to do
+# finished solves are published together at most this often: one ledger transaction for all of them (at
+# ~17 re-solves a second, one per solve cost the embedded ledger a commit each); a publication waits for
+# the next batch at most this long
+PUBLISH_S = 0.2
 HOLD_S = 1.0  # the longest the loop keeps the ledger while it has work (LiveService._work)
 # how often the service touches its row, renews (and rebalances) its leases and compares the bindings'
 # model fingerprints
@@ -127,6 +132,7 @@ class LiveService:
         # solved, not yet written (the ledger failed): (served, publication, solve, split, arrival time)
         self._unpublished: list[tuple[Served, Publication, pipeline.Solved, HistorySplit, float]] = []
         self._next_heartbeat = 0.0
+        self._next_publish = 0.0  # monotonic: when finished solves may be published next (PUBLISH_S)
         self.held: set[str] = set()  # the bindings whose lease this service holds
         self._latest: dict[str, _Latest] = {}  # binding -> its latest recommendation (ledger, then published)
         self.published = 0
@@ -192,9 +198,14 @@ class LiveService:
         with self.ledger.session():
             while time.monotonic() < end and not self._stop.is_set():
                 if not self.tick():
-                    if not self._in_flight:
+                    if not self._in_flight and not self._unpublished:
                         break
-                    wait([f for f, _ in self._in_flight.values()], timeout=TICK_S, return_when=FIRST_COMPLETED)
+                    running = [f for f, _ in self._in_flight.values() if not f.done()]
+                    pause = min(TICK_S, max(self._next_publish - time.monotonic(), 0.0))
+                    if running:
+                        wait(running, timeout=pause, return_when=FIRST_COMPLETED)
+                    else:
+                        self._stop.wait(pause)
         return True
 
     def tick(self) -> bool:
@@ -202,7 +213,8 @@ class LiveService:
         is opened (for DuckDB: its lock taken) only when there is something to read or write."""
         now_m = time.monotonic()
         due = [source for source in self.sources if source.ready(now_m)]
-        done = any(future.done() for future, _ in self._in_flight.values()) or bool(self._unpublished)
+        done = now_m >= self._next_publish and (any(future.done() for future, _ in self._in_flight.values())
+                                                or bool(self._unpublished))
         if not (due or done or self._dirty or self._pending or now_m >= self._next_heartbeat):
             return False
         with self.ledger.session():
@@ -231,7 +243,9 @@ class LiveService:
             for binding_id, served in self.served.items():
                 if binding_id not in self._in_flight and served.wants_solve():
                     self._submit(served, None)
-            self._publish_done()
+            if done:
+                self._next_publish = now_m + PUBLISH_S
+                self._publish_done()
         return True
 
     def _submit(self, served: Served, split: HistorySplit | None) -> None:
