@@ -39,7 +39,7 @@ from optimizer_pipeline.contracts import (
 from optimizer_pipeline.data import prepare_history, validate_history_frame
 from optimizer_pipeline.data.flags import SPIKE_SIGMAS
 from optimizer_pipeline.deployment import WORKER_ENV
-from optimizer_pipeline.ledger import Ledger, LedgerError, OutcomeRecord, new_id
+from optimizer_pipeline.ledger import Ledger, LedgerError, OutcomeRecord, RunStatus, new_id
 from optimizer_pipeline.model import current_state, identify
 from optimizer_pipeline.model.artifact import local_artifact, local_fitter, predicted_run
 from optimizer_pipeline.model.local import GLOBAL, LOCAL, LocalFitter, OperatingPoint, settle_limit, steady_procedure
@@ -558,5 +558,5 @@ def solve_record(solved: Solved, artifact: ModelArtifact) -> dict:
 def run_status(result: SolveResult) -> str:
     """A solve whose worker died is `interrupted` (never replayed); other errors `failed`."""
     if result.ok:
-        return "succeeded"
-    return "interrupted" if result.error_code == WORKER_INTERRUPTED else "failed"
+        return RunStatus.SUCCEEDED.value
+    return (RunStatus.INTERRUPTED if result.error_code == WORKER_INTERRUPTED else RunStatus.FAILED).value

@@ -348,3 +348,18 @@ def test_block_scores_of_an_older_text_of_the_rule_are_kept_and_never_read(ledge
     for got in (loaded.val, loaded.test):
         assert list(got.starts) == [10, 40] and got.scores.ravel().tolist() == [3.0, 4.0]
     assert len(ledger.block_scores(artifact.artifact_hash, old)) == 4  # the old rule's rows are kept
+
+
+@pytest.mark.parametrize("status", ["running", "done", None])
+def test_a_run_ends_only_with_an_end_status(tmp_path, status):
+    """A run's end status is one of RunStatus's end values, given as the enum or its text; anything else is
+    refused naming them, and the run stays running."""
+    from optimizer_pipeline.ledger import RunStatus
+
+    ledger = Ledger(tmp_path / "ledger.duckdb")
+    run_id = ledger.insert_run(run_row())
+    with pytest.raises(LedgerError, match="run status must be one of succeeded, failed, interrupted"):
+        ledger.finish_run(run_id, status)
+    assert ledger.get_run(run_id).status == RunStatus.RUNNING
+    ledger.finish_run(run_id, RunStatus.INTERRUPTED)
+    assert ledger.get_run(run_id).status == "interrupted"

@@ -11,6 +11,7 @@ from optimizer_pipeline.ledger.records import (
     OutcomeRecord,
     RecommendationRecord,
     RunRecord,
+    RunStatus,
     WhatIfRecord,
     candidate_id,
     new_id,
@@ -24,5 +25,5 @@ from optimizer_pipeline.ledger.schema import SCHEMA_VERSION
 __all__ = ["SCHEMA_VERSION", "BindingFailure", "BindingOverview", "BindingUpsert", "CalibrationRecord",
            "CandidateRecord", "ExclusionRecord", "HistorySplitRecord", "Ledger", "LedgerBusyError", "LedgerError",
            "LivePublication", "LiveService", "NotFoundError", "OutcomeRecord", "Publication", "RecommendationRecord",
-           "RunRecord", "RunStateError", "StoredBinding", "WhatIfRecord", "Written", "candidate_id", "new_id",
+           "RunRecord", "RunStateError", "RunStatus", "StoredBinding", "WhatIfRecord", "Written", "candidate_id", "new_id",
            "open_ledger"]

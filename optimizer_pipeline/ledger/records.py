@@ -11,9 +11,11 @@ import math
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from enum import Enum
 from typing import Any, Sequence, TypeVar
 
 from optimizer_pipeline.contracts import parse_iso_utc, utc_now
+from optimizer_pipeline.ledger.errors import LedgerError
 
 R = TypeVar("R")
 
@@ -195,6 +197,26 @@ class WhatIfRecord(_Record):
     requested_by: str
     dagster_run_id: str | None
     created_at: str
+
+
+class RunStatus(str, Enum):
+    """An optimizer run's status: `running` while its writer works, then one end status, exactly once."""
+
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"  # its worker died (never replayed), or a writer left it running
+
+
+RUN_END_STATUSES = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.INTERRUPTED)
+
+
+def end_status(status: "RunStatus | str") -> str:
+    """The text stored for a run's end status; LedgerError naming the allowed ones for anything else."""
+    if status not in RUN_END_STATUSES:
+        raise LedgerError(f"run status must be one of {', '.join(s.value for s in RUN_END_STATUSES)}, "
+                          f"got {status!r}")
+    return RunStatus(status).value
 
 
 def new_id(prefix: str) -> str:

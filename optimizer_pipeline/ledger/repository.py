@@ -52,6 +52,8 @@ from optimizer_pipeline.ledger.records import (
     OutcomeRecord,
     RecommendationRecord,
     RunRecord,
+    RunStatus,
+    end_status,
     from_rows,
     naive,
     naive_now,
@@ -60,7 +62,6 @@ from optimizer_pipeline.ledger.records import (
 from optimizer_pipeline.validation import nearest
 
 SAMPLE_SOURCES = (EvidenceSource.SIMULATION.value, EvidenceSource.REAL.value)
-RUN_END_STATUSES = ("succeeded", "failed", "interrupted")
 OPEN_STATUSES = (RecommendationStatus.VERIFIED.value, RecommendationStatus.UNVERIFIED.value,
                  RecommendationStatus.REJECTED.value)
 COUNTED_TABLES = ("bindings", "binding_revisions", "binding_wiring", "plant_samples", "history_splits",
@@ -264,9 +265,9 @@ class Ledger(EvidenceRows, ExclusionRows, WhatIfRows, LiveRows, OverviewRows, Wi
         profile_id, profile_version, problem_ir_hash, context, problem (a ProblemIR or its JSON mapping).
         With `tx`, inside that transaction."""
         if tx is not None:
-            return self._insert_run_row(tx, run, "running", None, None, None)
+            return self._insert_run_row(tx, run, RunStatus.RUNNING.value, None, None, None)
         with self.backend.transaction() as own:
-            return self._insert_run_row(own, run, "running", None, None, None)
+            return self._insert_run_row(own, run, RunStatus.RUNNING.value, None, None, None)
 
     @staticmethod
     def _insert_run_row(tx: Any, run: Mapping[str, Any], status: str, independent_cost: float | None,
@@ -287,7 +288,7 @@ class Ledger(EvidenceRows, ExclusionRows, WhatIfRows, LiveRows, OverviewRows, Wi
 
     def _finish_run(self, run_id: str, status: str, independent_cost: float | None,
                     diagnostics: Mapping[str, Any] | None) -> None:
-        _check_end_status(status)
+        status = end_status(status)
         with self.backend.transaction() as tx:
             changed = self.backend.changed(tx, """UPDATE optimizer_runs SET status = ?, independent_cost = ?,
                 diagnostics_json = ?, finished_at = ? WHERE id = ? AND status = 'running'""",
@@ -376,7 +377,7 @@ class Ledger(EvidenceRows, ExclusionRows, WhatIfRows, LiveRows, OverviewRows, Wi
                      diagnostics: Mapping[str, Any], evidence_source: str, supersede: bool) -> Callable[[Any], str]:
         """The writes of `record_solve` as a function of the transaction to run them in (returns the
         run id); its input is checked first (bad numbers refused before any write)."""
-        _check_end_status(run_status)
+        run_status = end_status(run_status)
         run = dict(run, id=run.get("id") or new_id("or"))
         table = candidate_table(run["id"], candidates, model_id)  # refuses bad numbers before any write
         diagnostics_json = canonical_json(diagnostics)
@@ -567,11 +568,6 @@ def _problem_json(problem: ProblemIR | Mapping[str, Any] | None) -> str | None:
     if problem is None:
         return None
     return problem.canonical_json() if isinstance(problem, ProblemIR) else canonical_json(problem)
-
-
-def _check_end_status(status: str) -> None:
-    if status not in RUN_END_STATUSES:
-        raise LedgerError(f"run status must be one of {', '.join(RUN_END_STATUSES)}, got {status!r}")
 
 
 def _payload_text(rec: Recommendation) -> str:

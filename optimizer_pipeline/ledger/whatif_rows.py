@@ -7,7 +7,7 @@ from typing import Any, Mapping, Sequence
 
 from optimizer_pipeline.contracts import SolveCandidate, canonical_json
 from optimizer_pipeline.ledger.candidates import candidate_table
-from optimizer_pipeline.ledger.records import WhatIfRecord, naive_now, new_id
+from optimizer_pipeline.ledger.records import WhatIfRecord, end_status, naive_now, new_id
 from optimizer_pipeline.ledger.writes import retried
 
 REQUESTERS = ("cli", "dagster")
@@ -25,9 +25,7 @@ class WhatIfRows:
         """Run (with its end status) + candidates + the what-if row in ONE transaction; nothing of
         optimizer_recommendations (or open_recommendations) is read or written. Bad numbers in a
         candidate or a document are refused before any write."""
-        from optimizer_pipeline.ledger.repository import _check_end_status  # the one list of end statuses
-
-        _check_end_status(run_status)
+        run_status = end_status(run_status)
         if requested_by not in REQUESTERS:
             raise ValueError(f"requested_by must be one of {', '.join(REQUESTERS)}, got {requested_by!r}")
         run = dict(run, id=run.get("id") or new_id("or"))
