@@ -25,5 +25,5 @@ from optimizer_pipeline.ledger.schema import SCHEMA_VERSION
 __all__ = ["SCHEMA_VERSION", "BindingFailure", "BindingOverview", "BindingUpsert", "CalibrationRecord",
            "CandidateRecord", "ExclusionRecord", "HistorySplitRecord", "Ledger", "LedgerBusyError", "LedgerError",
            "LivePublication", "LiveService", "NotFoundError", "OutcomeRecord", "Publication", "RecommendationRecord",
-           "RunRecord", "RunStateError", "RunStatus", "StoredBinding", "WhatIfRecord", "Written", "candidate_id", "new_id",
-           "open_ledger"]
+           "RunRecord", "RunStateError", "RunStatus", "StoredBinding", "WhatIfRecord", "Written", "candidate_id",
+           "new_id", "open_ledger"]
