@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, Sequence
 
 from optimizer_pipeline.contracts import ContractError, EvidenceSource, load_binding_file, parse_iso_utc
-from optimizer_pipeline.launch import UserError, prepare_dagster_home, require_broker, run_partitions
+from optimizer_pipeline.launch import (UserError, prepare_dagster_home, require_broker, run_partitions,
+                                       solve_whatif as launch_whatif)
 from optimizer_pipeline.recommendation_text import demo_table, recommendation_text
 from optimizer_pipeline.settings import dagster_home, disk_full, ledger_path, load_settings, resolve_home
 
@@ -189,7 +190,7 @@ def cmd_whatif(args: argparse.Namespace, home: Path) -> int:
     stored = ledger.get_binding(args.binding_id)
     overrides, _ = whatif.whatif_spec(stored.spec, args.set)  # refused here, before anything is read or started
     try:
-        solved = whatif.solve_from_ledger(ledger, stored, overrides, load_settings(home), utc_now(), requested_by="cli")
+        solved = launch_whatif(ledger, stored, overrides, load_settings(home), utc_now(), requested_by="cli")
     except SolverError as exc:  # the pool did not start (a failed solve is recorded, rejected)
         raise UserError(f"whatif: the solver pool did not start ({exc.code}: {exc.message})") from None
     except ValueError as exc:  # e.g. no live run in the stored history: nothing to start from

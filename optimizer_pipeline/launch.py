@@ -1,6 +1,7 @@
-"""Launching Dagster runs for the command line (and benches): the home's Dagster instance, runs of a job
-over binding partitions in process or submitted to a Celery deployment, and what each binding's run
-came to. Dagster is imported inside the functions that run it: the CLI imports this module on start.
+"""Launching work for the command line (and benches): the home's Dagster instance, runs of a job over
+binding partitions in process or submitted to a Celery deployment, and what each binding's run came to;
+and a what-if solved outside Dagster with a solver pool of its own. Dagster and the pool are imported
+inside the functions that start them: the CLI imports this module on start.
 """
 
 import os
@@ -116,3 +117,27 @@ def require_broker(settings: Any) -> None:
     if problem is not None:
         raise UserError(f"broker {redact_url(settings.dagster_broker)} cannot be reached ({problem}); start Redis "
                         f"or correct dagster.broker")
+
+
+def solve_whatif(ledger: Any, stored: Any, overrides: Sequence[Any], settings: Any, now: Any, *,
+                 requested_by: str) -> Any:
+    """`whatif.solve_whatif` outside Dagster (the CLI): the split plant_history last recorded, the
+    revision's model artifact and calibration from the ledger (MissingInputError names what to run
+    first), and a solver pool of one worker, the same worker process and protocol as every solve,
+    stopped after. Returns the WhatIfSolve."""
+    from optimizer_pipeline import pipeline, whatif
+    from optimizer_pipeline.contracts import EvidenceSource, SolveResult
+    from optimizer_pipeline.solver.shared import acquire  # the worker pool, started only here
+
+    artifact = pipeline.load_artifact(ledger, stored)
+    split, calibration = pipeline.load_split(ledger, stored), pipeline.load_calibration(ledger, artifact)
+    source = ledger.sample_source(stored.spec.id) or EvidenceSource.REAL.value
+    pool, owned = acquire(1, settings.solver_request_timeout_ms, settings.solver_threads,
+                          settings.solver_cache_entries)
+    try:
+        return whatif.solve_whatif(stored, overrides, artifact, split, calibration,
+                                   lambda problem: SolveResult.from_dict(pool.solve(problem)), ledger, settings,
+                                   source, now, requested_by=requested_by)
+    finally:
+        if owned:
+            pool.shutdown()

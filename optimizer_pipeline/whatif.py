@@ -33,7 +33,6 @@ from optimizer_pipeline.contracts import (
     Calibration,
     Condition,
     ContractError,
-    EvidenceSource,
     HistorySplit,
     ModelArtifact,
     ProblemIR,
@@ -230,27 +229,6 @@ def solve_whatif(stored: StoredBinding, overrides: Sequence[Override], artifact:
     log.info("binding %s: what-if %s (%s) is %s", stored.spec.id, run_id, ", ".join(o.text for o in overrides),
              rec.status.value)
     return WhatIfSolve(ledger.get_whatif(run_id), solved.decision.conditions)
-
-
-def solve_from_ledger(ledger: Ledger, stored: StoredBinding, overrides: Sequence[Override], settings: Settings,
-                      now: datetime, *, requested_by: str) -> WhatIfSolve:
-    """`solve_whatif` outside Dagster (the CLI): the split plant_history last recorded, the revision's
-    model artifact and calibration from the ledger (MissingInputError names what to run first), and
-    a solver pool of one worker, the same worker process and protocol as every solve, stopped after."""
-    from optimizer_pipeline.solver.shared import acquire  # the worker pool, started only here
-
-    artifact = pipeline.load_artifact(ledger, stored)
-    split, calibration = pipeline.load_split(ledger, stored), pipeline.load_calibration(ledger, artifact)
-    source = ledger.sample_source(stored.spec.id) or EvidenceSource.REAL.value
-    pool, owned = acquire(1, settings.solver_request_timeout_ms, settings.solver_threads,
-                          settings.solver_cache_entries)
-    try:
-        return solve_whatif(stored, overrides, artifact, split, calibration,
-                            lambda problem: SolveResult.from_dict(pool.solve(problem)), ledger, settings, source, now,
-                            requested_by=requested_by)
-    finally:
-        if owned:
-            pool.shutdown()
 
 
 # ---------------------------------------------------------------------------- side by side
