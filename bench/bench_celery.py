@@ -16,7 +16,7 @@ materialize` as a user runs it (process start and imports included), waiting for
 Phases, all on the same machine, one after the other; each is printed when it ends:
   ingest      SIZE '--plant' bindings into the PostgreSQL ledger (timed, not a figure of the refresh)
   in-process  `materialize --all` from a home with the ledger and the instance on the same servers
-              but no Celery: ONE in-process Dagster run over all bindings (launch.run_partitions). The
+              but no Celery: ONE in-process Dagster run over all bindings (automation.run_partitions). The
               same-backend anchor; it also solves every binding first, so that the daemon's
               binding_changes sensor finds them solved and launches nothing of its own.
   celery      the 2 workers and the daemon are started and waited for (not timed); a warm-up refresh of

@@ -6,7 +6,7 @@ Usage:
                                          [--hosts N] [--anchor-bindings K] [--home DIR] [--setup-only]
 
 Setup (not timed): a home with BINDINGS copies of the demo quadruple tank (history ending now), refreshed
-through Dagster in one in-process run (`launch.run_partitions`, as `materialize --all`); `--home DIR` keeps
+through Dagster in one in-process run (`automation.run_partitions`, as `materialize --all`); `--home DIR` keeps
 and reuses it. `--ledger postgres` puts the ledger on a throwaway PostgreSQL server (tests/servers.py).
 
 Then `optimizer-pipeline live` runs as a subprocess with its defaults (Dagster reporter, report interval
@@ -128,7 +128,7 @@ def _ledger(home: Path):
 
 
 def _setup(home: Path, n: int, ledger_url: str | None) -> list[str]:
-    from optimizer_pipeline.launch import run_partitions
+    from optimizer_pipeline.automation import run_partitions
     from optimizer_pipeline.contracts import binding_from_dict
     from optimizer_pipeline.plants import get_plant
 

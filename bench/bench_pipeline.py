@@ -1,7 +1,7 @@
 """Benchmark: `refresh` of many small bindings, the way the CLI runs it, and where the time goes.
 
 Usage: .venv/bin/python bench/bench_pipeline.py [--bindings 100] [--plant tanks] [--per-run N]
-Target (issue 5 / 8): <= 60 s for 100 bindings. The refresh is `launch.run_partitions` (what
+Target (issue 5 / 8): <= 60 s for 100 bindings. The refresh is `automation.run_partitions` (what
 `optimizer-pipeline materialize --all` and `demo` call): one in-process Dagster run over the whole
 partition range on the home's instance. `--per-run N` also times N bindings the old way, one run
 per binding, for the per-run overhead. The split is measured by timing the domain steps (history
@@ -34,7 +34,7 @@ def main() -> None:
 
     from optimizer_pipeline import pipeline
     from optimizer_pipeline.contracts import SolveResult, binding_from_dict, utc_now
-    from optimizer_pipeline.launch import run_partitions
+    from optimizer_pipeline.automation import run_partitions
     from optimizer_pipeline.ledger import Ledger
     from optimizer_pipeline.plants import get_plant
     from optimizer_pipeline.settings import ledger_path, load_settings
@@ -96,8 +96,8 @@ def main() -> None:
 
     domain = med(split_t) + med(ident_t) + med(cal_t) + med(solve_t)
     per = total / args.bindings
-    print(f"refresh of {args.bindings} '{args.plant}' bindings, launch.run_partitions: {runs} Dagster run(s) on the "
-          f"home's instance (load average {open('/proc/loadavg').read().split()[0]})")
+    print(f"refresh of {args.bindings} '{args.plant}' bindings, automation.run_partitions: {runs} Dagster run(s) "
+          f"on the home's instance (load average {open('/proc/loadavg').read().split()[0]})")
     print(f"  ingest of {args.bindings} bindings: {ingest_s:.2f} s")
     print(f"  total wall: {total:.1f} s  (target 60 s for 100 -> ratio {total / 60 * 100 / args.bindings:.2f} "
           f"scaled to 100), including the pool start")

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, Sequence
 
 from optimizer_pipeline.contracts import ContractError, EvidenceSource, load_binding_file, parse_iso_utc
-from optimizer_pipeline.launch import (UserError, prepare_dagster_home, require_broker, run_partitions,
-                                       solve_whatif as launch_whatif)
+from optimizer_pipeline.launch import UserError, prepare_dagster_home, require_broker
+from optimizer_pipeline.launch import solve_whatif as launch_whatif
 from optimizer_pipeline.recommendation_text import demo_table, recommendation_text
 from optimizer_pipeline.settings import dagster_home, disk_full, ledger_path, load_settings, resolve_home
 
@@ -103,7 +103,9 @@ def cmd_materialize(args: argparse.Namespace, home: Path) -> int:
     binding_ids = [b.spec.id for b in ledger.list_bindings()] if args.all else list(dict.fromkeys(args.binding_ids))
     for binding_id in binding_ids:
         ledger.get_binding(binding_id)  # NotFoundError -> one line, before any run
-    results = run_partitions(home, binding_ids, args.job, wait=not args.no_wait)
+    from optimizer_pipeline import automation  # Dagster: imported by the commands that run it
+
+    results = automation.run_partitions(home, binding_ids, args.job, wait=not args.no_wait)
     if args.no_wait:
         print(json.dumps([{"binding_id": r.binding_id, "job": args.job, "dagster_run_id": r.dagster_run_id,
                            "submitted": True} for r in results], indent=2))
@@ -240,7 +242,9 @@ def cmd_demo(args: argparse.Namespace, home: Path) -> int:
         upsert, rows = ledger.ingest(spec, plant.history(DEMO_SEED).frame, EvidenceSource.SIMULATION.value)
         print(f"  {plant.spec.id:<13} revision {upsert.revision}, {rows} new samples")
     print("materializing every asset of every binding through Dagster (job refresh) ...")
-    results = run_partitions(home, [p.spec.id for p in plants])
+    from optimizer_pipeline import automation
+
+    results = automation.run_partitions(home, [p.spec.id for p in plants])
     failed = [f"{run.binding_id} ({run.detail})" for run in results if not run.ok]
     latest = [ledger.latest_recommendation(run.binding_id) for run in results if run.ok]
     print(f"\n{demo_table([rec.document() for rec in latest if rec is not None], plants)}\n")

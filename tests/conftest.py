@@ -48,7 +48,7 @@ def no_dagster_instance_current_from_another_test():
     runs during a later test is past this fixture's reach, so a test closes every Dagster context it
     opens: the one source found, unclosed `build_schedule_context` contexts in test_automation.py,
     is closed now. The product's own commands run in a process each and build their jobs inside the
-    instance's scope (launch.run_partitions)."""
+    instance's scope (automation.run_partitions)."""
     from dagster._core.storage.defs_state.base import set_defs_state_storage  # checked on dagster 1.13.27
 
     with set_defs_state_storage(None):

@@ -8,7 +8,7 @@ import pickle
 import pandas as pd
 import pytest
 
-from optimizer_pipeline import cli
+from optimizer_pipeline import automation, cli
 from optimizer_pipeline.contracts import ContractError, binding_from_dict, wiring_from_json
 from optimizer_pipeline.inbox import ingest_history
 from optimizer_pipeline.ledger import open_ledger
@@ -378,7 +378,7 @@ def test_a_refused_ingest_stores_no_wiring(ledger, binding_doc, wired, tmp_path)
 def test_demo_keeps_the_wiring_a_user_gave_a_demo_binding(tmp_path, monkeypatch, seeded):
     """`demo` stores the demo specs, which have no `opcua` section, again: a demo binding wired through
     ingest keeps its wiring, whether `demo` then seeds its history or finds it seeded."""
-    monkeypatch.setattr(cli, "run_partitions", lambda home, binding_ids: [])  # Dagster's refresh: not under test
+    monkeypatch.setattr(automation, "run_partitions", lambda home, binding_ids: [])  # Dagster's refresh: not under test
     home = tmp_path / "home"
     if seeded:
         assert cli.main(["--home", str(home), "demo"]) == 0

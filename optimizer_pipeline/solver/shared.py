@@ -1,7 +1,7 @@
 """Keep-alive registry: one started SolverPool per settings, shared by the runs of one process.
 
 Users: the Dagster resource (resources/solver.py) takes its pool from `acquire` for every run; the
-CLI (cli.py `run_partitions`) and bench/bench_pipeline.py wrap many runs in `kept_alive()`. It lives
+CLI (automation.py `run_partitions`) and bench/bench_pipeline.py wrap many runs in `kept_alive()`. It lives
 here, beside the pool, not in resources/solver.py: it needs nothing from Dagster and is not the
 resource's internals (the CLI and the benchmark enter it themselves, and would otherwise reach into
 a Dagster resource module for process-wide state), so the resource stays a thin adapter, the pool
