@@ -1,19 +1,20 @@
 """How a step over many binding partitions reports to Dagster: one materialization per binding that
-succeeded, check evaluations per partition, and ledger sessions across bindings.
+succeeded, one check evaluation per binding, and ledger sessions across bindings.
 
 A run covers one binding partition (sensors) or a range of them (a refresh of every binding, a UI
 backfill: `BackfillPolicy.single_run()`), and one step loops over `context.partition_keys`. The
 values live in the ledger; the step yields no outputs. It logs an AssetMaterialization for each
 (asset, binding) that completed, so a binding that failed is simply not materialized while the
 others are (Dagster materializes every partition of a yielded output, which is why nothing is
-yielded), and an AssetCheckEvaluation per partition pointing at that partition's materialization.
+yielded), and one AssetCheckEvaluation per partition (`conditions_check`) pointing at that
+partition's materialization of the run's last stage.
 Measured (BENCHMARKS.md): ~1.5 s of Dagster per run, paid once per run instead of once per binding.
 """
 
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Mapping, NamedTuple, TypeVar
+from typing import Any, Iterable, Iterator, Mapping, NamedTuple, Sequence, TypeVar
 
 from dagster import (
     AssetCheckEvaluation,
@@ -23,10 +24,14 @@ from dagster import (
     AssetMaterialization,
     AssetRecordsFilter,
     MetadataValue,
+    TableColumn,
+    TableRecord,
+    TableSchema,
 )
 
 from optimizer_pipeline import pipeline
 from optimizer_pipeline.assets.compat import check_target
+from optimizer_pipeline.contracts import Condition
 from optimizer_pipeline.ledger import Ledger
 
 T = TypeVar("T")
@@ -34,6 +39,7 @@ T = TypeVar("T")
 # processes (sensors, the CLI, other steps) have a turn; opening + closing a connection costs ~20 ms
 SESSION_HOLD_S = 1.0
 _END = object()
+CONDITIONS_CHECK = "conditions"  # a binding's one check (assets/bindings.py)
 
 
 class Check(NamedTuple):
@@ -45,6 +51,29 @@ class Check(NamedTuple):
     passed: bool
     metadata: Mapping[str, Any]
     severity: AssetCheckSeverity = AssetCheckSeverity.WARN
+
+
+def conditions_table(conditions: Iterable[Condition]) -> MetadataValue:
+    """Conditions as a table: whether each holds, the value it was judged on, its limit, its name, and
+    for one that fails the reason it gives. The short columns first: a long name or reason pushes the
+    columns after it out of a 1400 px window."""
+    columns = [TableColumn("holds", "bool"), TableColumn("value", "string"), TableColumn("limit", "string"),
+               TableColumn("condition", "string"), TableColumn("reason", "string")]
+    return MetadataValue.table([TableRecord({"holds": c.holds, "value": c.value, "limit": c.limit,
+                                             "condition": c.name, "reason": "" if c.holds else c.reason})
+                                for c in conditions], schema=TableSchema(columns=columns))
+
+
+def conditions_check(asset: str, binding_id: str, conditions: Sequence[Condition],
+                     metadata: Mapping[str, Any]) -> Check:
+    """The one check evaluation of a binding in a run (or a live publication): it passes when every
+    condition judged holds (on the recommendation: every condition for `verified`), WARN naming the
+    ones that do not, with the whole table in its metadata."""
+    failed = [c for c in conditions if not c.holds]
+    return Check(asset, binding_id, CONDITIONS_CHECK, not failed, {
+        "failed": MetadataValue.json([c.name for c in failed]),
+        "reasons": MetadataValue.json([c.reason for c in failed]),
+        "conditions": conditions_table(conditions), **metadata})
 
 
 def shown(metadata: Mapping[str, Any]) -> dict[str, Any]:
@@ -158,8 +187,10 @@ class BindingInputs:
 
 
 class StageResult(NamedTuple):
-    """A stage's value (already in the ledger), its materialization metadata and its checks."""
+    """A stage's value (already in the ledger), its materialization metadata, the conditions it
+    judged and what the binding's check shows beside them when this stage is the run's last."""
 
     value: Any
     metadata: Mapping[str, Any]
-    checks: tuple[Check, ...] = ()
+    conditions: tuple[Condition, ...] = ()
+    check_metadata: Mapping[str, Any] = {}

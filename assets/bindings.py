@@ -6,11 +6,17 @@ group; solve: plant_history + recommendation; refresh: all), and the step takes 
 run through the selected stages in order. Values live in the ledger: a stage uses what an earlier
 stage of the same step produced, else what the ledger holds (assets.batch.BindingInputs).
 
+Each binding gets one check evaluation per run, `conditions`, on the last stage the run selected:
+it carries every condition the run judged (model gates G1-G4, UQ coverage, and on the recommendation
+every condition for `verified`, so it passes exactly when the recommendation is verified) and WARNs
+naming the ones that fail. One evaluation instead of one per condition: each event costs the step
+~10-15 ms of SQLite writes (BENCHMARKS.md).
+
 A binding that fails at a stage (bad data, identification, calibration, solve) gets the failure
-recorded in the ledger (`binding_failures`) and a failed ERROR check `completed` on that stage's
-asset; that stage and the later ones are not materialized for it, nothing of the failed stage is
-written, and the other bindings go on. The step fails at the end, naming the failed bindings,
-after every other binding's materializations and checks are logged.
+recorded in the ledger (`binding_failures`) and its `conditions` check failed with ERROR on that
+stage's asset; that stage and the later ones are not materialized for it, nothing of the failed
+stage is written, and the other bindings go on. The step fails at the end, naming the failed
+bindings, after every other binding's materializations and checks are logged.
 """
 
 import warnings
@@ -35,40 +41,39 @@ from pydantic import Field
 from optimizer_pipeline import plots, whatif
 from optimizer_pipeline.assets import calibration, recommendation
 from optimizer_pipeline.assets.batch import (
+    CONDITIONS_CHECK,
     BindingInputs,
     Check,
     StageEnv,
     StageResult,
     StepReport,
+    conditions_check,
     in_ledger_sessions,
     shown,
 )
 from optimizer_pipeline.assets.partitions import BINDINGS, CALIBRATION_GROUP, RECOMMENDATION_GROUP
-from optimizer_pipeline.contracts import ContractError, SolveResult
+from optimizer_pipeline.contracts import Condition, ContractError, SolveResult
 from optimizer_pipeline.ledger import BindingFailure, Ledger, LedgerError, NotFoundError
 from optimizer_pipeline.resources.ledger import LedgerResource, SettingsResource
 from optimizer_pipeline.resources.solver import SolverResource
 
-COMPLETED_CHECK = "completed"
-
-# (asset, group, description, stage function, its own checks (name, description)); in data-flow order
-STAGES: tuple[tuple[str, str, str, Callable[[StageEnv, BindingInputs], StageResult], tuple], ...] = (
+# (asset, group, description, stage function); in data-flow order
+STAGES: tuple[tuple[str, str, str, Callable[[StageEnv, BindingInputs], StageResult]], ...] = (
     ("plant_history", CALIBRATION_GROUP,
      "Stored plant history of the binding, cleaned, aligned to its sample grid and split by run (the split is "
-     "recorded in the ledger).", calibration.plant_history, ()),
+     "recorded in the ledger).", calibration.plant_history),
     ("model_artifact", CALIBRATION_GROUP,
      "ARX model identified on the train runs, with its state-space realisation and gates G1-G4.",
-     calibration.model_artifact, tuple((f"gate_{g}", f"Model quality gate {g}") for g in calibration.GATE_CHECKS)),
+     calibration.model_artifact),
     ("uq_block_scores", CALIBRATION_GROUP,
      "Block scores (max |h-step rollout residual| per block and CV, normalised) on val and test runs.",
-     calibration.uq_block_scores, ()),
+     calibration.uq_block_scores),
     ("uq_calibration", CALIBRATION_GROUP,
      "Block-conformal UQ evidence: qhat per CV from val, coverage on test, or the fail-closed reason.",
-     calibration.uq_calibration, (("uq_coverage", "UQ evidence exists and test coverage >= threshold"),)),
+     calibration.uq_calibration),
     ("recommendation", RECOMMENDATION_GROUP,
      "Move plan (or steady-state targets) with status verified / unverified / rejected and its evidence.",
-     recommendation.recommendation,
-     (("candidate_verified", "The chosen candidate is feasible and its independent cost agrees"),)),
+     recommendation.recommendation),
 )
 STAGE_NAMES = tuple(stage[0] for stage in STAGES)
 
@@ -77,14 +82,14 @@ def _specs() -> tuple[list[AssetSpec], list[AssetCheckSpec]]:
     assets, checks = [], []
     with warnings.catch_warnings():  # partitioned check specs are "preview" in 1.13; measured to work (tests)
         warnings.simplefilter("ignore", PreviewWarning)
-        for i, (name, group, description, _, own_checks) in enumerate(STAGES):
+        for i, (name, group, description, _) in enumerate(STAGES):
             assets.append(AssetSpec(name, group_name=group, description=description, partitions_def=BINDINGS,
                                     deps=[STAGE_NAMES[i - 1]] if i else [], skippable=True))
-            checks.append(AssetCheckSpec(COMPLETED_CHECK, asset=name, partitions_def=BINDINGS,
-                                         description="This stage completed for the binding (ERROR with the "
-                                                     "reason when it failed; recorded in the ledger)"))
-            checks += [AssetCheckSpec(check, asset=name, description=text, partitions_def=BINDINGS)
-                       for check, text in own_checks]
+            checks.append(AssetCheckSpec(CONDITIONS_CHECK, asset=name, partitions_def=BINDINGS, description=(
+                "Evaluated on the last stage a run selects: every condition the run judged holds (model gates "
+                "G1-G4, UQ coverage; on the recommendation every condition for verified), a table of them in "
+                "the metadata; WARN naming those that fail. ERROR on the stage that failed, with the reason "
+                "(recorded in the ledger).")))
     return assets, checks
 
 
@@ -173,7 +178,8 @@ def run_binding(env: StageEnv, stored, binding_id: str, selected: list[str], rep
         return _fail(env, report, binding_id, None, selected[0],
                      NotFoundError(f"binding {binding_id!r} is not in the ledger {ledger.path}"))
     inputs = BindingInputs(ledger, stored)
-    stages = {name: stage for name, _, _, stage, _ in STAGES}
+    stages = {name: stage for name, _, _, stage in STAGES}
+    judged: list[Condition] = []
     for name in selected:
         try:
             result = stages[name](env, inputs)
@@ -181,10 +187,10 @@ def run_binding(env: StageEnv, stored, binding_id: str, selected: list[str], rep
             return _fail(env, report, binding_id, stored.revision, name, exc)
         inputs.produced[name] = result.value
         report.materialize(name, binding_id, result.metadata)
-        for check in result.checks:
-            report.check(check)
-    report.check(Check(selected[-1], binding_id, COMPLETED_CHECK, True,
-                       {"stages": MetadataValue.json(selected), "binding_revision": stored.revision}))
+        again = {c.name for c in result.conditions}  # the recommendation judges the gates and coverage again
+        judged = [c for c in judged if c.name not in again] + list(result.conditions)
+    report.check(conditions_check(selected[-1], binding_id, judged, {
+        **result.check_metadata, "stages": MetadataValue.json(selected), "binding_revision": stored.revision}))
     return None
 
 
@@ -192,7 +198,7 @@ def _fail(env: StageEnv, report: StepReport, binding_id: str, revision: int | No
           exc: Exception) -> BindingFailure:
     message = _one_line(exc)
     failure = env.ledger.record_failure(binding_id, revision, stage, type(exc).__name__, message, env.run_id)
-    report.check(Check(stage, binding_id, COMPLETED_CHECK, False,
+    report.check(Check(stage, binding_id, CONDITIONS_CHECK, False,
                        {"error": type(exc).__name__, "message": message, "failure_id": failure.id},
                        severity=AssetCheckSeverity.ERROR))
     return failure

@@ -1,18 +1,15 @@
 """The calibration stages of one binding, for the Dagster step: plant_history -> model_artifact ->
 uq_block_scores -> uq_calibration. Each runs the domain stage (optimizer_pipeline.pipeline, which
-writes the ledger) and describes the result for the UI: metadata, plots, checks."""
+writes the ledger) and describes the result for the UI: metadata, plots, the conditions it judged."""
 
 from typing import Callable
 
 from dagster import MetadataValue, TableColumn, TableRecord, TableSchema
 
-from optimizer_pipeline import pipeline, plots, uq
-from optimizer_pipeline.assets.batch import BindingInputs, Check, StageEnv, StageResult
+from optimizer_pipeline import pipeline, plots, recommend, uq
+from optimizer_pipeline.assets.batch import BindingInputs, StageEnv, StageResult
 from optimizer_pipeline.contracts import BindingSpec, HistorySplit, ModelArtifact, Scores, iso_from_seconds, utc_now
 from optimizer_pipeline.model.step_response import step_response_table
-
-GATE_CHECKS = ("G1", "G2", "G3", "G4")
-
 
 def _table(rows: list[dict], columns: list[tuple[str, str]]) -> MetadataValue:
     schema = TableSchema(columns=[TableColumn(name, kind) for name, kind in columns])
@@ -134,24 +131,13 @@ def _condition(artifact: ModelArtifact) -> float | str:
     return "singular" if condition is None else float(condition)
 
 
-def _gate_checks(artifact: ModelArtifact) -> list[Check]:
-    gates = {g.name: g for g in artifact.gates}
-    checks = []
-    for name in GATE_CHECKS:
-        gate = gates.get(name)
-        metadata = {} if gate is None else {"value": "not measurable" if gate.value is None else float(gate.value),
-                                            "threshold": float(gate.threshold), "description": gate.description}
-        checks.append(Check("model_artifact", artifact.binding_id, f"gate_{name}", bool(gate and gate.passed), metadata))
-    return checks
-
-
 def model_artifact(env: StageEnv, inputs: BindingInputs) -> StageResult:
-    """Identify the model on the train runs (stored by content hash) with its gates as checks."""
+    """Identify the model on the train runs (stored by content hash); its gates are its conditions."""
     split = inputs.split()
     artifact = pipeline.identify_model(env.ledger, inputs.stored, split)
     return StageResult(artifact, _artifact_metadata(artifact, fit_plot(env.figures, artifact, split),
                                                     step_response_plot(env.figures, artifact)),
-                       tuple(_gate_checks(artifact)))
+                       tuple(recommend.gate_conditions(artifact)))
 
 
 def uq_block_scores(env: StageEnv, inputs: BindingInputs) -> StageResult:
@@ -190,6 +176,5 @@ def uq_calibration(env: StageEnv, inputs: BindingInputs) -> StageResult:
         "reasons": MetadataValue.json(list(ev.reasons)),
         "evidence": MetadataValue.json(ev.to_dict()),
     }
-    check = Check("uq_calibration", artifact.binding_id, "uq_coverage", not failures,
-                  {"failures": MetadataValue.json(failures), "gate": settings.uq_gate})
-    return StageResult(calibration, metadata, (check,))
+    return StageResult(calibration, metadata, tuple(uq.gate_checks(ev, settings.uq_gate)),
+                       {"uq_gate": settings.uq_gate})

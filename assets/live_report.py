@@ -25,7 +25,7 @@ from typing import Sequence
 from dagster import AssetCheckEvaluation, AssetKey, AssetMaterialization, DagsterEvent, DagsterEventType, DagsterInstance
 
 from optimizer_pipeline import plots
-from optimizer_pipeline.assets.batch import shown
+from optimizer_pipeline.assets.batch import conditions_check, shown
 from optimizer_pipeline.assets.recommendation import recommendation_report
 from optimizer_pipeline.live import Published
 
@@ -90,12 +90,14 @@ class DagsterReporter:
 
     def _describe(self, item: Published, figure: bool):
         served, solved = item.served, item.solved
-        return recommendation_report(
+        metadata, check_metadata = recommendation_report(
             served.stored.spec, item.split, served.artifact, served.calibration, solved.decision.recommendation,
             solved.decision.conditions, solved.result, solved.decision.chosen, self._figures if figure else None,
             extra={"published_by": "live service", "latency_ms": round(item.latency_s * 1000, 1),
                    "ledger": f"whole: run {item.run_id}" if item.whole else
                    f"summarised (status, reasons, advice in live_publications): follows run {item.run_id}"})
+        return metadata, conditions_check("recommendation", served.binding_id, solved.decision.conditions,
+                                          check_metadata)
 
     def _report_one(self, item: Published, metadata: dict, check) -> None:
         served = item.served

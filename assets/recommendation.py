@@ -8,7 +8,7 @@ from dagster import MetadataValue, TableColumn, TableRecord, TableSchema
 
 from optimizer_pipeline import pipeline, plots, whatif
 from optimizer_pipeline.economics import economic_value
-from optimizer_pipeline.assets.batch import BindingInputs, Check, StageEnv, StageResult
+from optimizer_pipeline.assets.batch import BindingInputs, StageEnv, StageResult, conditions_table
 from optimizer_pipeline.contracts import (
     BindingSpec,
     Condition,
@@ -58,17 +58,6 @@ def _candidates_table(candidates: tuple[SolveCandidate, ...]) -> MetadataValue:
          for c in candidates], schema=TableSchema(columns=columns))
 
 
-def _conditions_table(conditions: tuple[Condition, ...]) -> MetadataValue:
-    """Every condition for `verified`: whether it holds, the value it was judged on, its limit, its name,
-    and for one that fails the reason it gives in `reasons`. The short columns first: a long name or
-    reason pushes the columns after it out of a 1400 px window."""
-    columns = [TableColumn("holds", "bool"), TableColumn("value", "string"), TableColumn("limit", "string"),
-               TableColumn("condition", "string"), TableColumn("reason", "string")]
-    return MetadataValue.table([TableRecord({"holds": c.holds, "value": c.value, "limit": c.limit,
-                                             "condition": c.name, "reason": "" if c.holds else c.reason})
-                                for c in conditions], schema=TableSchema(columns=columns))
-
-
 def recommendation(env: StageEnv, inputs: BindingInputs) -> StageResult:
     """Solve from the live state of this step's history with the revision's model and calibration."""
     stored, ledger = inputs.stored, env.ledger
@@ -76,23 +65,24 @@ def recommendation(env: StageEnv, inputs: BindingInputs) -> StageResult:
     source = ledger.sample_source(stored.spec.id) or EvidenceSource.REAL.value
     record = pipeline.recommend(stored, artifact, split, calibration, env.solve, ledger, env.settings, source,
                                 utc_now())
-    metadata, check = recommendation_report(stored.spec, split, artifact, calibration, record.recommendation,
-                                            record.conditions, record.result, record.chosen, env.figures,
-                                            expired_before=record.expired_before)
-    return StageResult(record.recommendation, metadata, (check,))
+    metadata, check_metadata = recommendation_report(
+        stored.spec, split, artifact, calibration, record.recommendation, record.conditions, record.result,
+        record.chosen, env.figures, expired_before=record.expired_before)
+    return StageResult(record.recommendation, metadata, tuple(record.conditions), check_metadata)
 
 
 def recommendation_report(spec: BindingSpec, split: HistorySplit, artifact, calibration, rec: Recommendation,
                           conditions: tuple[Condition, ...], result, chosen: SolveCandidate | None,
                           figures: plots.FigureQueue | None, *, expired_before: int | None = None,
-                          extra: dict | None = None) -> tuple[dict, Check]:
-    """The recommendation asset's materialization metadata and its check, for a publication by a run
+                          extra: dict | None = None) -> tuple[dict, dict]:
+    """The recommendation asset's materialization metadata and what its check shows beside the
+    conditions (`batch.conditions_check`), for a publication by a run
     (the asset above) or by the live service (assets/live_report.py): one description of both.
     `figures` None: no plan figure (the live service's reports between status changes)."""
     metadata = {  # Dagster lists the entries in this order: what a reader needs first, first
         "status": rec.status.value, "status_label": rec.status_label,
         "reasons": MetadataValue.json(list(rec.reasons)),
-        "conditions": _conditions_table(conditions),
+        "conditions": conditions_table(conditions),
         **({} if figures is None else {"plot": plan_plot(figures, spec, split, rec, artifact.horizon)}),
         "plan": _plan_table(rec),
         "band_steps": rec.band_steps if rec.band_steps is not None else "no band",
@@ -110,11 +100,9 @@ def recommendation_report(spec: BindingSpec, split: HistorySplit, artifact, cali
             ("economic_value", economic_value(spec, rec.controls[-1], rec.predicted[-1]) if rec.controls
              else None)) if _finite(value)},
     }
-    check = Check("recommendation", spec.id, "candidate_verified",
-                  bool(chosen and chosen.feasible and chosen.verified),
-                  {"candidate_id": rec.candidate_id or "none",
-                   "verify_report": MetadataValue.json(dict(chosen.verify_report) if chosen else {})})
-    return metadata, check
+    check_metadata = {"status": rec.status.value, "candidate_id": rec.candidate_id or "none",
+                      "verify_report": MetadataValue.json(dict(chosen.verify_report) if chosen else {})}
+    return metadata, check_metadata
 
 
 def _side_by_side_table(doc: dict) -> MetadataValue:
@@ -151,7 +139,7 @@ def whatif_solve(env: StageEnv, inputs: BindingInputs, overrides: tuple) -> Stag
         "compared_with": compared["id"] if compared else "no recommendation yet",
         "side_by_side": _side_by_side_table(doc),
         "reasons": MetadataValue.json(list(result["reasons"])),
-        "conditions": _conditions_table(solved.conditions),
+        "conditions": conditions_table(solved.conditions),
         "comparison": MetadataValue.json(doc),
         **{name: float(value) for name, value in (
             ("economic_value", result.get("economic_value")),

@@ -38,7 +38,7 @@ def _report(instance, reports: int, metadata_bytes: int, run_id_per_report: bool
         partition = f"tanks-{i % 100:04d}"
         instance.report_runless_asset_event(AssetMaterialization(
             asset_key=key, partition=partition, metadata={"status": "verified", "tables": "x" * metadata_bytes}))
-        evaluation = AssetCheckEvaluation(asset_key=key, check_name="candidate_verified", passed=True,
+        evaluation = AssetCheckEvaluation(asset_key=key, check_name="conditions", passed=True,
                                           metadata={"reason": "y" * 200}, severity=AssetCheckSeverity.WARN,
                                           partition=partition)
         instance.report_dagster_event(

@@ -108,15 +108,20 @@ def conditions(artifact: ModelArtifact, evidence: EvidenceSnapshot, candidate: S
         "live state age unknown" if age is None else
         f"live state is {duration(age)} old (last sample {evidence.live_sample_at}); "
         f"live.max_age_s allows {_fmt(limit)} s"))
-    found += [Condition(f"model gate {g.name}", _fmt(g.value), g.description, g.passed,
-                        f"model gate {g.name} failed: {g.description} = {_fmt(g.value)} (threshold {_fmt(g.threshold)})")
-              for g in artifact.gates]
+    found += gate_conditions(artifact)
     if candidate is not None:
         why = candidate.verify_report.get("reasons") or ["independent check disagrees"]
         found.append(Condition("candidate verified independently", f"cost {_fmt(candidate.cost)}, independent "
                                f"{_fmt(candidate.independent_cost)}", "feasible and costs agree", candidate.verified,
                                "candidate not verified: " + "; ".join(str(r) for r in why)))
     return found
+
+
+def gate_conditions(artifact: ModelArtifact) -> list[Condition]:
+    """The model's quality gates G1-G4 as conditions."""
+    return [Condition(f"model gate {g.name}", _fmt(g.value), g.description, g.passed,
+                      f"model gate {g.name} failed: {g.description} = {_fmt(g.value)} (threshold {_fmt(g.threshold)})")
+            for g in artifact.gates]
 
 
 def gain_conditions(artifact: ModelArtifact, problem: ProblemIR, evidence: EvidenceSnapshot,

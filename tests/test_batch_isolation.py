@@ -72,13 +72,20 @@ def test_a_batch_with_one_unidentifiable_binding_gives_the_others_their_recommen
         assert run is not None and run.is_failure
         evaluations = [e for e in instance.all_logs(run.run_id)
                        if e.dagster_event and e.dagster_event.event_type_value == "ASSET_CHECK_EVALUATION"]
-        completed = {(e.dagster_event.event_specific_data.asset_key.to_user_string(),
-                      e.dagster_event.event_specific_data.partition): e.dagster_event.event_specific_data
-                     for e in evaluations if e.dagster_event.event_specific_data.check_name == "completed"}
-    failed = completed[("plant_history", "bad-c")]
+        checks = {(e.dagster_event.event_specific_data.asset_key.to_user_string(),
+                   e.dagster_event.event_specific_data.partition): e.dagster_event.event_specific_data
+                  for e in evaluations if e.dagster_event.event_specific_data.check_name == "conditions"}
+    # one evaluation per binding: on the stage that failed, else on the run's last stage
+    assert len(evaluations) == 3 and set(checks) == {
+        ("plant_history", "bad-c"), ("recommendation", "good-a"), ("recommendation", "good-b")}
+    failed = checks[("plant_history", "bad-c")]
     assert not failed.passed and failed.severity == AssetCheckSeverity.ERROR
     assert failed.metadata["message"].value == failure.message
-    assert completed[("recommendation", "good-a")].passed and completed[("recommendation", "good-b")].passed
+    for good in ("good-a", "good-b"):  # passes exactly when every condition for verified holds
+        check = checks[("recommendation", good)]
+        assert check.passed == (ledger.latest_recommendation(good).status == "verified")
+        assert check.severity == AssetCheckSeverity.WARN and check.metadata["reasons"].value == list(
+            ledger.latest_recommendation(good).reasons)
 
 
 def test_ledger_command_shows_the_failure_of_a_binding(home, capsys):

@@ -191,7 +191,7 @@ def test_a_status_change_is_flagged_against_the_ledger_and_only_it_gets_the_plan
         records = instance.fetch_materializations(
             AssetRecordsFilter(asset_key=AssetKey("recommendation"), asset_partitions=["tanks-1"]), limit=10).records
         checks = instance.event_log_storage.get_asset_check_execution_history(
-            AssetCheckKey(AssetKey("recommendation"), "candidate_verified"), limit=10)
+            AssetCheckKey(AssetKey("recommendation"), "conditions"), limit=10)
         evaluations = instance.all_logs(first.service_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION)
     assert reporter.reported == 2
     # both check evaluations are in the event log, under the service's id (Dagster refuses a second

@@ -101,19 +101,27 @@ def test_one_run_materializes_every_asset_of_every_binding(demo):
                                          "recommendation")}
 
 
-def test_asset_checks_pass_and_are_recorded_per_partition(demo):
+def test_one_check_per_partition_carries_every_condition(demo):
     evaluations = demo.result.get_asset_check_evaluations()
     for binding_id in demo.plants:
-        names = {e.check_name: e.passed for e in evaluations if e.partition == binding_id}
-        assert names == {"gate_G1": True, "gate_G2": True, "gate_G3": True, "gate_G4": True, "uq_coverage": True,
-                         "candidate_verified": True, "completed": True}, binding_id
+        [check] = [e for e in evaluations if e.partition == binding_id]
+        assert (check.asset_key, check.check_name, check.passed) == (AssetKey("recommendation"), "conditions", True)
+        (record,) = demo.instance.fetch_materializations(
+            AssetRecordsFilter(asset_key=AssetKey("recommendation"), asset_partitions=[binding_id]), limit=1).records
+        shown = record.asset_materialization.metadata["conditions"].value.records
+        table = {row.data["condition"]: row.data["holds"] for row in check.metadata["conditions"].value.records}
+        assert table == {row.data["condition"]: row.data["holds"] for row in shown}, binding_id
+        assert {"model gate G1", "model gate G4", "test coverage (worst CV)",
+                "candidate verified independently"} <= set(table)
+        assert all(table.values()) and check.metadata["failed"].value == []
+        assert check.metadata["status"].value == demo.ledger.latest_recommendation(binding_id).status
 
 
 def test_each_check_points_at_its_partitions_materialization_of_the_run(demo):
     records = demo.instance.fetch_materializations(AssetRecordsFilter(asset_key=AssetKey("recommendation")),
                                                    limit=10).records
     storage_ids = {r.partition_key: r.storage_id for r in records if r.run_id == demo.result.run_id}
-    checks = [e for e in demo.result.get_asset_check_evaluations() if e.check_name == "candidate_verified"]
+    checks = [e for e in demo.result.get_asset_check_evaluations() if e.check_name == "conditions"]
     assert {e.partition: e.target_materialization_data.storage_id for e in checks} == storage_ids
     assert all(e.target_materialization_data.run_id == demo.result.run_id for e in checks)
 
