@@ -84,7 +84,7 @@ class Settings:
     uq_max_input_distance: float = 4.0
     # a move plan's predicted end error widened by the band, at most this fraction of holding's
     # predicted error (recommend.improvement_conditions; bench/judge.py: the plans on the column with
-    # saturating outputs scored 0.29-1.0, those of the linear-ish variants <= 0.21; BENCHMARKS.md, issue 15)
+    # saturating outputs scored 0.29-1.0, those of the linear-ish variants <= 0.21; docs/benchmark-history.md, issue 15)
     uq_max_band_fraction: float = 0.25
     uq_alpha: float = 0.1
     uq_gate: str = "seed"  # seed | strict

@@ -57,7 +57,7 @@ def no_dagster_instance_current_from_another_test():
 
 @pytest.fixture
 def binding_doc():
-    """A fresh, valid binding document (the README's example) that a test may modify."""
+    """A fresh, valid binding document (the quadruple tank's, docs/binding-file.md) that a test may modify."""
     return copy.deepcopy(BINDING_DOC)
 
 

@@ -222,7 +222,7 @@ def test_new_samples_request_one_solve_of_their_binding_and_none_once_solved(hea
 
 def _drop(home: DemoHome, binding_id: str, name: str, steps: int, start: int = 1) -> float:
     """A historian export: the live run continued by `steps` periods, written under a temporary name
-    and renamed when done (as the README asks); returns the newest time."""
+    and renamed when done (as docs/history.md, "Historian drop folder", asks); returns the newest time."""
     import pandas as pd
 
     stored = home.ledger.get_binding(binding_id)

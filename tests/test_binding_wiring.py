@@ -26,7 +26,7 @@ OPCUA = {
 
 @pytest.fixture
 def wired(binding_doc):
-    """The README's binding with the README's `opcua` section, a fresh copy a test may modify."""
+    """The tanks binding with the `opcua` section of docs/binding-file.md, a fresh copy a test may modify."""
     return {**binding_doc, "opcua": copy.deepcopy(OPCUA)}
 
 

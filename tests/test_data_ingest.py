@@ -96,10 +96,10 @@ def test_file_over_the_row_limit_is_refused_naming_file_and_limit(tmp_path, name
         read_history(path, _binding())
 
 
-def test_history_limits_are_the_ones_the_readme_documents():
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+def test_history_limits_are_the_ones_the_docs_document():
+    page = (Path(__file__).resolve().parents[1] / "docs" / "history.md").read_text()  # "Limits"
     assert (ingest.MAX_HISTORY_BYTES, ingest.MAX_HISTORY_ROWS) == (256 * 1024 * 1024, 2_000_000)
-    assert "`MAX_HISTORY_BYTES` 256 MiB" in readme and "`MAX_HISTORY_ROWS` 2 000 000" in readme
+    assert "`MAX_HISTORY_BYTES` 256 MiB" in page and "`MAX_HISTORY_ROWS` 2 000 000" in page
 
 
 def test_iso_timestamps_with_offsets_become_utc_seconds(tmp_path):

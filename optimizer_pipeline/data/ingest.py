@@ -8,7 +8,7 @@ and, where it applies, the column, the run and the row.
 Row numbers are 1-based data rows as in the file; for CSV the text line (header = line 1) is
 given too, e.g. "row 17 (line 18)". Blank CSV lines count as rows and are skipped.
 
-Size limits of one file (README, "Limits"): at most MAX_HISTORY_BYTES on disk (checked before
+Size limits of one file (docs/history.md, "Limits"): at most MAX_HISTORY_BYTES on disk (checked before
 reading) and MAX_HISTORY_ROWS data rows (CSV: parsing stops one row past it; Parquet: from the file's
 metadata, before reading). A longer history is ingested as several files: ingest appends.
 

@@ -105,7 +105,7 @@ class RecommendationRecord(_Record):
     expired_reason: str | None
 
     def document(self) -> dict[str, Any]:
-        """The recommendation JSON (README "Recommendation JSON"): the published payload with the
+        """The recommendation JSON (docs/recommendation.md): the published payload with the
         current status, and the reason when it expired."""
         doc = dict(self.payload, status=self.status, status_label=self.status_label)
         if self.status == "expired":

@@ -318,7 +318,7 @@ def fit_disturbance(ss: StateSpace, stacked: Stacked, orders: Orders, rows: np.n
     The mean one-step residual over the last P rows (the estimate before) sums to its end samples' noise
     divided by P and, held, reaches the settled prediction amplified by the disturbance's steady gain
     1 / (1 - sum of the AR coefficients); fitted on the multi-step error, the noise reaching the settled
-    prediction falls as 1 / sqrt(window) (BENCHMARKS.md, issue 15, "The judge, session 6").
+    prediction falls as 1 / sqrt(window) (docs/benchmark-history.md, issue 15, "The judge, session 6").
     """
     ny = stacked.y.shape[1]
     if rows.size == 0:

@@ -18,7 +18,7 @@ Three families of candidates, each fitted by ridge least squares (model/fit.py) 
   channel and blurs the gains; a delay per channel does not.
 * long numerator (only when the binding leaves every order to the data): na = 1, delay = 1 and nb
   from LONG_NB, every CV's past in every equation. Close to a FIR (what gets steady-state gains right
-  on dead-time MIMO plants, BENCHMARKS.md issue 15 "Identification"), with the one pole for the tail
+  on dead-time MIMO plants, docs/benchmark-history.md, issue 15 "Identification"), with the one pole for the tail
   of slow channels; the dead times are its leading near-zero coefficients. Its best length goes
   through the ridge grid like the others' best structures.
 
@@ -55,7 +55,7 @@ MAX_CHANNEL_DELAY = 12
 LONG_NB = (20, 40)
 # ... kept only when its held-out settled error is at least LONG_MARGIN below the best other family's:
 # ~10x the coefficients, so a model that is not clearly better adds variance (on the four-tank and the
-# saturating column its 1-7 % lower settled error came with plans ending further off; BENCHMARKS.md)
+# saturating column its 1-7 % lower settled error came with plans ending further off; docs/benchmark-history.md)
 LONG_MARGIN = 0.1
 FIR_NA = 2
 FIR_THRESHOLD = 0.2

@@ -13,7 +13,7 @@ matter here:
   contracts field named so would not reach the worker (tests/test_pool_codec.py compares the
   ProblemIR the worker rebuilds with the original).
 
-Size limit (README, "Limits"): a problem document (the ProblemIR JSON of a solve request) is at most
+Size limit (docs/history.md, "Limits"): a problem document (the ProblemIR JSON of a solve request) is at most
 MAX_PROBLEM_BYTES. The pool refuses a larger one before sending (`check_problem_size`), the worker
 reads at most MAX_REQUEST_BYTES of a request line and refuses a longer line without decoding it.
 """
