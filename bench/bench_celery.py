@@ -2,7 +2,7 @@
 
 Usage:
     .venv/bin/python bench/bench_celery.py [SIZE] [--bindings N] [--per-run 25[,50...]] [--single-runs 4]
-                                           [--plant tanks] [--no-duckdb-anchor] [--max-load L]
+                                           [--plant tanks] [--no-duckdb-anchor] [--max-load L] [--baseline REF]
 SIZE / --bindings: bindings refreshed (default 100; `--bindings 20` for a quick look).
 
 Started the way tests/test_several_hosts.py starts things (its helpers are imported): a throwaway
@@ -33,8 +33,8 @@ Phases, all on the same machine, one after the other; each is printed when it en
 Per-run overhead vs per-binding cost: the duration of each successful Celery run (Dagster's run
 start -> end) is fitted as a + b x bindings over all run sizes (a: the run's own cost, b: one more
 binding in a run); the gap between a worker's runs is the rest of the per-run cost. Dispatch
-(`materialize` start -> the first run's start: CLI start, one `dagster job launch` process per run,
-the daemon, Celery) + the CLI's wait after the last run are paid once per refresh, fitted against the
+(`materialize` start -> the first run's start: CLI start, the submission of every run from that
+process, the daemon's dequeue, Celery) + the CLI's wait after the last run are paid once per refresh, fitted against the
 number of runs when two --per-run values are given. N workers on N hosts (one worker each, N runs of
 ceil(SIZE / N)) are estimated as that + a + ceil(SIZE / N) x b, with b as measured
 here (two workers sharing 2 cores: about one core each) and with the in-process run's duration per
@@ -42,10 +42,12 @@ binding (a worker with a host like this one to itself; its run's own cost includ
 """
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -60,12 +62,14 @@ for _path in (ROOT, ROOT / "bench", ROOT / "tests"):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
+from baseline import installed  # noqa: E402
 from ledger_helpers import ledger_at  # noqa: E402
 from quiet import add_quiet_arguments, wait_if_asked  # noqa: E402
 from test_several_hosts import LIVE_AGE_S, _env, _group_gone, _home, _start, _stop, _wait_for  # noqa: E402
 
 OPEN = ("verified", "unverified", "rejected")
 CLI_TIMEOUT_S = 3 * 3600
+MODEL_BINDINGS = 10_000  # the site size of issue 39's target for the N-host model
 
 
 def load() -> float:
@@ -247,18 +251,26 @@ def celery_phases(args: argparse.Namespace, pg: Any, redis: str, tmp: Path) -> d
                       file=sys.stderr)
         raise
     finally:
-        problems = []
-        for name, proc in procs.items():
-            try:
-                _stop(proc)
-                if not _group_gone(proc.pid):
-                    problems.append(f"{name}: a process of its group was left running")
-            except AssertionError as exc:
-                problems.append(f"{name}: {exc}")
-        if problems:
-            print("!! stopping:", "; ".join(problems), file=sys.stderr)
+        stop_all(procs)
         ledger.backend.close()
     return out
+
+
+def stop_all(procs: dict[str, subprocess.Popen]) -> None:
+    """SIGTERM to every process started (tests/test_several_hosts.py `_stop`: all at once, SIGKILL to
+    the group of one still running after 60 s), then SIGKILL to whatever is left of each group: the
+    bench leaves nothing running, whichever way it ends."""
+    problems = []
+    try:
+        _stop(list(procs.values()))
+    except AssertionError as exc:
+        problems.append(str(exc))
+    for name, proc in procs.items():
+        if not _group_gone(proc.pid):
+            problems.append(f"{name}: a process of its group was left running (killed)")
+            os.killpg(proc.pid, signal.SIGKILL)
+    if problems:
+        print("!! stopping:", "; ".join(problems), file=sys.stderr)
 
 
 def duckdb_anchor(bindings: int, plant: str) -> dict:
@@ -284,10 +296,10 @@ def fit(runs: list[dict]) -> tuple[float, float] | None:
     return float(a), float(b)
 
 
-def summary(args: argparse.Namespace, out: dict, anchor: dict | None) -> None:
+def summary(label: str, args: argparse.Namespace, out: dict, anchor: dict | None) -> None:
     n = args.bindings
     inproc = out["inprocess"]
-    print(f"\nsummary, {n} '{args.plant}' bindings, {os.cpu_count()} cores")
+    print(f"\nsummary of {label}, {n} '{args.plant}' bindings, {os.cpu_count()} cores")
     print(f"  in-process on PostgreSQL (one run): {inproc['wall']:.1f} s wall")
     if anchor:
         print(f"  in-process embedded default (bench_pipeline.py, run_partitions alone): {anchor['wall']:.1f} s")
@@ -314,9 +326,9 @@ def summary(args: argparse.Namespace, out: dict, anchor: dict | None) -> None:
         dispatch, busy = first_start - phase["submitted"], last_end - first_start
         tail = phase["wall"] - (last_end - phase["submitted"])
         fixed_points.append((len(phase["runs"]), dispatch + tail))
-        print(f"  {phase['label']}: wall {phase['wall']:.1f} s = dispatch {dispatch:.1f} s (CLI start, one `dagster "
-              f"job launch` process per run, daemon, Celery, worker) + first run start -> last run end {busy:.1f} s "
-              f"+ the CLI's wait after it {tail:.1f} s")
+        print(f"  {phase['label']}: wall {phase['wall']:.1f} s = dispatch {dispatch:.1f} s (CLI start, submission, "
+              f"daemon, Celery, worker) + first run start -> last run end {busy:.1f} s + the CLI's wait after it "
+              f"{tail:.1f} s")
     gaps = [r["gap"] for r in runs if r["gap"] is not None]
     gap = float(np.median(gaps)) if gaps else 0.0
     sizes = _count(r["bindings"] for r in runs)
@@ -334,12 +346,19 @@ def summary(args: argparse.Namespace, out: dict, anchor: dict | None) -> None:
         d0, d1 = fixed_points[0][1], 0.0
         fixed_text = f"{d0:.1f} s (dispatch + CLI wait, one refresh)"
     b_host = sum(r["duration"] for r in inproc["runs"]) / n
-    print(f"  N workers on N hosts, one worker each, N runs of ceil({n} / N): {fixed_text} + a + ceil({n} / N) x b")
-    print(f"    {'N':>3}  {'b = ' + format(b, '.3f') + ' s (here)':>22}  "
-          f"{'b = ' + format(b_host, '.3f') + ' s (in-process run / binding)':>40}")
-    for hosts in (1, 2, 4, 8, 16, 32):
-        per_host, fixed = math.ceil(n / hosts), d0 + d1 * hosts
-        print(f"    {hosts:>3}  {fixed + a + per_host * b:21.1f}s  {fixed + a + per_host * b_host:39.1f}s")
+    for total in (n, MODEL_BINDINGS):
+        print(f"  {total} bindings on N hosts, one worker each, N runs of ceil({total} / N): {fixed_text} + a + "
+              f"ceil({total} / N) x b; speed-up against one host (target >= 0.8 N up to 16 hosts)")
+        print(f"    {'N':>3}  {'b = ' + format(b, '.3f') + ' s (here)':>30}  "
+              f"{'b = ' + format(b_host, '.3f') + ' s (in-process run / binding)':>48}")
+
+        def modelled(hosts: int, per_binding: float) -> str:
+            alone = d0 + d1 + a + total * per_binding
+            spread = d0 + d1 * hosts + a + math.ceil(total / hosts) * per_binding
+            return f"{spread:.1f} s ({alone / spread:.1f} x)"
+
+        for hosts in (1, 2, 4, 8, 16, 32):
+            print(f"    {hosts:>3}  {modelled(hosts, b):>30}  {modelled(hosts, b_host):>48}")
 
 
 def main() -> None:
@@ -351,6 +370,8 @@ def main() -> None:
     parser.add_argument("--single-runs", type=int, default=4, help="bindings refreshed in runs of one (0: skip)")
     parser.add_argument("--plant", default="tanks")
     parser.add_argument("--no-duckdb-anchor", action="store_true", help="skip bench_pipeline.py")
+    parser.add_argument("--baseline", metavar="REF", help="the same phases first on the code of this git commit "
+                        "(bench/baseline.py): before / after in one run")
     add_quiet_arguments(parser)
     args = parser.parse_args()
     wait_if_asked(args)
@@ -365,14 +386,24 @@ def main() -> None:
     print(f"bench_celery: {args.bindings} bindings, runs of <= {args.per_run}, load average {load():.2f} at start",
           flush=True)
     started = time.perf_counter()
-    try:
-        with postgres_server() as pg, redis_server() as redis, \
-                tempfile.TemporaryDirectory(prefix="bench-celery-") as tmp:
-            out = celery_phases(args, pg, redis, Path(tmp))
-    except pytest.skip.Exception as exc:  # servers.py skips (pytest's way) when it cannot start one
-        sys.exit(f"bench_celery: {exc.msg}")
+    rounds = {}
+    for label, ref in ([(f"baseline {args.baseline}", args.baseline)] if args.baseline else []) + [("this tree", None)]:
+        print(f"\n===== {label}", flush=True)
+        with (installed(ref) if ref else contextlib.nullcontext()) as site:
+            os.environ.pop("PYTHONPATH", None)
+            if site is not None:  # every CLI, worker and daemon process of the round runs that commit's code
+                os.environ["PYTHONPATH"] = str(site)
+            try:
+                with postgres_server() as pg, redis_server() as redis, \
+                        tempfile.TemporaryDirectory(prefix="bench-celery-") as tmp:
+                    rounds[label] = celery_phases(args, pg, redis, Path(tmp))
+            except pytest.skip.Exception as exc:  # servers.py skips (pytest's way) when it cannot start one
+                sys.exit(f"bench_celery: {exc.msg}")
+            finally:
+                os.environ.pop("PYTHONPATH", None)
     anchor = None if args.no_duckdb_anchor else duckdb_anchor(args.bindings, args.plant)
-    summary(args, out, anchor)
+    for label, out in rounds.items():
+        summary(label, args, out, anchor)
     print(f"\nload average {load():.2f} at end; {time.perf_counter() - started:.0f} s in all")
 
 

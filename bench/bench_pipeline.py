@@ -27,6 +27,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 if not os.environ.get("BENCH_BASELINE"):  # a baseline run imports the package of its own PYTHONPATH
     sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from baseline import installed  # noqa: E402
 
 
 def med(values):
@@ -138,22 +141,13 @@ def _events(home: Path, run_ids: set[str]) -> dict[str, int]:
 
 
 def baseline(ref: str, args: argparse.Namespace) -> dict:
-    """The same measurement on the code of commit `ref`: a worktree installed without dependencies
-    into a scratch folder, run with that folder first on PYTHONPATH (this venv's dependencies)."""
-    scratch = Path(tempfile.mkdtemp(prefix="bench-baseline-"))
-    tree, target = scratch / "tree", scratch / "site"
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), ref], check=True,
-                   capture_output=True)
-    try:
-        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                        "--target", str(target), str(tree)], check=True, capture_output=True)
-        env = {**os.environ, "BENCH_BASELINE": ref, "PYTHONPATH": str(target)}
+    """The same measurement on the code of commit `ref` (bench/baseline.py), in a process of its own."""
+    with installed(ref) as site:
+        env = {**os.environ, "BENCH_BASELINE": ref, "PYTHONPATH": str(site)}
         proc = subprocess.run([sys.executable, __file__, "--json", "--bindings", str(args.bindings), "--plant",
                                args.plant, "--per-run", str(args.per_run)], env=env, capture_output=True, text=True,
                               check=True)
-        return json.loads(proc.stdout.strip().splitlines()[-1])
-    finally:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], capture_output=True)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def report(label: str, m: dict) -> None:

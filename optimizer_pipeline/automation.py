@@ -1,8 +1,6 @@
 """Jobs, the recalibration schedule and the sensors of the pipeline (Dagster layer)."""
 
 import json
-import subprocess
-import sys
 import time
 import uuid
 from datetime import timedelta
@@ -28,12 +26,13 @@ from optimizer_pipeline.assets.outcomes import OUTCOMES_GROUP
 from optimizer_pipeline.assets.overview import overview_materialization
 from optimizer_pipeline.assets.partitions import BINDINGS, CALIBRATION_GROUP, RECOMMENDATION_GROUP
 from optimizer_pipeline.contracts import parse_iso_utc, utc_now
+from optimizer_pipeline.deployment import CODE_LOCATION
 from optimizer_pipeline.ledger import LedgerBusyError
 from optimizer_pipeline.outcomes import drift_finding
 from optimizer_pipeline.recommendation_text import duration
 from optimizer_pipeline.launch import prepare_dagster_home, require_broker
 from optimizer_pipeline.settings import Settings, load_settings
-from optimizer_pipeline.assets.compat import range_tags
+from optimizer_pipeline.assets.compat import job_submitter, range_tags
 from optimizer_pipeline.resources.ledger import LedgerResource, SettingsResource
 
 
@@ -413,8 +412,8 @@ def chunks(ordered_keys: Sequence[str], wanted: Sequence[str], per_run: int) -> 
 def submit_and_wait(home, ledger, binding_ids: Sequence[str], job_name: str, per_run: int,
                     wait: bool = True) -> list[tuple[str, bool, str, str]]:
     """Submit `job_name` over the bindings in runs of at most `per_run` partitions to the home's
-    instance (queued; the daemon launches them onto Celery workers) with `dagster job launch`, the
-    public way to create a run with its code origin; then, with `wait`, poll until every run ended.
+    instance (queued; the daemon launches them onto Celery workers), all from this process through
+    one code server (`assets.compat.job_submitter`); then, with `wait`, poll until every run ended.
     Returns (binding, ok, run id, detail) per binding, the detail from the ledger's failures."""
     from dagster import DagsterInstance, DagsterRunStatus
 
@@ -425,15 +424,9 @@ def submit_and_wait(home, ledger, binding_ids: Sequence[str], job_name: str, per
             instance.add_dynamic_partitions(BINDINGS.name, missing)
         ordered = instance.get_dynamic_partitions(BINDINGS.name)
         runs = {str(uuid.uuid4()): keys for keys in chunks(ordered, binding_ids, per_run)}
-        launches = [subprocess.Popen(
-            [str(Path(sys.executable).with_name("dagster")), "job", "launch", "-m",
-             "optimizer_pipeline.definitions", "-j", job_name, "--run-id", run_id, "--tags",
-             json.dumps({"optimizer/launched_by": "cli", **range_tags(keys[0], keys[-1])})],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for run_id, keys in runs.items()]
-        for proc in launches:
-            _, err = proc.communicate()
-            if proc.returncode != 0:
-                raise RuntimeError(f"dagster job launch failed: {(err.strip().splitlines() or ['?'])[-1]}")
+        with job_submitter(instance, CODE_LOCATION[-1], job_name) as submit:
+            for run_id, keys in runs.items():
+                submit(run_id, {"optimizer/launched_by": "cli", **range_tags(keys[0], keys[-1])})
         if not wait:
             return [(b, True, run_id, "") for run_id, keys in runs.items() for b in keys if b in binding_ids]
         deadline, pending = time.monotonic() + RUN_WAIT_S, set(runs)

@@ -3,7 +3,7 @@
 import os
 from pathlib import Path
 
-from dagster import BackfillPolicy, Definitions
+from dagster import BackfillPolicy, Definitions, in_process_executor
 
 from optimizer_pipeline.assets.bindings import binding_stages
 from optimizer_pipeline.assets.outcomes import outcome_deltas
@@ -47,6 +47,9 @@ def build_definitions(home: Path, solver: SolverResource | None = None) -> Defin
                                                    cache_entries=settings.solver_cache_entries),
         },
         jobs=[recalibrate_job, solve_job, refresh_job, outcomes_job],
+        # every job is one step: run it in the run's own process (a Celery worker, the default run
+        # launcher's run process), not in a step subprocess that imports and loads everything again
+        executor=in_process_executor,
         schedules=[recalibration_schedule(settings)],
         sensors=[binding_changes_sensor(), history_inbox_sensor(), new_samples_sensor(), uq_freshness_sensor(),
                  recommendation_expiry_sensor(), outcome_drift_sensor(), live_service_sensor(),

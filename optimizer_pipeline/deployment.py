@@ -5,7 +5,7 @@ Embedded default: SQLite storage under the home, runs in process. Several hosts
 (scheme `postgresql+psycopg2`: SQLAlchemy 2.1 maps a plain `postgresql://` URL to psycopg 3, with
 which dagster-postgres' NOTIFY fails), runs queued for `dagster-daemon` and launched onto Celery
 workers (dagster-celery's CeleryRunLauncher, Redis broker and result backend; fair dispatch:
-prefetch 1, late acks), run monitoring on (a run whose worker died ends failed), no compute-log
+prefetch 1, late acks; queued runs launched every second), run monitoring on (a run whose worker died ends failed), no compute-log
 files (hosts share nothing but the servers). Telemetry and the first-visit dialog are always off.
 """
 
@@ -24,6 +24,8 @@ RUN_QUEUE = "dagster"  # the Celery queue of run tasks (a worker's default --que
 # take to start on a worker before it is failed
 MONITOR_POLL_S = 5
 MONITOR_START_TIMEOUT_S = 300
+# how often the daemon launches queued runs (Dagster's default 5 s was most of a run's wait in the queue)
+DEQUEUE_INTERVAL_S = 1
 
 
 def dagster_yaml(settings: Settings) -> str:
@@ -37,6 +39,8 @@ def dagster_yaml(settings: Settings) -> str:
         doc["run_launcher"] = {"module": "dagster_celery.launcher", "class": "CeleryRunLauncher", "config": {
             "broker": settings.dagster_broker, "backend": settings.dagster_broker, "default_queue": RUN_QUEUE,
             "config_source": celery_config(settings)}}
+        doc["run_coordinator"] = {"module": "dagster._core.run_coordinator", "class": "QueuedRunCoordinator",
+                                  "config": {"dequeue_interval_seconds": DEQUEUE_INTERVAL_S}}
         doc["run_monitoring"] = {"enabled": True, "poll_interval_seconds": MONITOR_POLL_S,
                                  "start_timeout_seconds": MONITOR_START_TIMEOUT_S, "max_resume_run_attempts": 0}
     return yaml.safe_dump(doc, sort_keys=False)
