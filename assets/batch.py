@@ -11,10 +11,11 @@ partition's materialization of the run's last stage.
 Measured (BENCHMARKS.md): ~1.5 s of Dagster per run, paid once per run instead of once per binding.
 """
 
+import itertools
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Mapping, NamedTuple, Sequence, TypeVar
+from typing import Any, Callable, Generator, Generic, Iterable, Iterator, Mapping, NamedTuple, Sequence, TypeVar
 
 from dagster import (
     AssetCheckEvaluation,
@@ -31,14 +32,24 @@ from dagster import (
 
 from optimizer_pipeline import pipeline
 from optimizer_pipeline.assets.compat import check_target
-from optimizer_pipeline.contracts import Condition
+from optimizer_pipeline.contracts import (
+    Calibration,
+    Condition,
+    HistorySplit,
+    ModelArtifact,
+    ProblemIR,
+    Scores,
+    SolveResult,
+    StoredBinding,
+)
 from optimizer_pipeline.ledger import Ledger
+from optimizer_pipeline.plots import FigureQueue
+from optimizer_pipeline.settings import Settings
 
 T = TypeVar("T")
 # how long a step keeps the ledger's lock and connection across bindings before it lets other
 # processes (sensors, the CLI, other steps) have a turn; opening + closing a connection costs ~20 ms
 SESSION_HOLD_S = 1.0
-_END = object()
 CONDITIONS_CHECK = "conditions"  # a binding's one check (assets/bindings.py)
 
 
@@ -128,15 +139,13 @@ def in_ledger_sessions(ledger: Ledger, items: Iterable[T], hold_s: float = SESSI
     `hold_s` seconds so that the lock is never held for a whole 100-binding step. Leaving the `with`
     block (also by an exception) releases the session at once."""
 
-    def sessions() -> Iterator[T]:
+    def sessions() -> Generator[T, None, None]:
         remaining = iter(items)
-        item = next(remaining, _END)
-        while item is not _END:
+        for first in remaining:
             with ledger.session():
                 started = time.monotonic()
-                while item is not _END:
+                for item in itertools.chain([first], remaining):
                     yield item
-                    item = next(remaining, _END)
                     if time.monotonic() - started > hold_s:
                         break
 
@@ -153,44 +162,51 @@ class StageEnv:
     function (None unless the step solves) and the Dagster run it belongs to."""
 
     ledger: Ledger
-    settings: Any
-    figures: Any
-    solve: Any
+    settings: Settings
+    figures: FigureQueue
+    solve: Callable[[ProblemIR], SolveResult] | None
     run_id: str
 
 
+@dataclass
 class BindingInputs:
-    """The values of one binding's stages in this step: the value an earlier stage of the same step
-    produced (and wrote to the ledger), else the one the ledger holds for the binding's revision."""
+    """The values of one binding's stages in this step, each the one an earlier stage of the same
+    step produced (and wrote to the ledger; `assets.bindings.run_binding` sets it), else the one the
+    ledger holds for the binding's revision, read when first asked for."""
 
-    def __init__(self, ledger: Ledger, stored: Any):
-        self.ledger, self.stored = ledger, stored
-        self.produced: dict[str, Any] = {}
+    ledger: Ledger
+    stored: StoredBinding
+    history: HistorySplit | None = None  # plant_history
+    model: ModelArtifact | None = None  # model_artifact
+    block_scores: Scores | None = None  # uq_block_scores
+    evidence: Calibration | None = None  # uq_calibration
 
-    def _get(self, stage: str, load: Any) -> Any:
-        if stage not in self.produced:
-            self.produced[stage] = load()
-        return self.produced[stage]
+    def split(self) -> HistorySplit:
+        if self.history is None:
+            self.history = pipeline.load_split(self.ledger, self.stored)
+        return self.history
 
-    def split(self):
-        return self._get("plant_history", lambda: pipeline.load_split(self.ledger, self.stored))
+    def artifact(self) -> ModelArtifact:
+        if self.model is None:
+            self.model = pipeline.load_artifact(self.ledger, self.stored)
+        return self.model
 
-    def artifact(self):
-        return self._get("model_artifact", lambda: pipeline.load_artifact(self.ledger, self.stored))
+    def scores(self) -> Scores:
+        if self.block_scores is None:
+            self.block_scores = pipeline.load_scores(self.ledger, self.stored.spec, self.artifact(), self.split())
+        return self.block_scores
 
-    def scores(self):
-        return self._get("uq_block_scores",
-                         lambda: pipeline.load_scores(self.ledger, self.stored.spec, self.artifact(), self.split()))
-
-    def calibration(self):
-        return self._get("uq_calibration", lambda: pipeline.load_calibration(self.ledger, self.artifact()))
+    def calibration(self) -> Calibration:
+        if self.evidence is None:
+            self.evidence = pipeline.load_calibration(self.ledger, self.artifact())
+        return self.evidence
 
 
-class StageResult(NamedTuple):
+class StageResult(NamedTuple, Generic[T]):
     """A stage's value (already in the ledger), its materialization metadata, the conditions it
     judged and what the binding's check shows beside them when this stage is the run's last."""
 
-    value: Any
+    value: T
     metadata: Mapping[str, Any]
     conditions: tuple[Condition, ...] = ()
     check_metadata: Mapping[str, Any] = {}

@@ -20,7 +20,7 @@ bindings, after every other binding's materializations and checks are logged.
 """
 
 import warnings
-from typing import Callable
+from typing import TypeVar
 
 from dagster import (
     AssetCheckSeverity,
@@ -52,28 +52,26 @@ from optimizer_pipeline.assets.batch import (
     shown,
 )
 from optimizer_pipeline.assets.partitions import BINDINGS, CALIBRATION_GROUP, RECOMMENDATION_GROUP
-from optimizer_pipeline.contracts import Condition, ContractError, SolveResult
+from optimizer_pipeline.contracts import Condition, ContractError, SolveResult, StoredBinding
 from optimizer_pipeline.ledger import BindingFailure, Ledger, LedgerError, NotFoundError
 from optimizer_pipeline.resources.ledger import LedgerResource, SettingsResource
 from optimizer_pipeline.resources.solver import SolverResource
 
-# (asset, group, description, stage function); in data-flow order
-STAGES: tuple[tuple[str, str, str, Callable[[StageEnv, BindingInputs], StageResult]], ...] = (
+T = TypeVar("T")
+
+# (asset, group, description), in data-flow order; run_binding runs them in this order
+STAGES: tuple[tuple[str, str, str], ...] = (
     ("plant_history", CALIBRATION_GROUP,
      "Stored plant history of the binding, cleaned, aligned to its sample grid and split by run (the split is "
-     "recorded in the ledger).", calibration.plant_history),
+     "recorded in the ledger)."),
     ("model_artifact", CALIBRATION_GROUP,
-     "ARX model identified on the train runs, with its state-space realisation and gates G1-G4.",
-     calibration.model_artifact),
+     "ARX model identified on the train runs, with its state-space realisation and gates G1-G4."),
     ("uq_block_scores", CALIBRATION_GROUP,
-     "Block scores (max |h-step rollout residual| per block and CV, normalised) on val and test runs.",
-     calibration.uq_block_scores),
+     "Block scores (max |h-step rollout residual| per block and CV, normalised) on val and test runs."),
     ("uq_calibration", CALIBRATION_GROUP,
-     "Block-conformal UQ evidence: qhat per CV from val, coverage on test, or the fail-closed reason.",
-     calibration.uq_calibration),
+     "Block-conformal UQ evidence: qhat per CV from val, coverage on test, or the fail-closed reason."),
     ("recommendation", RECOMMENDATION_GROUP,
-     "Move plan (or steady-state targets) with status verified / unverified / rejected and its evidence.",
-     recommendation.recommendation),
+     "Move plan (or steady-state targets) with status verified / unverified / rejected and its evidence."),
 )
 STAGE_NAMES = tuple(stage[0] for stage in STAGES)
 
@@ -82,7 +80,7 @@ def _specs() -> tuple[list[AssetSpec], list[AssetCheckSpec]]:
     assets, checks = [], []
     with warnings.catch_warnings():  # partitioned check specs are "preview" in 1.13; measured to work (tests)
         warnings.simplefilter("ignore", PreviewWarning)
-        for i, (name, group, description, _) in enumerate(STAGES):
+        for i, (name, group, description) in enumerate(STAGES):
             assets.append(AssetSpec(name, group_name=group, description=description, partitions_def=BINDINGS,
                                     deps=[STAGE_NAMES[i - 1]] if i else [], skippable=True))
             checks.append(AssetCheckSpec(CONDITIONS_CHECK, asset=name, partitions_def=BINDINGS, description=(
@@ -170,27 +168,41 @@ def whatif_step(context: AssetExecutionContext, texts: list[str], selected: list
                      f"({', '.join(repr(t) for t in texts)}); solver: {solver.stats()}")
 
 
-def run_binding(env: StageEnv, stored, binding_id: str, selected: list[str], report: StepReport) -> BindingFailure | None:
-    """Take one binding through the selected stages. On the first failure: record it in the ledger,
-    report a failed ERROR check on that stage, stop this binding; return the failure."""
-    ledger: Ledger = env.ledger
+def run_binding(env: StageEnv, stored: StoredBinding | None, binding_id: str, selected: list[str],
+                report: StepReport) -> BindingFailure | None:
+    """Take one binding through the selected stages, in data-flow order, each value kept in `inputs`
+    for the stages after it. On the first failure: record it in the ledger, report a failed ERROR
+    check on that stage, stop this binding; return the failure."""
     if stored is None:
         return _fail(env, report, binding_id, None, selected[0],
-                     NotFoundError(f"binding {binding_id!r} is not in the ledger {ledger.path}"))
-    inputs = BindingInputs(ledger, stored)
-    stages = {name: stage for name, _, _, stage in STAGES}
+                     NotFoundError(f"binding {binding_id!r} is not in the ledger {env.ledger.path}"))
+    inputs = BindingInputs(env.ledger, stored)
     judged: list[Condition] = []
-    for name in selected:
-        try:
-            result = stages[name](env, inputs)
-        except Exception as exc:  # noqa: BLE001 - any failure of one binding is recorded and isolated
-            return _fail(env, report, binding_id, stored.revision, name, exc)
-        inputs.produced[name] = result.value
-        report.materialize(name, binding_id, result.metadata)
+    last: StageResult | None = None
+
+    def done(stage: str, result: StageResult[T]) -> T:
+        nonlocal judged, last
+        report.materialize(stage, binding_id, result.metadata)
         again = {c.name for c in result.conditions}  # the recommendation judges the gates and coverage again
-        judged = [c for c in judged if c.name not in again] + list(result.conditions)
+        judged, last = [c for c in judged if c.name not in again] + list(result.conditions), result
+        return result.value
+
+    try:
+        if (stage := "plant_history") in selected:
+            inputs.history = done(stage, calibration.plant_history(env, inputs))
+        if (stage := "model_artifact") in selected:
+            inputs.model = done(stage, calibration.model_artifact(env, inputs))
+        if (stage := "uq_block_scores") in selected:
+            inputs.block_scores = done(stage, calibration.uq_block_scores(env, inputs))
+        if (stage := "uq_calibration") in selected:
+            inputs.evidence = done(stage, calibration.uq_calibration(env, inputs))
+        if (stage := "recommendation") in selected:
+            done(stage, recommendation.recommendation(env, inputs))
+    except Exception as exc:  # noqa: BLE001 - any failure of one binding is recorded and isolated
+        return _fail(env, report, binding_id, stored.revision, stage, exc)
+    assert last is not None, selected  # a step selects at least one stage
     report.check(conditions_check(selected[-1], binding_id, judged, {
-        **result.check_metadata, "stages": MetadataValue.json(selected), "binding_revision": stored.revision}))
+        **last.check_metadata, "stages": MetadataValue.json(selected), "binding_revision": stored.revision}))
     return None
 
 

@@ -8,7 +8,15 @@ from dagster import MetadataValue, TableColumn, TableRecord, TableSchema
 
 from optimizer_pipeline import pipeline, plots, recommend, uq
 from optimizer_pipeline.assets.batch import BindingInputs, StageEnv, StageResult
-from optimizer_pipeline.contracts import BindingSpec, HistorySplit, ModelArtifact, Scores, iso_from_seconds, utc_now
+from optimizer_pipeline.contracts import (
+    BindingSpec,
+    Calibration,
+    HistorySplit,
+    ModelArtifact,
+    Scores,
+    iso_from_seconds,
+    utc_now,
+)
 from optimizer_pipeline.model.step_response import step_response_table
 
 def _table(rows: list[dict], columns: list[tuple[str, str]]) -> MetadataValue:
@@ -65,7 +73,7 @@ def flags_plot(figures: plots.FigureQueue, spec: BindingSpec, split: HistorySpli
                        f"{spec.id}: flagged samples (data/flags.py) in the most flagged runs")
 
 
-def plant_history(env: StageEnv, inputs: BindingInputs) -> StageResult:
+def plant_history(env: StageEnv, inputs: BindingInputs) -> StageResult[HistorySplit]:
     """Clean and split the binding's stored samples; the split is recorded in the ledger. What cleaning
     flagged (data/flags.py) shows as a table, per tag and rule, and as a figure."""
     stored = inputs.stored
@@ -131,7 +139,7 @@ def _condition(artifact: ModelArtifact) -> float | str:
     return "singular" if condition is None else float(condition)
 
 
-def model_artifact(env: StageEnv, inputs: BindingInputs) -> StageResult:
+def model_artifact(env: StageEnv, inputs: BindingInputs) -> StageResult[ModelArtifact]:
     """Identify the model on the train runs (stored by content hash); its gates are its conditions."""
     split = inputs.split()
     artifact = pipeline.identify_model(env.ledger, inputs.stored, split)
@@ -140,7 +148,7 @@ def model_artifact(env: StageEnv, inputs: BindingInputs) -> StageResult:
                        tuple(recommend.gate_conditions(artifact)))
 
 
-def uq_block_scores(env: StageEnv, inputs: BindingInputs) -> StageResult:
+def uq_block_scores(env: StageEnv, inputs: BindingInputs) -> StageResult[Scores]:
     """Val and test block scores of the artifact, stored per block and CV."""
     scores = pipeline.score_and_store(env.ledger, inputs.stored.spec, inputs.artifact(), inputs.split())
     return StageResult(scores, {
@@ -151,7 +159,7 @@ def uq_block_scores(env: StageEnv, inputs: BindingInputs) -> StageResult:
     })
 
 
-def uq_calibration(env: StageEnv, inputs: BindingInputs) -> StageResult:
+def uq_calibration(env: StageEnv, inputs: BindingInputs) -> StageResult[Calibration]:
     """Block-conformal evidence of the artifact (or the fail-closed reason), stored as a calibration."""
     artifact, scores, settings = inputs.artifact(), inputs.scores(), env.settings
     calibration = pipeline.calibrate(env.ledger, artifact, scores, settings, utc_now())

@@ -19,6 +19,7 @@ from optimizer_pipeline.contracts import (
     binding_from_dict,
     utc_now,
 )
+from optimizer_pipeline.ledger import WhatIfRecord
 from optimizer_pipeline.recommendation_text import num
 
 
@@ -58,7 +59,7 @@ def _candidates_table(candidates: tuple[SolveCandidate, ...]) -> MetadataValue:
          for c in candidates], schema=TableSchema(columns=columns))
 
 
-def recommendation(env: StageEnv, inputs: BindingInputs) -> StageResult:
+def recommendation(env: StageEnv, inputs: BindingInputs) -> StageResult[Recommendation]:
     """Solve from the live state of this step's history with the revision's model and calibration."""
     stored, ledger = inputs.stored, env.ledger
     artifact, split, calibration = inputs.artifact(), inputs.split(), inputs.calibration()
@@ -114,7 +115,7 @@ def _side_by_side_table(doc: dict) -> MetadataValue:
                                schema=TableSchema(columns=columns))
 
 
-def whatif_solve(env: StageEnv, inputs: BindingInputs, overrides: tuple) -> StageResult:
+def whatif_solve(env: StageEnv, inputs: BindingInputs, overrides: tuple) -> StageResult[WhatIfRecord]:
     """A what-if solve of this binding (optimizer_pipeline/whatif.py): the stored spec with `overrides`
     applied in memory, solved from the live state of the split plant_history last recorded (the state
     the open recommendation was solved from) with the revision's model and calibration, recorded as a
