@@ -92,11 +92,12 @@ class Postgres:
         if proc.returncode != 0:
             raise RuntimeError(f"pg_ctl start failed: {proc.stderr or proc.stdout}")
 
-    def stop(self) -> None:
-        self.pg_ctl("-m", "fast", "-w", "stop")
+    def stop(self, mode: str = "fast") -> None:
+        """pg_ctl stop -m `mode`: fast (sessions terminated, a clean shutdown) or immediate (as a crash)."""
+        self.pg_ctl("-m", mode, "-w", "stop")
 
-    def restart(self) -> None:
-        proc = self.pg_ctl("-l", str(self.root / "log"), "-m", "fast", "-w", "restart", "-o",
+    def restart(self, mode: str = "fast") -> None:
+        proc = self.pg_ctl("-l", str(self.root / "log"), "-m", mode, "-w", "restart", "-o",
                            f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1", timeout=120)
         if proc.returncode != 0:
             raise RuntimeError(f"pg_ctl restart failed: {proc.stderr or proc.stdout}")

@@ -7,13 +7,19 @@ One world is built here in which every condition holds (a one-MV / one-CV bindin
 of its revision with passing gates, split-conformal evidence calibrated a day ago, a live state one
 z away from the train mean, a solver that returns verified candidates). Each row of MATRIX changes
 that world in one place and names the single condition it makes fail, with the exact reasons list
-expected, or puts one condition exactly on its limit, where the recommendation must stay verified.
-A new condition is one more row: `test_every_condition_of_verified_has_a_row` fails until it has one.
+expected, or puts one condition exactly on its limit (one only reported: makes it appear), where the
+recommendation must stay verified.
+A new condition is one more row: `test_every_condition_of_verified_has_a_row` (every name the
+product's source passes to `Condition`, read from the source, whatever world emits it) and
+`test_every_condition_any_world_emits_has_a_row` fail until it has one.
 """
 
+import ast
 import hashlib
+import re
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
@@ -50,6 +56,9 @@ SPEC = binding(n_mv=1, n_cv=1, na=1, nb=1, delay=1)  # tags u0 (MV), y0 (CV); sa
 # train statistics: u0 mean 0, std 1; y0 mean 10, std 2, so a live y0 of 10 + 2 z is z away
 NORMALISATION = Normalisation(("u0", "y0"), (0.0, 10.0), (1.0, 2.0))
 MODEL = ArxModel(Orders(1, 1, 1), np.full((1, 1, 1), 0.5), np.full((1, 1, 1), 0.5), np.zeros((1, 1, 0)), np.zeros(1))
+# y0 integrates u0 (a pole at 1): its plan's end is held to settled evidence (pipeline.settled_evidence)
+INTEGRATING = ArxModel(Orders(1, 1, 1), np.full((1, 1, 1), 1.0), np.full((1, 1, 1), 0.5), np.zeros((1, 1, 0)),
+                       np.zeros(1))
 SEQ = {CandidateKind.HOLD: 0, CandidateKind.NOMINAL: 1, CandidateKind.ROBUST: 2}
 
 VERIFIED, UNVERIFIED, REJECTED = "verified", "unverified", "rejected"
@@ -100,6 +109,10 @@ class World:
     # hash names the world's own model: the module's ledger is shared by every row)
     model_outcomes: tuple[str, ...] = ()
     training_data_hash: str = ""
+    flagged: Mapping[str, str] | None = None  # the newest sample's flagged values {tag: rule}; None: not recorded
+    filled_in: tuple[int, ...] = ()  # live rows (-1: the newest) whose y0 value cleaning filled in
+    cv_target: float | None = 0.0  # y0's target; None: none, the plan is steered by the steady-state layer
+    integrating: bool = False  # the model's y0 integrates (INTEGRATING)
 
 
 EVIDENCE = dict(method="split_conformal", alpha=0.1, block_length=10, cv_tags=("y0",), qhat=(0.5,), rank_k=9,
@@ -124,22 +137,29 @@ def candidate(plan: Plan, horizon: int, plan_end: float = 1.0, planned_end: floa
 
 def inputs(world: World):
     """(stored binding, artifact, split, calibration, solve, settings) of the world."""
-    stored = StoredBinding(SPEC, world.binding_revision, SPEC.spec_hash, None)
-    gain = steady_gain_record(MODEL)
+    spec = SPEC if world.cv_target == SPEC.cvs[0].target else replace(
+        SPEC, cvs=(replace(SPEC.cvs[0], target=world.cv_target),))
+    model = INTEGRATING if world.integrating else MODEL
+    stored = StoredBinding(spec, world.binding_revision, spec.spec_hash, None)
+    gain = steady_gain_record(model)
     if world.gain_std is not None:
         gain["uncertainty"] = {"method": "given", "replicates": 8, "cov": [[[world.gain_std ** 2]]],
                                "std": [[world.gain_std]]}
-    artifact = artifact_from_model(MODEL, SPEC, world.artifact_revision, NORMALISATION, gates=world.gates,
+    artifact = artifact_from_model(model, spec, world.artifact_revision, NORMALISATION, gates=world.gates,
                                    steady_gain=gain, training_data_hash=world.training_data_hash)
     n = 20  # the live run ends live_age_s before now, one sample per period
     t = NOW.timestamp() - world.live_age_s - SPEC.sample_period_s * np.arange(n)[::-1]
     y = np.full((n, 1), 12.0)
     y[-1, 0] = world.y_now
-    live = RunSeries("live", t, np.full((n, 1), 1.0), y, np.zeros((n, 0)))
+    filled_in = np.isin(np.arange(n) - n, world.filled_in)[:, None]
+    live = RunSeries("live", t, np.full((n, 1), 1.0), y, np.zeros((n, 0)),
+                     unmeasured=filled_in if filled_in.any() else None)
     report = {} if world.behind_newest_s is None else {  # as data.prepare_history records it (period 1 s)
         "live_behind_s": world.behind_newest_s, "live_tail_dropped": world.behind_newest_s > 0.5}
     if world.missing_now is not None:
         report["live_missing"] = list(world.missing_now)
+    if world.flagged is not None:
+        report["live_flagged"] = dict(world.flagged)
     if world.warming is not None:
         report["live_warming_up"] = {"samples": world.warming[0], "needed": world.warming[1],
                                      "since": NOW.timestamp() - world.warming[0]}
@@ -294,6 +314,27 @@ MATRIX = [
         ("the newest sample has no value of u0, y0 (missing, or refused as bad by its source): the plan would "
          "start from a state not measured",)),
     Row("the newest sample complete", "newest sample has every MV and CV", replace(BASE, missing_now=()), VERIFIED),
+    # ---- the newest sample's values flagged by a cleaning rule or off the CV's trend (data/flags.py)
+    Row("the newest CV value flagged as a jump", "newest sample not flagged", replace(BASE, flagged={"y0": "jump"}),
+        UNVERIFIED, ("the newest sample's value of y0: jump is flagged (a jump: more than 4 noise sigmas off the "
+                     "CV's trend, a spike or a step the next samples tell apart): the plan would start from a value "
+                     "that may be a glitch",)),
+    Row("the newest sample with no value flagged", "newest sample not flagged", replace(BASE, flagged={}), VERIFIED),
+    # ---- reported, never refused: a CV value cleaning filled in among the rows the live state reads
+    Row("a CV value filled in inside the live window", "live window's CV samples measured",
+        replace(BASE, filled_in=(-3,)), VERIFIED),
+    # ---- settled evidence (pipeline.settled_evidence), none in this world: no val / test runs to score
+    Row("a CV without a target: the steady-state target without settled evidence",
+        "settled evidence of the steady-state target", replace(BASE, cv_target=None, planned_end=12.0), UNVERIFIED,
+        ("the steady-state target the plan steers to has no settled evidence: no UQ evidence: 0 val block(s) of 5 "
+         "steps; at least 2 are needed (9 from >= 2 runs for split conformal); 0 unique test steps; at least 120 are "
+         "needed; 0 test run(s) with a block; at least 2 are needed; no test block",)),
+    Row("an integrating CV: the plan's end without settled evidence", "settled evidence of the plan's end",
+        replace(BASE, integrating=True), UNVERIFIED,
+        ("the end of the plan, its last move held 30 samples (an integrating CV's) has no settled evidence: no UQ "
+         "evidence: 0 val block(s) of 60 steps; at least 2 are needed (9 from >= 2 runs for split conformal); 0 "
+         "unique test steps; at least 120 are needed; 0 test run(s) with a block; at least 2 are needed; no test "
+         "block",)),
     # ---- model gates
     Row("a model gate failed", "model gate G2",
         replace(BASE, gates=(BASE.gates[0], Gate("G2", "free-run fit R2", 0.21, 0.3, False))),
@@ -362,9 +403,83 @@ def test_every_condition_holds_in_the_base_world(ledger):
         assert (record.recommendation.status.value, record.recommendation.reasons) == (VERIFIED, ())
 
 
-def test_every_condition_of_verified_has_a_row(ledger):
-    names = {c.name for c in recommend(ledger, STRICT).conditions}
-    assert names <= {row.condition for row in MATRIX}, "a condition of `verified` without a row in MATRIX"
+PRODUCT = Path(pipeline.__file__).resolve().parent
+# `Condition(c.name, ...)` in recommend.conditions words again the UQ gate's conditions (uq.gate_checks): no new name
+PASSED_ON = {"recommend.py: c.name"}
+
+
+def _texts(node: ast.expr, assigned: Mapping[str, list[ast.expr]]) -> tuple[set[str], set[str], set[str]]:
+    """(strings, f-string patterns, expressions not read) that `node` can be: a literal, each branch of
+    a conditional, a variable through its assignments in the function (`assigned`)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return {node.value}, set(), set()
+    if isinstance(node, ast.JoinedStr):  # its literal parts, anything in place of each {...}
+        return set(), {"".join(re.escape(part.value) if isinstance(part, ast.Constant) else ".+"
+                               for part in node.values)}, set()
+    branches = [node.body, node.orelse] if isinstance(node, ast.IfExp) else \
+        assigned.get(node.id, []) if isinstance(node, ast.Name) else []
+    found = [_texts(branch, {}) for branch in branches] or [(set(), set(), {ast.unparse(node)})]
+    return tuple(set().union(*parts) for parts in zip(*found))  # type: ignore[return-value]
+
+
+def _scopes(tree: ast.Module):
+    """Each function of a module (and the module) with the nodes of its own body, not of functions in it."""
+    for scope in [tree, *(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))]:
+        own, todo = [], list(ast.iter_child_nodes(scope))
+        while todo:
+            node = todo.pop()
+            own.append(node)
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+                todo.extend(ast.iter_child_nodes(node))
+        yield own
+
+
+def condition_names_in_the_code() -> tuple[set[str], set[str], set[str]]:
+    """Every condition name the product's source can give `Condition` (contracts.Condition, the first
+    argument or `name=`), whichever world, template or setting reaches the call: (names, patterns of
+    f-string names, "module: expression" of names not read from the source)."""
+    names, patterns, unread = set(), set(), set()
+    for path in sorted(PRODUCT.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        if not any(isinstance(n, ast.ImportFrom) and (n.module or "").startswith("optimizer_pipeline.contracts")
+                   and "Condition" in {a.name for a in n.names} for n in ast.walk(tree)):
+            continue  # another Condition (threading's in solver/pool.py)
+        for own in _scopes(tree):
+            assigned: dict[str, list[ast.expr]] = {}
+            for node in own:
+                for target in node.targets if isinstance(node, ast.Assign) else ():
+                    pairs = zip(target.elts, node.value.elts) if isinstance(target, ast.Tuple) and isinstance(
+                        node.value, ast.Tuple) else [(target, node.value)]
+                    for name, value in pairs:
+                        if isinstance(name, ast.Name):
+                            assigned.setdefault(name.id, []).append(value)
+            for call in own:
+                if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "Condition":
+                    arg = call.args[0] if call.args else next(k.value for k in call.keywords if k.arg == "name")
+                    found = _texts(arg, assigned)
+                    names |= found[0]
+                    patterns |= found[1]
+                    unread |= {f"{path.name}: {text}" for text in found[2]}
+    return names, patterns, unread
+
+
+def test_every_condition_of_verified_has_a_row():
+    names, patterns, unread = condition_names_in_the_code()
+    # the reading finds them: a name in a function of its own, a variable's, an f-string's
+    assert {"newest sample not flagged", "settled evidence of the plan's end"} <= names
+    assert any(re.fullmatch(p, "model gate G4") for p in patterns)
+    assert unread == PASSED_ON, "a condition name the source does not spell out: read it here"
+    rows = {row.condition for row in MATRIX}
+    assert sorted(names - rows) == [], "a condition the code can emit without a row in MATRIX"
+    assert sorted(p for p in patterns if not any(re.fullmatch(p, row) for row in rows)) == []
+    stale = [row for row in rows if row not in names and not any(re.fullmatch(p, row) for p in patterns)]
+    assert stale == [], "a row about a condition the code no longer emits"
+
+
+def test_every_condition_any_world_emits_has_a_row(ledger):
+    emitted = {c.name for world in (BASE, STRICT, *(row.world for row in MATRIX))
+               for c in recommend(ledger, world).conditions}
+    assert sorted(emitted - {row.condition for row in MATRIX}) == [], "a condition emitted without a row in MATRIX"
 
 
 @pytest.mark.parametrize("row", MATRIX, ids=[row.name for row in MATRIX])

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from dagster import AssetKey, AssetRecordsFilter, DagsterInstance, Definitions
 
 from optimizer_pipeline import plots
@@ -47,6 +48,7 @@ def test_dagster_definitions_validate_passes_on_the_workspace(tmp_path):
     assert "All code locations passed validation" in proc.stdout + proc.stderr
 
 
+@pytest.mark.timeout(400)  # the materialize command's 300 s, and the ingest and instance reads around it
 def test_a_partition_range_runs_as_one_run_under_the_multiprocess_executor(tmp_path):
     """What a UI backfill of several bindings launches: one run over the range, each step its own
     process, the figures of >= 4 bindings drawn by spawned background processes of those steps."""

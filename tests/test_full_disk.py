@@ -16,6 +16,8 @@ from optimizer_pipeline.plants import get_plant
 
 from servers import unavailable
 
+pytestmark = pytest.mark.timeout(660)  # each test: two commands of up to 300 s each (`cli`)
+
 
 def _mount_tmpfs(path: Path, size_kb: int) -> None:
     path.mkdir(parents=True, exist_ok=True)

@@ -204,6 +204,7 @@ def test_a_status_change_is_flagged_against_the_ledger_and_only_it_gets_the_plan
     assert newest["recommendation_id"].value == second.solved.decision.recommendation.id
 
 
+@pytest.mark.timeout(420)  # 4 publications of up to 60 s each, then the service's end: 300 s
 def test_publications_with_an_unchanged_status_are_summarised_with_their_advice_and_a_lapse_writes_one_whole(
         home, capsys):
     """The ledger keeps every publication's status, reasons and advice; only the first (and one whose
@@ -372,6 +373,7 @@ def _ready(proc: subprocess.Popen) -> str:
     return line
 
 
+@pytest.mark.timeout(540)  # its waits: 3 x 60 s, two commands of 120 s, 10 s: 430 s
 def test_the_live_command_serves_its_inbox_reports_to_dagster_and_stops_cleanly(home):
     proc = _start(home)
     try:
@@ -417,6 +419,7 @@ def test_the_live_command_serves_its_inbox_reports_to_dagster_and_stops_cleanly(
     assert metadata["recommendation_id"].value == ledger.latest_recommendation("heater-1").id
 
 
+@pytest.mark.timeout(480)  # its waits: 60 + 60 + 60 + 3 + 60 + 120 s: 363 s
 def test_a_killed_live_service_resumes_from_the_ledger_without_solving_a_batch_twice(home):
     ledger = Ledger(home / "optimizer.duckdb")
     proc = _start(home, "--binding", "tanks-1")
@@ -488,6 +491,7 @@ def _pg_copy(postgres, template: str) -> str:
     return postgres.url(name)
 
 
+@pytest.mark.timeout(1200)  # pg_template's refresh 600 s (the first of its users), 60 + 60 + 3 + 60 + 90 + 2 x 120 s
 def test_two_live_services_share_a_postgres_ledgers_bindings_and_one_takes_over_from_a_killed_one(
         postgres, pg_template, tmp_path):
     """Two hosts (a home each) on one PostgreSQL ledger: the bindings are split by leases, every sample
@@ -549,6 +553,7 @@ def test_two_live_services_share_a_postgres_ledgers_bindings_and_one_takes_over_
         backend.close()
 
 
+@pytest.mark.timeout(960)  # pg_template's refresh 600 s (the first of its users), then 4 x 60 s + 3 s
 def test_a_postgres_restart_while_publishing_is_retried_and_no_batch_is_lost_or_doubled(postgres, pg_template):
     """The ledger goes away between a solve and its publication: the service retries with back-off and
     publishes the batch once the server is back; the batches after it too, each once."""

@@ -46,6 +46,7 @@ def _wait(condition, what: str):
     return value
 
 
+@pytest.mark.timeout(1200)  # its waits: 4 x 120 s, two commands of 180 s, 4 stops of up to 60 s: 1080 s
 def test_simulate_ingest_live_closes_the_loop_over_opcua_and_rides_out_a_server_restart(tmp_path):
     """`simulate heater --apply-advice` serves the plant at 20 x real time, its history and wired binding
     are ingested and materialized, `live` with opcua.write_advice samples it, publishes verified

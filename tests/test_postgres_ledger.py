@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from optimizer_pipeline.ledger.postgres_backend import PostgresBackend
@@ -34,6 +35,7 @@ def test_redact_url_hides_only_the_password():
     assert redact_url("postgresql://u@h/db") == "postgresql://u@h/db"
 
 
+@pytest.mark.timeout(1560)  # five commands of up to 300 s each
 def test_ingest_materialize_and_ledger_run_on_postgres_with_no_duckdb_file(postgres, tmp_path):
     url = _with_password(postgres.new_database())
     home = tmp_path / "home"

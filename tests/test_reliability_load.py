@@ -25,6 +25,7 @@ WORKERS = 2
 CALLERS = 4 * WORKERS
 
 
+@pytest.mark.timeout(1500)  # mixed_readers_writers waits up to 300 s for each of its 4 processes, then 60 s each
 def test_readers_see_only_whole_runs_while_writer_processes_write(tmp_path):
     load = mixed_readers_writers(tmp_path / "shared.duckdb", writers=2, readers=2, runs_each=5)
     assert load.reader_errors == [] and load.reads_during_writes >= 2  # the reads overlapped the writes

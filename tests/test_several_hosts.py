@@ -132,7 +132,9 @@ def _submit(home: Path, *args: str, timeout_s: float = 300) -> subprocess.Comple
                           env=_env(), capture_output=True, text=True, timeout=timeout_s)
 
 
-@pytest.mark.timeout(1200)
+# its waits: submits 300 + 300 + 900 s, workers ready 2 x 120 s, runs 900 + 120 s, a step start 600 s, the
+# killed worker 120 s, the stop 60 s: 3540 s (it takes about 2 minutes)
+@pytest.mark.timeout(3600)
 def test_two_workers_share_a_refresh_and_a_worker_killed_mid_run_fails_only_that_run(postgres, redis, tmp_path):
     ledger_url, dagster_url = postgres.new_database(), postgres.new_database()
     settings = {"ledger": {"url": ledger_url}, "live": {"max_age_s": LIVE_AGE_S},

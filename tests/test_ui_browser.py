@@ -49,6 +49,10 @@ PLOT_IMAGE = "//img[starts-with(@src, 'data:image/png;base64,')]"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
                  "--window-size=1400,1700"]
+# a test's own waits, its module fixtures' (the first test pays them: the UI's start 120 s, chromedriver's
+# 30 s, the session and the page 2 x 60 s) and their stops (the last test: 2 x (30 + 10) s), each under
+# its own bound: the conditions test waits for 11 elements of up to 60 s each, 270 + 660 + 80 = 1010 s
+pytestmark = pytest.mark.timeout(1080)
 
 
 def _free_port() -> int:

@@ -107,6 +107,7 @@ def test_a_version_4_ledger_opens_keeps_its_recommendation_and_records_whatifs(t
     assert ledger.counts()["whatif_runs"] == 1 and ledger.counts()["optimizer_recommendations"] == 1
 
 
+@pytest.mark.timeout(1560)  # five commands of up to 300 s each
 def test_the_whatif_command_on_a_postgres_ledger_leaves_the_open_recommendation(postgres, tmp_path):
     """The CLI end to end on PostgreSQL (ingest, materialize through Dagster, whatif, recommendation),
     each command in its own process as a user runs them."""
