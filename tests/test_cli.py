@@ -42,6 +42,7 @@ def assert_one_line_error(proc, *fragments):
         assert fragment in lines[0]
 
 
+@pytest.mark.timeout(5 * 180 + 60)  # 5 commands, each waited for up to 180 s
 def test_ingest_materialize_recommendation_round_trip(tmp_path, files):
     home = tmp_path / "home"
     ingest = cli(home, "ingest", *map(str, files))
@@ -82,6 +83,7 @@ def test_ingest_materialize_recommendation_round_trip(tmp_path, files):
     assert len(ledger["runs"]) == 1 and len(ledger["recommendations"]) == 1 and len(ledger["candidates"]) == 3
 
 
+@pytest.mark.timeout(3 * 180 + 60)  # 3 commands, each waited for up to 180 s
 def test_reingest_of_a_changed_binding_bumps_revision_and_expires(tmp_path, files):
     home = tmp_path / "home"
     binding, history = files
@@ -99,6 +101,7 @@ def test_reingest_of_a_changed_binding_bumps_revision_and_expires(tmp_path, file
     assert Ledger(ledger_path(home)).get_recommendation(rec_id).status == "expired"
 
 
+@pytest.mark.timeout(2 * 180 + 60)  # 2 commands, each waited for up to 180 s
 def test_reingest_with_only_a_new_opcua_section_keeps_the_revision_and_says_the_wiring_changed(tmp_path, files):
     home = tmp_path / "home"
     binding, history = files
@@ -150,6 +153,7 @@ def test_bad_history_file_stores_neither_binding_nor_samples(tmp_path, files):
     assert counts.get("bindings", 0) == 0 and counts.get("plant_samples", 0) == 0
 
 
+@pytest.mark.timeout(2 * 180 + 60)  # 2 commands, each waited for up to 180 s
 @pytest.mark.parametrize("column, value, fragment", [
     ("q_heat", "inf", "column 'q_heat': infinite value inf in run 'heater-run-03-again' at row 903 (line 904)"),
     ("timestamp", "4102444800", "run 'heater-run-03-again': timestamp 2100-01-01T00:00:00+00:00 at row 903 (line 904) "
@@ -190,6 +194,7 @@ def test_a_home_that_cannot_be_created_is_one_line(tmp_path, files):
     assert_one_line_error(cli(blocker, "ingest", *map(str, files)), f"home {blocker}")
 
 
+@pytest.mark.timeout(3 * 180 + 60)  # 3 commands, each waited for up to 180 s
 def test_bad_setting_gives_one_line(tmp_path, files):
     home = tmp_path / "home"
     home.mkdir()
@@ -204,6 +209,7 @@ def test_bad_setting_gives_one_line(tmp_path, files):
     assert_one_line_error(cli(home, "materialize", "heater-1"), "solver.pool_size must be an integer from 1 to 4")
 
 
+@pytest.mark.timeout(2 * 180 + 60)  # 2 commands, each waited for up to 180 s
 def test_materialize_of_a_history_too_short_to_split_is_one_line(tmp_path, files):
     home = tmp_path / "home"
     binding, history = files
@@ -218,6 +224,7 @@ def test_materialize_of_a_history_too_short_to_split_is_one_line(tmp_path, files
     assert Ledger(ledger_path(home)).latest_recommendation("heater-1") is None
 
 
+@pytest.mark.timeout(2 * 180 + 60)  # 2 commands, each waited for up to 180 s
 def test_materialize_all_refreshes_every_binding_in_one_dagster_run(tmp_path, files):
     home = tmp_path / "home"
     binding, history = files
@@ -236,6 +243,7 @@ def test_materialize_all_refreshes_every_binding_in_one_dagster_run(tmp_path, fi
                                                       for b in ("heater-1", "heater-2")]
 
 
+@pytest.mark.timeout(2 * 180 + 60)  # 2 commands, each waited for up to 180 s
 @pytest.mark.parametrize("args, fragment", [
     ([], "give binding ids or --all"),
     (["heater-1", "--all"], "give binding ids or --all"),

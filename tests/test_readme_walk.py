@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from optimizer_pipeline.ledger import Ledger
 from optimizer_pipeline.plants import get_plant
 from optimizer_pipeline.settings import ledger_path
@@ -37,6 +39,7 @@ def _run(cwd: Path, words: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
 
 
+@pytest.mark.timeout(6 * 300 + 60)  # the section's five commands and one more, each waited for up to 300 s
 def test_the_readme_walk_to_a_binding_of_ones_own(tmp_path):
     (tmp_path / "examples").symlink_to(ROOT / "examples")
     heater = get_plant("heater")
