@@ -15,8 +15,10 @@ dependencies into a scratch folder), so both lines come from one run on one mach
 """
 
 import argparse
+import cProfile
 import json
 import os
+import pstats
 import resource
 import subprocess
 import sys
@@ -36,7 +38,7 @@ def med(values):
     return sorted(values)[len(values) // 2]
 
 
-def measure(bindings: int, plant_name: str, per_run: int) -> dict:
+def measure(bindings: int, plant_name: str, per_run: int, profile: int = 0) -> dict:
     home = Path(tempfile.mkdtemp(prefix="bench-pipeline-"))
     os.environ.pop("DAGSTER_HOME", None)  # run_partitions uses <home>/dagster, as the CLI does
 
@@ -65,15 +67,22 @@ def measure(bindings: int, plant_name: str, per_run: int) -> dict:
     in_stages, in_figures = [], []
     run_binding, shown = stages.run_binding, batch.shown
     stages.run_binding, batch.shown = _timed(run_binding, in_stages), _timed(shown, in_figures)
+    profiler = cProfile.Profile() if profile else None
     t_all = time.perf_counter()
     try:
+        if profiler:
+            profiler.enable()
         results = run_partitions(home, ids)
     finally:
+        if profiler:
+            profiler.disable()
         stages.run_binding, batch.shown = run_binding, shown
     total = time.perf_counter() - t_all
+    costs = _domain_costs(profiler, bindings, profile) if profiler else []
     assert all(r.ok for r in results), [r for r in results if not r.ok]
     run_ids = {r.dagster_run_id for r in results}
-    statuses = [ledger.latest_recommendation(b).status for b in ids]
+    # the baseline's records hold the status as text, later ones as an enum of text
+    statuses = [str(getattr(rec.status, "value", rec.status)) for rec in map(ledger.latest_recommendation, ids)]
     events = _events(home, run_ids)
 
     per_run_s = []
@@ -113,8 +122,20 @@ def measure(bindings: int, plant_name: str, per_run: int) -> dict:
             "domain_s": domain, "figures_s": figures, "dagster_s": total - domain - figures, "events": events,
             "statuses": {s: statuses.count(s) for s in sorted(set(statuses))},
             "per_run_s": per_run_s, "steps_ms": {name: med(values) * 1000 for name, values in steps.items()},
-            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "costs": costs,
             "load": open("/proc/loadavg").read().split()[0]}
+
+
+def _domain_costs(profiler: cProfile.Profile, bindings: int, top: int) -> list[tuple[str, float, float]]:
+    """The `top` functions of the product (optimizer_pipeline/, assets/, resources/) by cumulative time
+    in the refresh: (function, cumulative ms per binding, own ms per binding)."""
+    stats = pstats.Stats(profiler).stats  # {(file, line, name): (calls, primitive calls, own s, cumulative s, callers)}
+    rows = [(f"{Path(file).relative_to(ROOT)}:{name}", cumulative, own)
+            for (file, _, name), (_, _, own, cumulative, _) in stats.items()
+            if file.startswith(str(ROOT)) and not file.startswith((str(ROOT / "bench"), str(ROOT / ".venv")))
+            and name != "timed"]
+    rows.sort(key=lambda row: -row[1])
+    return [(name, cumulative * 1000 / bindings, own * 1000 / bindings) for name, cumulative, own in rows[:top]]
 
 
 def _timed(function, spent: list[float]):
@@ -171,6 +192,11 @@ def report(label: str, m: dict) -> None:
     print("  domain steps of one binding (median of 5, in process, no Dagster):")
     for name, ms in m["steps_ms"].items():
         print(f"    {name:<34} {ms:8.1f} ms")
+    if m.get("costs"):
+        print("  where the refresh's time goes in the product's own functions (cProfile, ms per binding, "
+              "cumulative / own):")
+        for name, cumulative, own in m["costs"]:
+            print(f"    {cumulative:8.1f} {own:8.1f}  {name}")
     print(f"  peak RSS of this process: {m['peak_rss_mib']:.0f} MiB")
 
 
@@ -181,6 +207,8 @@ def main() -> None:
     parser.add_argument("--per-run", type=int, default=0,
                         help="also refresh this many more bindings with one Dagster run each (the per-run cost)")
     parser.add_argument("--baseline", metavar="REF", help="measure the code of this git commit first, same run")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="also list the product's N most expensive functions in the refresh (cProfile)")
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # a baseline run's output
     args = parser.parse_args()
     if args.json:
@@ -188,7 +216,7 @@ def main() -> None:
         return
     if args.baseline:
         report(f"baseline {args.baseline}", baseline(args.baseline, args))
-    report("this tree", measure(args.bindings, args.plant, args.per_run))
+    report("this tree", measure(args.bindings, args.plant, args.per_run, args.profile))
 
 
 if __name__ == "__main__":
