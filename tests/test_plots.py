@@ -334,11 +334,11 @@ def test_recommendation_tables_show_4_significant_digits(materialized):
 
 
 def test_the_conditions_table_shows_the_short_columns_first_and_the_reason_of_a_failing_condition():
-    from optimizer_pipeline.assets.recommendation import _conditions_table
+    from optimizer_pipeline.assets.batch import conditions_table
     from optimizer_pipeline.contracts import Condition
 
-    table = _conditions_table((Condition("calibration fresh", "9 days", "<= 7 days", False, "calibration is not fresh"),
-                               Condition("input distance", "1", "<= 4", True, "input distance 1 exceeds 4")))
+    table = conditions_table((Condition("calibration fresh", "9 days", "<= 7 days", False, "calibration is not fresh"),
+                              Condition("input distance", "1", "<= 4", True, "input distance 1 exceeds 4")))
     assert [c.name for c in table.schema.columns] == ["holds", "value", "limit", "condition", "reason"]
     assert [r.data["reason"] for r in table.records] == ["calibration is not fresh", ""]  # a holding one has none
 
