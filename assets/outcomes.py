@@ -15,7 +15,7 @@ from dagster import (
 from optimizer_pipeline import outcomes, plots
 from optimizer_pipeline.assets.batch import StepReport
 from optimizer_pipeline.assets.partitions import BINDINGS
-from optimizer_pipeline.contracts import OutcomeVerdict, parse_iso_utc
+from optimizer_pipeline.contracts import OutcomeVerdict, iso_utc
 from optimizer_pipeline.ledger import OutcomeRecord
 from optimizer_pipeline.resources.ledger import LedgerResource
 
@@ -28,7 +28,7 @@ def _outcome_table(rows: list[OutcomeRecord]) -> MetadataValue:
                ("verdict", "string"), ("hits", "int"), ("trials", "int"), ("inside_share", "float"),
                ("p_value", "float"), ("block_covered", "bool"), ("reason", "string")]
     records = [TableRecord({"outcome_id": r.id, "recommendation_id": r.recommendation_id,
-                            "applied_at": r.applied_at, "verdict": r.verdict,
+                            "applied_at": iso_utc(r.applied_at), "verdict": r.verdict.value,
                             "hits": r.details.get("hits"), "trials": r.details.get("trials"),
                             "inside_share": r.details.get("inside_share"), "p_value": r.details.get("p_value"),
                             "block_covered": r.details.get("block_covered"),
@@ -54,10 +54,10 @@ def _plot(row: OutcomeRecord) -> MetadataValue:
     delta = row.delta
     tags = delta["cv_tags"]
     band = row.details.get("band") or {}
-    t_s = np.asarray(delta["t"], float) - parse_iso_utc(row.applied_at).timestamp()
+    t_s = np.asarray(delta["t"], float) - row.applied_at.timestamp()
     return MetadataValue.md(plots.figure_markdown(lambda: plots.outcome_figure(
         tags, t_s, np.asarray(delta["predicted"], float), np.asarray(delta["observed"], float),
-        [band.get(t) for t in tags], title=f"{row.recommendation_id}: {row.verdict}"), "predicted vs observed"))
+        [band.get(t) for t in tags], title=f"{row.recommendation_id}: {row.verdict.value}"), "predicted vs observed"))
 
 
 @multi_asset(name="outcome_stage", specs=[AssetSpec(
@@ -72,7 +72,7 @@ def outcome_deltas(context: AssetExecutionContext, ledger: LedgerResource):
             context.log.info(f"evaluated {len(written)} pending observation(s) of {binding_id}: "
                              + ", ".join(f"{o.id} {o.verdict.value}" for o in written))
         judged = [r for r in store.list_outcomes(binding_id) if r.verdict is not None]
-        counts = {v.value: sum(r.verdict == v.value for r in judged) for v in OutcomeVerdict}
+        counts = {v.value: sum(r.verdict == v for r in judged) for v in OutcomeVerdict}
         newest = sorted(judged, key=lambda r: (r.applied_at, r.created_at, r.id), reverse=True)
         metadata = {**{f"verdicts_{k}": n for k, n in counts.items()}, "outcomes_evaluated_now": len(written),
                     "outcomes": _outcome_table(newest[:RECENT_ROWS])}

@@ -58,7 +58,7 @@ from optimizer_pipeline.contracts import (
     iso_utc,
     utc_now,
 )
-from optimizer_pipeline.ledger import Ledger, candidate_id, new_id
+from optimizer_pipeline.ledger import Ledger, NewRun, candidate_id, new_id
 from optimizer_pipeline.ledger.candidates import candidate_table
 
 HORIZON = 30
@@ -90,10 +90,9 @@ def batch_candidates(batch: int, seed: int = 1) -> list[SolveCandidate]:
             for i in range(batch)]
 
 
-def run_row(binding_id: str) -> dict:
-    return {"id": new_id("or"), "binding_id": binding_id, "binding_revision": 1, "profile_id": "track",
-            "profile_version": 1, "problem_ir_hash": "p" * 64, "context": {"source": "bench"},
-            "problem": {"template": "linear_mpc_quadratic@1", "horizon": HORIZON}}
+def run_row(binding_id: str) -> NewRun:
+    return NewRun(binding_id, 1, "track", 1, "p" * 64, {"source": "bench"},
+                  {"template": "linear_mpc_quadratic@1", "horizon": HORIZON}, id=new_id("or"))
 
 
 def recommendation(run_id: str, binding_id: str, nominal: SolveCandidate) -> Recommendation:
@@ -116,7 +115,7 @@ def record_solve_once(ledger: Ledger, binding_id: str, candidates: list[SolveCan
     of the NOMINAL plan) for `binding_id`: seconds of the call alone (the rows are built before).
     Shared with bench/bench_postgres.py."""
     run = run_row(binding_id)
-    rec = recommendation(run["id"], binding_id, candidates[1])
+    rec = recommendation(run.id, binding_id, candidates[1])
     t = time.perf_counter()
     ledger.record_solve(run, candidates, "m" * 64, rec, run_status="succeeded", independent_cost=2.0,
                         diagnostics={"iterations": 25}, evidence_source="simulation")

@@ -25,7 +25,7 @@ from dagster import (
 from optimizer_pipeline.assets.outcomes import OUTCOMES_GROUP
 from optimizer_pipeline.assets.overview import overview_materialization
 from optimizer_pipeline.assets.partitions import BINDINGS, CALIBRATION_GROUP, RECOMMENDATION_GROUP
-from optimizer_pipeline.contracts import parse_iso_utc, utc_now
+from optimizer_pipeline.contracts import utc_now
 from optimizer_pipeline.deployment import CODE_LOCATION
 from optimizer_pipeline.ledger import LedgerBusyError
 from optimizer_pipeline.outcomes import drift_finding
@@ -171,7 +171,7 @@ def re_solve_requests(context: SensorEvaluationContext, store, only: set[str] | 
         solved = store.get_run(rec.run_id).context
         # a live service's summarised publications follow that run: the newest of them is what was solved
         solved_from = max((float(t) for t in (solved.get("live_t"), store.live_published_up_to(
-            binding_id, rec.binding_revision, solved.get("calibration_id"), parse_iso_utc(rec.created_at)))
+            binding_id, rec.binding_revision, solved.get("calibration_id"), rec.created_at))
             if t is not None), default=None)
         # the solve's live time is on the sample grid: a raw time up to half a period later is the same sample
         if solved_from is None or newest > float(solved_from) + stored[binding_id].spec.sample_period_s / 2:
@@ -321,7 +321,7 @@ def uq_freshness_sensor():
         requests, pending = [], {}
         for calibration in ledger.ledger().latest_calibrations():
             binding_id = calibration.binding_id
-            age = now - parse_iso_utc(calibration.calibrated_at)
+            age = now - calibration.calibrated_at
             if binding_id not in known or age <= fresh_for:
                 continue
             pending[binding_id] = calibration.id

@@ -115,7 +115,7 @@ def cmd_materialize(args: argparse.Namespace, home: Path) -> int:
         rec = ledger.latest_recommendation(run.binding_id) if run.ok else None
         docs.append({"binding_id": run.binding_id, "job": args.job, "dagster_run_id": run.dagster_run_id,
                      "ok": run.ok, "error": run.detail or None,
-                     "recommendation_id": rec and rec.id, "status": rec and rec.status})
+                     "recommendation_id": rec and rec.id, "status": rec and rec.status.value})
     print(json.dumps(docs[0] if len(docs) == 1 and not args.all else docs, indent=2))
     failed = [f"{run.binding_id} ({run.detail})" for run in results if not run.ok]
     if failed:

@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
-from optimizer_pipeline.contracts import iso_from_seconds
+from optimizer_pipeline.contracts import iso_from_seconds, iso_utc
 from optimizer_pipeline.ledger import ExclusionRecord, Ledger
 from optimizer_pipeline.recommendation_text import num
 
@@ -60,7 +60,7 @@ def _sections(ledger: Ledger, binding: str | None) -> dict[str, Section]:
     whatif_runs = {w.run_id for w in whatifs}
     return {
         "runs": (ledger.list_runs(binding),
-                 lambda r: f"{r.id}  {r.binding_id}@r{r.binding_revision}  {r.status:<9}  {r.started_at}"
+                 lambda r: f"{r.id}  {r.binding_id}@r{r.binding_revision}  {r.status.value:<9}  {iso_utc(r.started_at)}"
                            + ("  what-if" if r.id in whatif_runs else "")),
         "whatifs": (whatifs,
                     lambda w: f"{w.run_id}  {w.binding_id}@r{w.binding_revision}  {w.result.get('status')}  "
@@ -70,12 +70,13 @@ def _sections(ledger: Ledger, binding: str | None) -> dict[str, Section]:
                        lambda c: f"{c.id}  {c.kind:<7}  {c.solver_status:<10}  cost {num(c.cost)}  "
                                  f"verified {c.verified}" + ("  what-if" if c.run_id in whatif_runs else "")),
         "recommendations": (ledger.list_recommendations(binding),
-                            lambda r: f"{r.id}  {r.binding_id}@r{r.binding_revision}  {r.status:<10}  "
-                                      f"valid until {r.valid_until}"),
+                            lambda r: f"{r.id}  {r.binding_id}@r{r.binding_revision}  {r.status.value:<10}  "
+                                      f"valid until {iso_utc(r.valid_until)}"),
         "outcomes": (ledger.list_outcomes(binding),
-                     lambda o: f"{o.id}  {o.recommendation_id}  {o.verdict}  applied {o.applied_at}"),
+                     lambda o: f"{o.id}  {o.recommendation_id}  {o.verdict and o.verdict.value}  "
+                               f"applied {iso_utc(o.applied_at)}"),
         "failures": (ledger.list_failures(binding),
-                     lambda f: f"{f.id}  {f.binding_id}@r{f.binding_revision}  {f.stage}  {f.created_at}  "
+                     lambda f: f"{f.id}  {f.binding_id}@r{f.binding_revision}  {f.stage}  {iso_utc(f.created_at)}  "
                                f"{f.error}: {f.message}"),
         "exclusions": (ledger.list_exclusions(binding), _exclusion_text),
         "flagged": (flag_spans(ledger, binding),

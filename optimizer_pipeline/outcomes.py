@@ -64,7 +64,7 @@ from optimizer_pipeline.contracts import (
     parse_iso_utc,
 )
 from optimizer_pipeline.data import read_history
-from optimizer_pipeline.ledger import Ledger, NotFoundError, OutcomeRecord, RecommendationRecord, new_id
+from optimizer_pipeline.ledger import Ledger, NotFoundError, RecommendationRecord, VerdictRecord, new_id
 from optimizer_pipeline.model.arx import Orders, spectral_radius
 from optimizer_pipeline.model.statespace import integrating_outputs
 
@@ -286,7 +286,7 @@ def evaluate(rec: Mapping[str, Any], observation: Observation, applied_at_s: flo
 
 def refuse_rejected(rec_row: RecommendationRecord) -> None:
     """A rejected recommendation has no plan: no outcome can be recorded for it."""
-    if rec_row.status == RecommendationStatus.REJECTED.value:
+    if rec_row.status == RecommendationStatus.REJECTED:
         raise OutcomeError(f"recommendation {rec_row.id} was rejected (no feasible plan); there is nothing to apply")
 
 
@@ -299,16 +299,16 @@ def check_applicable(rec_row: RecommendationRecord, applied_at: datetime) -> Non
     """
     rec_id = rec_row.id
     refuse_rejected(rec_row)
-    created = parse_iso_utc(rec_row.created_at)
+    created = rec_row.created_at
     if applied_at < created:
         raise OutcomeError(f"recommendation {rec_id}: applied_at {iso_utc(applied_at)} is before it was created "
                            f"({iso_utc(created)})")
-    valid_until = parse_iso_utc(rec_row.valid_until)
+    valid_until = rec_row.valid_until
     if applied_at > valid_until:
         raise OutcomeError(f"recommendation {rec_id}: applied_at {iso_utc(applied_at)} is after its valid_until "
                            f"{iso_utc(valid_until)}; an out-of-date plan is not evaluated")
-    if rec_row.status == RecommendationStatus.EXPIRED.value and rec_row.expired_at:
-        expired_at = parse_iso_utc(rec_row.expired_at)
+    expired_at = rec_row.expired_at
+    if rec_row.status == RecommendationStatus.EXPIRED and expired_at is not None:
         if applied_at > expired_at:
             raise OutcomeError(f"recommendation {rec_id} expired at {iso_utc(expired_at)} "
                                f"({rec_row.expired_reason or 'no reason recorded'}), before applied_at "
@@ -384,10 +384,10 @@ def evaluate_pending(ledger: Ledger, binding_id: str) -> list[Outcome]:
         if row.verdict is not None or row.id in evaluated:
             continue
         rec_row = ledger.get_recommendation(row.recommendation_id)
-        moment = parse_iso_utc(row.applied_at)
+        moment = row.applied_at
         evaluation = evaluate_row(ledger, rec_row, Observation.from_dict(row.observed), moment)
         outcome = Outcome(id=row.id + EVALUATION_SUFFIX, recommendation_id=row.recommendation_id,
-                          binding_id=binding_id, applied_at=row.applied_at, observed=row.observed,
+                          binding_id=binding_id, applied_at=iso_utc(moment), observed=row.observed,
                           delta=evaluation.delta, verdict=evaluation.verdict,
                           details=dict(evaluation.details, evaluates=row.id))
         if ledger.insert_outcome_if_absent(outcome):
@@ -424,7 +424,7 @@ def model_identity(artifact: ModelArtifact) -> dict[str, Any]:
             "training_data_hash": artifact.training_data_hash, "coefficients_hash": content_hash(artifact.coefficients)}
 
 
-def of_model(row: OutcomeRecord, identity: Mapping[str, Any]) -> bool:
+def of_model(row: VerdictRecord, identity: Mapping[str, Any]) -> bool:
     """Whether an outcome judged a recommendation solved with the model of `identity`
     (`model_identity` of an artifact): the same artifact, or one with the same coefficients
     identified from the same training data (a recalibration identifies again on the same runs, and
@@ -440,15 +440,15 @@ def of_model(row: OutcomeRecord, identity: Mapping[str, Any]) -> bool:
 class RecentOutcomes:
     """What the drift rule reads of a binding's conclusive outcomes, oldest first."""
 
-    conclusive: tuple[OutcomeRecord, ...]
+    conclusive: tuple[VerdictRecord, ...]
 
     @property
-    def recent(self) -> list[str]:
+    def recent(self) -> list[OutcomeVerdict]:
         return [r.verdict for r in self.conclusive[-DRIFT_RECENT:]]
 
     @property
     def deviated(self) -> int:
-        return self.recent.count(OutcomeVerdict.DEVIATED.value)
+        return self.recent.count(OutcomeVerdict.DEVIATED)
 
     @property
     def window(self) -> list[Mapping[str, Any]]:
@@ -477,21 +477,20 @@ class RecentOutcomes:
         return None
 
     @staticmethod
-    def of(rows: Sequence[OutcomeRecord], calibrated_at: str | None) -> "RecentOutcomes":
+    def of(rows: Sequence[VerdictRecord], calibrated_at: datetime | None) -> "RecentOutcomes":
         """The evaluated, conclusive outcomes of recommendations solved under the calibration at
         `calibrated_at` (None: under any)."""
-        since = None if calibrated_at is None else parse_iso_utc(calibrated_at)
 
-        def current(row: OutcomeRecord) -> bool:
+        def current(row: VerdictRecord) -> bool:
             stamp = (row.details or {}).get("calibrated_at")
-            return since is None or (stamp is not None and parse_iso_utc(stamp) >= since)
+            return calibrated_at is None or (stamp is not None and parse_iso_utc(stamp) >= calibrated_at)
 
-        judged = (OutcomeVerdict.CONFIRMED.value, OutcomeVerdict.DEVIATED.value)
+        judged = (OutcomeVerdict.CONFIRMED, OutcomeVerdict.DEVIATED)
         return RecentOutcomes(tuple(sorted((r for r in rows if r.verdict in judged and current(r)),
                                            key=lambda r: (r.applied_at, r.created_at, r.id))))
 
 
-def model_outcome_condition(artifact: ModelArtifact, rows: Sequence[OutcomeRecord]) -> Condition:
+def model_outcome_condition(artifact: ModelArtifact, rows: Sequence[VerdictRecord]) -> Condition:
     """The condition for `verified` that the model's own outcomes in the plant agree with its
     evidence: the drift rule over those of the binding's outcomes `rows` (their verdicts, e.g.
     Ledger.list_verdicts) that judged this model (`of_model`) under any of its calibrations (a
@@ -512,7 +511,8 @@ def model_outcome_condition(artifact: ModelArtifact, rows: Sequence[OutcomeRecor
                      finding is None, "" if finding is None else f"the plant disagrees with this model: {finding.reason}")
 
 
-def drift_finding(binding_id: str, rows: Sequence[OutcomeRecord], calibrated_at: str | None) -> DriftFinding | None:
+def drift_finding(binding_id: str, rows: Sequence[VerdictRecord],
+                  calibrated_at: datetime | None) -> DriftFinding | None:
     """The drift rule (module docstring) over ledger outcomes of one binding. Only evaluated,
     conclusive outcomes of recommendations solved under the calibration at `calibrated_at` count
     (older ones already led to that calibration; None: every one); None when there is no deviation."""

@@ -39,7 +39,7 @@ from optimizer_pipeline.contracts import (
 from optimizer_pipeline.data import prepare_history, validate_history_frame
 from optimizer_pipeline.data.flags import SPIKE_SIGMAS
 from optimizer_pipeline.deployment import WORKER_ENV
-from optimizer_pipeline.ledger import Ledger, LedgerError, OutcomeRecord, RunStatus, new_id
+from optimizer_pipeline.ledger import Ledger, LedgerError, NewRun, RunStatus, VerdictRecord, new_id
 from optimizer_pipeline.model import current_state, identify
 from optimizer_pipeline.model.artifact import local_artifact, local_fitter, predicted_run
 from optimizer_pipeline.model.local import GLOBAL, LOCAL, LocalFitter, OperatingPoint, settle_limit, steady_procedure
@@ -120,8 +120,9 @@ def load_split(ledger: Ledger, stored: StoredBinding) -> HistorySplit:
     split = _split_of(ledger, stored, record.samples_through, record.seed,
                       [e for e in ledger.all_exclusions(spec.id) if e.exclusion_id in applied])
     if split.data_hash != record.data_hash:
-        raise MissingInputError(f"binding {spec.id}: the samples ingested up to {record.samples_through} no longer "
-                                f"give the split {record.id} (data hash differs); materialize plant_history again")
+        raise MissingInputError(f"binding {spec.id}: the samples ingested up to {iso_utc(record.samples_through)} no "
+                                f"longer give the split {record.id} (data hash differs); materialize plant_history "
+                                f"again")
     return split
 
 
@@ -402,7 +403,7 @@ class Solved:
     """One solve of a binding spec from the live state, decided but not yet recorded: the run row to
     write, the compiled problem, the solver's result and the decision (recommendation + conditions)."""
 
-    run: dict
+    run: NewRun
     problem: ProblemIR
     result: SolveResult
     decision: Decision
@@ -450,7 +451,7 @@ Settled = tuple[uq.UQEvidence | None, list[Condition]]
 
 def solve_and_decide(binding: BindingSpec, stored: StoredBinding, artifact: ModelArtifact, split: HistorySplit,
                      calibration: Calibration, solve: Callable[[ProblemIR], SolveResult], settings: Settings,
-                     source: str, now: datetime, *, outcomes: Sequence[OutcomeRecord],
+                     source: str, now: datetime, *, outcomes: Sequence[VerdictRecord],
                      settled: Settled | None = None, fitter: LocalFitter | None = None) -> Solved:
     """Compile `binding` (the stored spec, or a what-if's overridden copy of it) from the live state
     with the revision's model and calibration, solve it, verify and decide; writes nothing.
@@ -516,13 +517,12 @@ def solve_and_decide(binding: BindingSpec, stored: StoredBinding, artifact: Mode
                       extra_conditions=consistency, max_band_fraction=settings.uq_max_band_fraction,
                       steady_gain=decided_with.steady_gain,
                       end_band=None if settled is None else uq.band_engineering(settled, artifact))
-    run = {"id": run_id, "binding_id": binding.id, "binding_revision": stored.revision,
-           "profile_id": binding.profile.id, "profile_version": binding.profile.version,
-           "problem_ir_hash": problem.hash, "problem": problem, "started_at": now,
-           "context": {"live_run": live.run_id, "live_t": float(live.t[-1]), "calibration_id": calibration.calibration_id,
-                       "model_artifact_hash": artifact.artifact_hash, "evidence_source": source,
-                       "worker": os.environ.get(WORKER_ENV, "local"),
-                       **({"steady_model": local} if local is not None else {})}}
+    run = NewRun(binding.id, stored.revision, binding.profile.id, binding.profile.version, problem.hash,
+                 {"live_run": live.run_id, "live_t": float(live.t[-1]), "calibration_id": calibration.calibration_id,
+                  "model_artifact_hash": artifact.artifact_hash, "evidence_source": source,
+                  "worker": os.environ.get(WORKER_ENV, "local"),
+                  **({"steady_model": local} if local is not None else {})},
+                 problem, id=run_id, started_at=now)
     return Solved(run, problem, result, decision)
 
 
@@ -540,7 +540,7 @@ def recommend(stored: StoredBinding, artifact: ModelArtifact, split: HistorySpli
     ledger.record_solve(**solve_record(solved, artifact))
     rec = solved.decision.recommendation
     log.info("binding %s: recommendation %s is %s", binding.id, rec.id, rec.status.value)
-    return SolveRecord(solved.run["id"], solved.problem, solved.result, rec, solved.decision.chosen,
+    return SolveRecord(solved.run.id, solved.problem, solved.result, rec, solved.decision.chosen,
                        solved.decision.conditions, expired)
 
 

@@ -23,7 +23,7 @@ with one yardstick (None when the what-if spec has no costs).
 
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -39,6 +39,7 @@ from optimizer_pipeline.contracts import (
     SolveResult,
     StoredBinding,
     binding_from_dict,
+    iso_utc,
 )
 from optimizer_pipeline.economics import economic_value
 from optimizer_pipeline.ledger import Ledger, RecommendationRecord, WhatIfRecord
@@ -215,8 +216,8 @@ def solve_whatif(stored: StoredBinding, overrides: Sequence[Override], artifact:
     solved = pipeline.solve_and_decide(spec, stored, artifact, split, calibration, solve, settings, source, now,
                                        outcomes=ledger.list_verdicts(stored.spec.id))
     result, rec, chosen = solved.result, solved.decision.recommendation, solved.decision.chosen
-    run = dict(solved.run, context=dict(solved.run["context"], whatif=True,
-                                        overrides=[o.to_json_dict() for o in overrides]))
+    run = replace(solved.run, context=dict(solved.run.context, whatif=True,
+                                           overrides=[o.to_json_dict() for o in overrides]))
     # the decision as a recommendation JSON holds it, less what only a published recommendation has
     doc = {k: v for k, v in rec.to_json_dict().items() if k not in ("id", "valid_until")}
     doc["economic_value"] = plan_value(spec, doc)
@@ -247,7 +248,7 @@ def comparison(ledger: Ledger, record: WhatIfRecord) -> dict[str, Any]:
     open_doc = None if rec is None else dict(rec.document(), economic_value=plan_value(spec, rec.payload))
     return {
         "binding_id": record.binding_id, "binding_revision": record.binding_revision, "whatif_run_id": record.run_id,
-        "created_at": record.created_at, "requested_by": record.requested_by,
+        "created_at": iso_utc(record.created_at), "requested_by": record.requested_by,
         "overrides": [dict(o, stored=stored_value(stored, o["path"])) for o in record.overrides],
         "economic_value_basis": "J(u, y) of each plan's final row under the what-if's costs",
         "open": open_doc,

@@ -1,5 +1,6 @@
 """Builders of ledger rows for tests (recommendations, candidates) from plain values."""
 
+from dataclasses import replace
 from datetime import timedelta
 
 from optimizer_pipeline.contracts import (
@@ -11,13 +12,12 @@ from optimizer_pipeline.contracts import (
     iso_utc,
     utc_now,
 )
-from optimizer_pipeline.ledger import candidate_id, new_id
+from optimizer_pipeline.ledger import NewRun, candidate_id, new_id
 
 
 def run_row(binding_id="tanks-1", revision=1, problem_hash="p" * 64):
-    return {"binding_id": binding_id, "binding_revision": revision, "profile_id": "tanks-track",
-            "profile_version": 1, "problem_ir_hash": problem_hash, "context": {"why": "test"},
-            "problem": {"template": "linear_mpc_quadratic@1"}}
+    return NewRun(binding_id, revision, "tanks-track", 1, problem_hash, {"why": "test"},
+                  {"template": "linear_mpc_quadratic@1"})
 
 
 def candidates():
@@ -44,12 +44,11 @@ def recommendation(run_id, binding_id="tanks-1", revision=1, status=Recommendati
 def solve(ledger, binding_id="tanks-1", revision=1, problem_hash="p" * 64, status=RecommendationStatus.VERIFIED,
           valid_for_s=3600.0):
     """Write one run with its candidates and recommendation; returns (run_id, rec_id)."""
-    run = run_row(binding_id, revision, problem_hash)
-    run["id"] = new_id("or")
-    rec = recommendation(run["id"], binding_id, revision, status, problem_hash, valid_for_s)
+    run = replace(run_row(binding_id, revision, problem_hash), id=new_id("or"))
+    rec = recommendation(run.id, binding_id, revision, status, problem_hash, valid_for_s)
     ledger.record_solve(run, candidates(), "m" * 64, rec, run_status="succeeded", independent_cost=2.0,
                         diagnostics={"iterations": 12}, evidence_source="simulation")
-    return run["id"], rec.id
+    return run.id, rec.id
 
 
 def ledger_at(where: str):

@@ -234,12 +234,12 @@ KILL_POINTS = ("_insert_run_row", "_insert_candidate_table", "_insert_recommenda
 # A ledger writer that stops (sleeps) right after `Ledger.<point>` inside record_solve's transaction,
 # after saying so in a file: the parent then kills it with the transaction open and the lock held.
 PAUSED_WRITER = """\
-import os, sys, time
+import inspect, os, sys, time
 sys.path.insert(0, sys.argv[4])
 from optimizer_pipeline.ledger import Ledger
 from ledger_helpers import ledger_at, solve
 path, point, ready = sys.argv[1:4]
-original = Ledger.__dict__[point]
+original = inspect.getattr_static(Ledger, point)
 static = isinstance(original, staticmethod)
 step = original.__func__ if static else original
 def paused(*args, **kwargs):

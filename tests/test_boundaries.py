@@ -23,13 +23,15 @@ from optimizer_pipeline.contracts import (
     CandidateKind,
     ModelArtifact,
     Normalisation,
+    OutcomeVerdict,
     ProblemIR,
+    RecommendationStatus,
     SolveCandidate,
     StateSpace,
     Template,
     parse_iso_utc,
 )
-from optimizer_pipeline.ledger import OutcomeRecord, RecommendationRecord
+from optimizer_pipeline.ledger import RecommendationRecord, VerdictRecord
 from optimizer_pipeline.outcomes import (
     Observation,
     OutcomeError,
@@ -148,6 +150,7 @@ T0 = 1_800_000_000.0
 PERIOD = 10.0
 UQ = {"method": "split_conformal", "alpha": 0.1, "coverage": 0.95, "block_length": 10,
       "calibrated_at": "2027-01-15T08:00:00+00:00"}
+CALIBRATED = parse_iso_utc(UQ["calibrated_at"])
 
 
 def one_column(t, values) -> tuple[np.ndarray, np.ndarray]:
@@ -269,9 +272,10 @@ def rec_row(status="verified", expired_at=None) -> RecommendationRecord:
     return RecommendationRecord(
         id="rec-1", run_id="or-1", binding_id="b", binding_revision=1, candidate_id=None,
         template="linear_mpc_quadratic@1", problem_ir_hash="p" * 64, model_artifact_hash="m" * 64,
-        evidence_source="simulation", uq_evidence=UQ, status=status, status_label=status, reasons=[], payload={},
-        created_at="2027-01-15T09:00:00+00:00", valid_until="2027-01-15T10:00:00+00:00", expired_at=expired_at,
-        expired_reason="superseded")
+        evidence_source="simulation", uq_evidence=UQ, status=RecommendationStatus(status), status_label=status,
+        reasons=[], payload={}, created_at=parse_iso_utc("2027-01-15T09:00:00+00:00"),
+        valid_until=parse_iso_utc("2027-01-15T10:00:00+00:00"),
+        expired_at=None if expired_at is None else parse_iso_utc(expired_at), expired_reason="superseded")
 
 
 def test_applied_exactly_when_created_is_a_valid_target():
@@ -307,58 +311,58 @@ def test_an_observation_since_t0_keeps_the_sample_exactly_at_t0():
     assert obs.since(T0 + PERIOD).t.tolist() == [T0 + PERIOD, T0 + 2 * PERIOD, T0 + 3 * PERIOD]
 
 
-def outcome(i: int, verdict: str, hits: int = 10, trials: int = 10) -> OutcomeRecord:
-    applied = f"2027-01-15T09:{i:02d}:00+00:00"
-    return OutcomeRecord(id=f"out-{i}", recommendation_id="rec-1", binding_id="b", applied_at=applied, observed={},
-                         delta={}, verdict=verdict, details={"hits": hits, "trials": trials, "promised_rate": 0.9,
-                                                             "calibrated_at": UQ["calibrated_at"]},
+def outcome(i: int, verdict: str, hits: int = 10, trials: int = 10) -> VerdictRecord:
+    applied = parse_iso_utc(f"2027-01-15T09:{i:02d}:00+00:00")
+    return VerdictRecord(id=f"out-{i}", recommendation_id="rec-1", binding_id="b", applied_at=applied,
+                         verdict=OutcomeVerdict(verdict), details={"hits": hits, "trials": trials, "promised_rate": 0.9,
+                                                   "calibrated_at": UQ["calibrated_at"]},
                          created_at=applied)
 
 
-def verdicts(*names: str) -> list[OutcomeRecord]:
+def verdicts(*names: str) -> list[VerdictRecord]:
     """Conclusive outcomes, oldest first, each with every step inside the band (the rate rule stays quiet)."""
     return [outcome(i, {"D": "deviated", "C": "confirmed"}[n]) for i, n in enumerate(names)]
 
 
 def test_two_deviated_within_the_last_three_verdicts_are_drift():
-    assert drift_finding("b", verdicts("C", "C", "C", "D", "C", "D"), UQ["calibrated_at"]).outcome_id == "out-5"
+    assert drift_finding("b", verdicts("C", "C", "C", "D", "C", "D"), CALIBRATED).outcome_id == "out-5"
 
 
 def test_two_deviated_spread_over_the_last_four_verdicts_are_no_drift():
     # the drift window is the last 3 conclusive verdicts: only one of them deviated
-    assert drift_finding("b", verdicts("C", "C", "D", "C", "C", "D"), UQ["calibrated_at"]) is None
+    assert drift_finding("b", verdicts("C", "C", "D", "C", "C", "D"), CALIBRATED) is None
 
 
 def test_the_rate_rule_pools_exactly_the_last_ten_conclusive_outcomes():
     # the oldest outcome missed 50 of 50 steps; 9 newer ones hit 10 of 10 each: 90 / 140, p << 0.01
     bad = outcome(0, "deviated", hits=0, trials=50)
     good = [outcome(i, "confirmed") for i in range(1, 10)]
-    finding = drift_finding("b", [bad, *good], UQ["calibrated_at"])
+    finding = drift_finding("b", [bad, *good], CALIBRATED)
     assert finding is not None and "90/140 over the last 10 outcomes" in finding.reason
 
 
 def test_the_rate_rule_forgets_the_eleventh_newest_outcome():
     bad = outcome(0, "deviated", hits=0, trials=50)
     good = [outcome(i, "confirmed") for i in range(1, 11)]  # 10 newer outcomes: 100 / 100
-    assert drift_finding("b", [bad, *good], UQ["calibrated_at"]) is None
+    assert drift_finding("b", [bad, *good], CALIBRATED) is None
 
 
 def test_a_pooled_p_value_just_below_0_01_is_drift():
     # 28 of 37 at 0.9: P(X <= 28) = 0.00926
     assert binomial_cdf(28, 37, 0.9) < 0.01
-    assert drift_finding("b", [outcome(0, "confirmed", 28, 37)], UQ["calibrated_at"]) is not None
+    assert drift_finding("b", [outcome(0, "confirmed", 28, 37)], CALIBRATED) is not None
 
 
 def test_a_pooled_p_value_of_exactly_0_01_is_no_drift():
     row = replace(outcome(0, "confirmed", 5, 8), details={"hits": 5, "trials": 8, "promised_rate": P0_EXACT,
                                                            "calibrated_at": UQ["calibrated_at"]})
-    assert drift_finding("b", [row], UQ["calibrated_at"]) is None
+    assert drift_finding("b", [row], CALIBRATED) is None
 
 
 def test_a_pooled_p_value_just_above_0_01_is_no_drift():
     # 29 of 38 at 0.9: P(X <= 29) = 0.01107
     assert binomial_cdf(29, 38, 0.9) > 0.01
-    assert drift_finding("b", [outcome(0, "confirmed", 29, 38)], UQ["calibrated_at"]) is None
+    assert drift_finding("b", [outcome(0, "confirmed", 29, 38)], CALIBRATED) is None
 
 
 # ============================================================================ solver/verify.py

@@ -442,4 +442,4 @@ def test_a_failed_steady_stage_is_decided_as_a_rejected_solve_of_that_stage(stee
     assert any(r.startswith("solver error STEADY_STAGE_INFEASIBLE: problem[tanks-1]: the targets-first stage found "
                             "no feasible steady state") for r in rec.reasons), rec.reasons
     # the run records the failed stage's problem (the layer's targets-first stage: a steady target)
-    assert solved.problem.template is Template.STEADY_RESPONSE and solved.run["problem_ir_hash"] == solved.problem.hash
+    assert solved.problem.template is Template.STEADY_RESPONSE and solved.run.problem_ir_hash == solved.problem.hash

@@ -1,5 +1,9 @@
 """The DuckDB ledger: schema, append-only rules, one-transaction writes, expiry (issue 2, "Ledger")."""
 
+import json
+from dataclasses import replace
+from datetime import datetime, timezone
+
 import duckdb
 import numpy as np
 import pandas as pd
@@ -8,7 +12,7 @@ import pytest
 from optimizer_pipeline.contracts import (HistorySplit, Outcome, OutcomeVerdict, RecommendationStatus, RunSeries,
                                          binding_from_dict, iso_utc, utc_now)
 from optimizer_pipeline.ledger import (SCHEMA_VERSION, Ledger, LedgerBusyError, LedgerError, NotFoundError, RunStateError,
-                                       new_id)
+                                       RunStatus, new_id)
 
 from optimizer_pipeline import pipeline, uq
 from optimizer_pipeline.model import ArxModel, Orders, artifact_from_model
@@ -47,6 +51,26 @@ def test_run_with_candidates_and_recommendation_is_stored_with_prefixed_ids(ledg
     assert [c.id for c in cands] == [f"oc-{run_id[3:]}-0", f"oc-{run_id[3:]}-1"]
     assert rec.status == "verified" and rec.payload["status_label"] == RecommendationStatus.VERIFIED.label
     assert rec.candidate_id == cands[1].id
+
+
+def test_records_hold_aware_utc_times_and_enums_and_their_json_the_iso_text_and_values(ledger):
+    before = utc_now()
+    run_id, rec_id = solve(ledger)
+    ledger.insert_outcome(Outcome(id=new_id("out"), recommendation_id=rec_id, binding_id="tanks-1",
+                                  applied_at="2027-01-15T10:00:00+01:00", observed={}, delta={},
+                                  verdict=OutcomeVerdict.CONFIRMED, details={}))
+    run, rec, (outcome,) = ledger.get_run(run_id), ledger.get_recommendation(rec_id), ledger.list_outcomes("tanks-1")
+    assert (type(run.status), type(rec.status), type(outcome.verdict)) == (RunStatus, RecommendationStatus,
+                                                                           OutcomeVerdict)
+    assert (run.status, rec.status, outcome.verdict) == ("succeeded", "verified", "confirmed")
+    assert outcome.applied_at == datetime(2027, 1, 15, 9, tzinfo=timezone.utc)
+    assert outcome.applied_at.tzinfo is timezone.utc
+    assert before <= run.finished_at <= utc_now() and rec.expired_at is None
+    doc = json.loads(json.dumps(run.to_json_dict()))  # plain JSON: no datetime or enum left
+    assert (doc["status"], doc["started_at"], doc["finished_at"]) == (
+        "succeeded", run.started_at.isoformat(), run.finished_at.isoformat())
+    assert outcome.to_json_dict()["applied_at"] == "2027-01-15T09:00:00+00:00"
+    assert rec.to_json_dict()["status"] == "verified" and rec.document()["status"] == "verified"
 
 
 def test_finishing_a_run_twice_is_refused(ledger):
@@ -93,9 +117,8 @@ def test_candidates_are_inserted_as_one_batch(ledger):
 
 
 def test_failed_transaction_leaves_nothing(ledger):
-    run = run_row()
-    run["id"] = new_id("or")
-    rec = recommendation(run["id"])
+    run = replace(run_row(), id=new_id("or"))
+    rec = recommendation(run.id)
     bad = candidates() + candidates()  # duplicate candidate ids violate the primary key mid-transaction
     with pytest.raises(LedgerError, match="(?i)duplicate key|unique"):
         ledger.record_solve(run, bad, "m" * 64, rec, run_status="succeeded", independent_cost=1.0,
@@ -218,9 +241,9 @@ def test_the_verdicts_of_a_binding_are_its_judged_outcomes_without_their_documen
     verdicts = ledger.list_verdicts("tanks-1")
     assert [o.id for o in verdicts] == [recorded[0].id, recorded[2].id]
     for o in verdicts:
-        assert (o.observed, o.delta) == ({}, {})
-        assert (o.verdict, o.details, o.applied_at, o.created_at, o.recommendation_id) == (
-            full[o.id].verdict, full[o.id].details, full[o.id].applied_at, full[o.id].created_at, rec_id)
+        assert not hasattr(o, "observed") and not hasattr(o, "delta")
+        assert (o.verdict, o.details, o.applied_at, o.created_at, o.recommendation_id, o.binding_id) == (
+            full[o.id].verdict, full[o.id].details, full[o.id].applied_at, full[o.id].created_at, rec_id, "tanks-1")
     assert ledger.list_verdicts("no-such-binding") == []
 
 
@@ -256,7 +279,7 @@ def test_duckdb_lock_from_outside_our_lock_is_retried_then_reported(tmp_path):
 def test_stale_running_runs_are_closed_as_interrupted_once(ledger):
     from datetime import timedelta
 
-    stale = ledger.insert_run({**run_row(), "started_at": utc_now() - timedelta(seconds=120)})
+    stale = ledger.insert_run(replace(run_row(), started_at=utc_now() - timedelta(seconds=120)))
     fresh = ledger.insert_run(run_row())
     assert ledger.close_stale_runs(older_than_s=60) == 1
     assert ledger.close_stale_runs(older_than_s=60) == 0
@@ -266,8 +289,8 @@ def test_stale_running_runs_are_closed_as_interrupted_once(ledger):
 
 
 def test_recommendation_payload_reads_back_as_created(ledger):
-    run = {**run_row(), "id": new_id("or")}
-    rec = recommendation(run["id"])
+    run = replace(run_row(), id=new_id("or"))
+    rec = recommendation(run.id)
     ledger.record_solve(run, candidates(), "m" * 64, rec, run_status="succeeded", independent_cost=2.0,
                         diagnostics={}, evidence_source="simulation")
     assert ledger.get_recommendation(rec.id).payload == rec.to_json_dict()

@@ -94,11 +94,11 @@ def test_candidate_rows_keep_their_ids_kinds_flags_and_costs(ledger):
     ("verify_report", {"cost_abs_diff": -math.inf}, ".cost_abs_diff"),
 ])
 def test_a_non_finite_number_in_a_plan_or_report_is_refused_before_any_write(ledger, column, bad, path):
-    run = {**run_row(), "id": "or-nonfinite"}
+    run = replace(run_row(), id="or-nonfinite")
     bad_candidate = candidate(seq=1, **{column: bad})
     with pytest.raises(ContractError, match=rf"candidate 1 of run or-nonfinite, {column}: .*non-finite .* at "
                                             rf"{re.escape(path)}$"):
-        ledger.record_solve(run, [candidate(seq=0), bad_candidate], "m" * 64, recommendation(run["id"]),
+        ledger.record_solve(run, [candidate(seq=0), bad_candidate], "m" * 64, recommendation(run.id),
                             run_status="succeeded", independent_cost=1.0, diagnostics={},
                             evidence_source="simulation")
     counts = ledger.counts()
@@ -128,7 +128,7 @@ def test_the_arrow_schema_is_the_candidate_table_column_for_column(ledger):
 
 
 def test_a_run_without_candidates_is_recorded(ledger):
-    run = {**run_row(), "id": "or-empty"}
+    run = replace(run_row(), id="or-empty")
     ledger.record_solve(run, [], "m" * 64, None, run_status="failed", independent_cost=None,
                         diagnostics={"error": "timeout"}, evidence_source="simulation")
     stored = ledger.get_run("or-empty")

@@ -2,6 +2,7 @@
 nothing lost; version 6 keys block scores by their score rule; version 9 stores the bindings' wiring."""
 
 import json
+from datetime import datetime, timezone
 from types import SimpleNamespace
 
 import duckdb
@@ -52,7 +53,8 @@ def test_opening_a_version_1_ledger_keeps_every_other_candidate_field(v1_ledger)
                                          "created_at")} == \
         {"id": "oc-abc-0", "run_id": "or-abc", "seq": 0, "kind": "nominal", "solver_status": "solved", "cost": 1.5,
          "constraints": {"slack": 0.0}, "feasible": True, "verified": False, "independent_cost": None,
-         "verify_report": {"ok": True}, "model_id": "m" * 64, "created_at": "2026-01-02T03:04:05+00:00"}
+         "verify_report": {"ok": True}, "model_id": "m" * 64,
+         "created_at": datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)}
 
 
 def test_opening_a_version_1_ledger_records_the_new_version_and_numeric_plan_columns(v1_ledger):

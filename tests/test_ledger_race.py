@@ -8,6 +8,7 @@ to r + 1 left an open recommendation for the old revision."""
 import multiprocessing as mp
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -113,7 +114,7 @@ def test_a_solve_for_the_current_revision_supersedes_the_open_one(any_ledger):
 
 def test_a_solve_that_supersedes_nothing_is_refused_whole_while_the_binding_has_an_open_one(any_ledger):
     _, first = solve(any_ledger)
-    run = dict(run_row(), id="or-second")
+    run = replace(run_row(), id="or-second")
     with pytest.raises(LedgerError):
         any_ledger.record_solve(run, candidates(), "m" * 64, recommendation("or-second"), run_status="succeeded",
                                 independent_cost=2.0, diagnostics={}, evidence_source="simulation", supersede=False)

@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 from filelock import FileLock, Timeout
@@ -71,11 +72,11 @@ def test_the_session_holds_the_file_open_against_other_processes_until_it_ends(l
 
 
 def test_a_failed_transaction_in_a_session_rolls_back_alone(ledger):
-    run = {**run_row(), "id": "or-duplicates"}
+    run = replace(run_row(), id="or-duplicates")
     with ledger.session():
         first_run, first_rec = solve(ledger)
         with pytest.raises(LedgerError, match="(?i)duplicate key"):  # duplicate candidate ids: the primary key refuses
-            ledger.record_solve(run, candidates() + candidates(), "m" * 64, recommendation(run["id"]),
+            ledger.record_solve(run, candidates() + candidates(), "m" * 64, recommendation(run.id),
                                 run_status="succeeded", independent_cost=1.0, diagnostics={},
                                 evidence_source="simulation")
         last_run, last_rec = solve(ledger)

@@ -82,8 +82,8 @@ def _publication(run, rec, live_t=100.0, calibration="cal-1"):
 
 
 def _new(binding_id="tanks-1", live_t=100.0, calibration="cal-1"):
-    run = dict(run_row(binding_id), id=new_id("or"))
-    return _publication(run, recommendation(run["id"], binding_id), live_t, calibration)
+    run = replace(run_row(binding_id), id=new_id("or"))
+    return _publication(run, recommendation(run.id, binding_id), live_t, calibration)
 
 
 def test_publications_are_written_together_and_each_key_once(any_ledger, binding_doc):
@@ -91,16 +91,16 @@ def test_publications_are_written_together_and_each_key_once(any_ledger, binding
 
     any_ledger.upsert_binding(binding_from_dict(binding_doc))
     first, other = _new(), _new("heater-1")
-    assert any_ledger.publish_live("live-a", [first, other]) == [(first.run["id"], True), (other.run["id"], True)]
+    assert any_ledger.publish_live("live-a", [first, other]) == [(first.run.id, True), (other.run.id, True)]
     again = _new()  # the same binding, revision, calibration and newest sample: a duplicate
     later, recalibrated = _new(live_t=105.0), _new(live_t=105.0, calibration="cal-2")
     assert any_ledger.publish_live("live-b", [again, later, recalibrated]) == \
-        [None, (later.run["id"], True), (recalibrated.run["id"], True)]
+        [None, (later.run.id, True), (recalibrated.run.id, True)]
     keys = any_ledger.query("SELECT binding_id, calibration_id, live_t, service_id FROM live_publications "
                             "ORDER BY binding_id, live_t, calibration_id")
     assert keys.values.tolist() == [["heater-1", "cal-1", 100.0, "live-a"], ["tanks-1", "cal-1", 100.0, "live-a"],
                                     ["tanks-1", "cal-1", 105.0, "live-b"], ["tanks-1", "cal-2", 105.0, "live-b"]]
-    assert again.run["id"] not in set(any_ledger.query("SELECT id FROM optimizer_runs")["id"])
+    assert again.run.id not in set(any_ledger.query("SELECT id FROM optimizer_runs")["id"])
     # one open recommendation per binding: the newest publication's
     open_ids = any_ledger.query("SELECT id FROM optimizer_recommendations WHERE binding_id = 'tanks-1' "
                                 "AND status <> 'expired'")["id"].tolist()
@@ -116,11 +116,11 @@ def test_a_publication_following_an_open_recommendation_is_summarised_and_one_fo
     any_ledger.publish_live("live-a", [first])
     follows = first.recommendation.id
     summarised = replace(_new(live_t=105.0), follows=follows)
-    assert any_ledger.publish_live("live-a", [summarised]) == [(first.run["id"], False)]
-    assert summarised.run["id"] not in set(any_ledger.query("SELECT id FROM optimizer_runs")["id"])
+    assert any_ledger.publish_live("live-a", [summarised]) == [(first.run.id, False)]
+    assert summarised.run.id not in set(any_ledger.query("SELECT id FROM optimizer_runs")["id"])
     row = any_ledger.latest_live_publication("tanks-1")
     rec = summarised.recommendation
-    assert (row.whole, row.run_id, row.status, row.live_t) == (False, first.run["id"], rec.status.value, 105.0)
+    assert (row.whole, row.run_id, row.status, row.live_t) == (False, first.run.id, rec.status.value, 105.0)
     assert row.advice == dict(zip(rec.mv_tags, rec.controls[0]))
     hour = timedelta(hours=1)
     assert any_ledger.live_published_up_to("tanks-1", 1, "cal-1", naive_now() - hour) == 105.0
@@ -128,7 +128,7 @@ def test_a_publication_following_an_open_recommendation_is_summarised_and_one_fo
     # the followed recommendation closed (its valid_until passed): the next is written whole
     any_ledger.expire_past_valid_until(now=naive_now() + timedelta(days=30))
     lapsed = replace(_new(live_t=110.0), follows=follows)
-    assert any_ledger.publish_live("live-a", [lapsed]) == [(lapsed.run["id"], True)]
+    assert any_ledger.publish_live("live-a", [lapsed]) == [(lapsed.run.id, True)]
 
 
 def test_a_batch_with_a_bad_publication_writes_none_of_it(any_ledger):

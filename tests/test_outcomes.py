@@ -8,8 +8,8 @@ from datetime import timedelta
 import numpy as np
 import pytest
 
-from optimizer_pipeline.contracts import content_hash, parse_iso_utc
-from optimizer_pipeline.ledger import OutcomeRecord, RecommendationRecord
+from optimizer_pipeline.contracts import OutcomeVerdict, RecommendationStatus, content_hash, parse_iso_utc
+from optimizer_pipeline.ledger import RecommendationRecord, VerdictRecord
 from optimizer_pipeline.model.arx import spectral_radius
 from optimizer_pipeline.outcomes import (
     MIN_STEPS,
@@ -30,6 +30,7 @@ T0 = 1_800_000_000.0
 PERIOD = 10.0
 UQ = {"method": "split_conformal", "alpha": 0.1, "coverage": 0.95, "block_length": 10,
       "calibrated_at": "2027-01-15T08:00:00+00:00"}
+CALIBRATED = parse_iso_utc(UQ["calibrated_at"])
 
 
 def mpc_rec(n_steps=20, band=(1.0,), uq=UQ):
@@ -202,9 +203,10 @@ def rec_row(status="verified", expired_at=None):
     return RecommendationRecord(
         id="rec-1", run_id="or-1", binding_id="b", binding_revision=1, candidate_id=None,
         template="linear_mpc_quadratic@1", problem_ir_hash="p" * 64, model_artifact_hash="m" * 64,
-        evidence_source="simulation", uq_evidence=UQ, status=status, status_label=status, reasons=[], payload={},
-        created_at="2027-01-15T09:00:00+00:00", valid_until="2027-01-15T10:00:00+00:00", expired_at=expired_at,
-        expired_reason="superseded")
+        evidence_source="simulation", uq_evidence=UQ, status=RecommendationStatus(status), status_label=status,
+        reasons=[], payload={}, created_at=parse_iso_utc("2027-01-15T09:00:00+00:00"),
+        valid_until=parse_iso_utc("2027-01-15T10:00:00+00:00"),
+        expired_at=None if expired_at is None else parse_iso_utc(expired_at), expired_reason="superseded")
 
 
 def at(text):
@@ -240,11 +242,10 @@ MODEL = {"artifact_hash": "a1", "binding_revision": 1, "training_data_hash": "d1
 
 def outcome_row(i, verdict, hits=10, trials=10, calibrated_at=UQ["calibrated_at"], model=MODEL):
     applied = parse_iso_utc("2027-01-15T09:00:00") + timedelta(minutes=i)
-    return OutcomeRecord(id=f"out-{i}", recommendation_id="rec-1", binding_id="b", applied_at=applied.isoformat(),
-                         observed={}, delta={}, verdict=verdict,
-                         details={"hits": hits, "trials": trials, "promised_rate": 0.9,
-                                  "calibrated_at": calibrated_at, "model": model},
-                         created_at=applied.isoformat())
+    return VerdictRecord(id=f"out-{i}", recommendation_id="rec-1", binding_id="b", applied_at=applied,
+                         verdict=OutcomeVerdict(verdict), details={"hits": hits, "trials": trials, "promised_rate": 0.9,
+                                                                   "calibrated_at": calibrated_at, "model": model},
+                         created_at=applied)
 
 
 def artifact_named(artifact_hash="a1", binding_revision=1, training_data_hash="d1", coefficients=COEFFICIENTS):
@@ -255,32 +256,32 @@ def artifact_named(artifact_hash="a1", binding_revision=1, training_data_hash="d
 
 def test_two_deviated_among_the_last_three_request_recalibration_keyed_by_the_newest():
     rows = [outcome_row(0, "deviated"), outcome_row(1, "confirmed"), outcome_row(2, "deviated")]
-    finding = drift_finding("b", rows, UQ["calibrated_at"])
+    finding = drift_finding("b", rows, CALIBRATED)
     assert finding is not None and finding.outcome_id == "out-2" and "2 of the last 3" in finding.reason
 
 
 def test_inconclusive_verdicts_neither_count_nor_hide_deviation():
     rows = [outcome_row(0, "deviated"), outcome_row(1, "inconclusive", 0, 0), outcome_row(2, "deviated", 8, 10),
             outcome_row(3, "inconclusive", 0, 0)]
-    assert drift_finding("b", rows, UQ["calibrated_at"]).outcome_id == "out-2"
+    assert drift_finding("b", rows, CALIBRATED).outcome_id == "out-2"
 
 
 def test_one_deviated_among_confirmed_outcomes_is_no_drift():
     rows = [outcome_row(0, "confirmed"), outcome_row(1, "deviated", 4, 10), outcome_row(2, "confirmed")]
-    assert drift_finding("b", rows, UQ["calibrated_at"]) is None
+    assert drift_finding("b", rows, CALIBRATED) is None
 
 
 def test_a_pooled_hit_rate_significantly_below_the_promise_is_drift():
     # each outcome alone passes (8 of 10 at p0 0.9: p = 0.26), together 56 of 70: p = 0.0088
     rows = [outcome_row(i, "confirmed", 8, 10) for i in range(7)]
-    finding = drift_finding("b", rows, UQ["calibrated_at"])
+    finding = drift_finding("b", rows, CALIBRATED)
     assert finding is not None and "56/70" in finding.reason and finding.outcome_id == "out-6"
-    assert drift_finding("b", rows[:6], UQ["calibrated_at"]) is None  # 48 of 60: p = 0.015
+    assert drift_finding("b", rows[:6], CALIBRATED) is None  # 48 of 60: p = 0.015
 
 
 def test_outcomes_from_before_the_current_calibration_do_not_count():
     rows = [outcome_row(0, "deviated"), outcome_row(1, "deviated")]
-    assert drift_finding("b", rows, "2027-01-16T08:00:00+00:00") is None
+    assert drift_finding("b", rows, parse_iso_utc("2027-01-16T08:00:00+00:00")) is None
 
 
 def test_steady_target_not_held_is_reported_as_mv_deviation():
@@ -357,7 +358,7 @@ def test_without_a_calibration_time_every_conclusive_outcome_counts_for_drift():
 
 def test_a_rate_drift_finding_names_its_binding():
     rows = [outcome_row(i, "confirmed", 8, 10) for i in range(7)]
-    assert drift_finding("b", rows, UQ["calibrated_at"]).binding_id == "b"
+    assert drift_finding("b", rows, CALIBRATED).binding_id == "b"
 
 
 def test_verified_needs_the_models_own_outcomes_to_show_no_drift_under_any_of_its_calibrations():
@@ -377,7 +378,7 @@ def test_verified_needs_the_models_own_outcomes_to_show_no_drift_under_any_of_it
     assert not failed.holds and failed.value == "2 of the last 3 conclusive deviated; band hits 17/30 over the last 3"
     assert failed.reason == "the plant disagrees with this model: " + drift_finding("b", rows, None).reason
     assert "2 of the last 3 outcomes of b deviated" in failed.reason
-    assert drift_finding("b", rows, UQ["calibrated_at"]) is None  # the drift sensor's rule sees only the newest
+    assert drift_finding("b", rows, CALIBRATED) is None  # the drift sensor's rule sees only the newest
     recovered = model_outcome_condition(model, rows + [outcome_row(i, "confirmed") for i in range(3, 10)])
     assert recovered.holds and recovered.value == (  # 87 of 100 at 0.9: p 0.2
         "0 of the last 3 conclusive deviated; band hits 87/100 over the last 10")

@@ -26,7 +26,7 @@ from optimizer_pipeline.contracts import (
     binding_from_dict,
     iso_utc,
 )
-from optimizer_pipeline.ledger import Ledger, NotFoundError
+from optimizer_pipeline.ledger import Ledger, NewRun, NotFoundError
 from optimizer_pipeline.model import ArxModel, Orders, artifact_from_model
 from optimizer_pipeline.outcomes import (
     EVALUATION_SUFFIX,
@@ -293,9 +293,8 @@ def test_a_steady_outcome_solved_with_a_local_refit_waits_for_the_refit_to_settl
     ledger.put_artifact(artifact)
     problem = compile_steered(STEADY, refit, np.zeros(refit.state_space.arrays()[0].shape[0]), np.zeros(1),
                               [100.0], [], None, None)
-    ledger.insert_run({"id": "or-s", "binding_id": "heat-steady", "binding_revision": 1, "profile_id": "p",
-                       "profile_version": 1, "problem_ir_hash": problem.hash, "context": {},
-                       "problem": problem.to_dict(), "started_at": T0 - timedelta(minutes=1)})
+    ledger.insert_run(NewRun("heat-steady", 1, "p", 1, problem.hash, {}, problem.to_dict(), id="or-s",
+                             started_at=T0 - timedelta(minutes=1)))
     rec = Recommendation(
         id="rec-s", binding_id="heat-steady", binding_revision=1, run_id="or-s", candidate_id=None,
         template=Template.STEADY_RESPONSE, status=RecommendationStatus.VERIFIED, reasons=(),

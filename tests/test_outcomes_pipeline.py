@@ -15,7 +15,7 @@ import pytest
 from dagster import AssetKey, RunRequest, build_sensor_context, instance_for_test
 
 from optimizer_pipeline import cli
-from optimizer_pipeline.contracts import Outcome, Recommendation, RecommendationStatus, Template, iso_utc, parse_iso_utc, utc_now
+from optimizer_pipeline.contracts import Outcome, Recommendation, RecommendationStatus, Template, iso_utc, utc_now
 from optimizer_pipeline.outcomes import EVALUATION_SUFFIX, Observation, model_identity, record_outcome
 from optimizer_pipeline.plants import get_plant
 from optimizer_pipeline.resources.ledger import LedgerResource
@@ -51,7 +51,7 @@ def observed_file(demo, name, plant=None, steps=None, seed=0, applied_at=None):
     controls = np.asarray(doc["controls"])[:steps]
     y = np.vstack([live.y, plant.apply_plan(live, controls)])
     y = y + np.random.default_rng(seed).standard_normal(y.shape) * np.asarray(plant.cv_noise)
-    start = applied_at if applied_at is not None else parse_iso_utc(demo.rec.created_at).timestamp() + APPLY_DELAY_S
+    start = applied_at if applied_at is not None else demo.rec.created_at.timestamp() + APPLY_DELAY_S
     frame = {"run_id": "after-apply", "timestamp": [iso_utc(pd.Timestamp(start + k * spec.sample_period_s, unit="s"))
                                                    for k in range(len(y))]}
     u = np.vstack([controls, controls[-1:]])
@@ -112,8 +112,8 @@ def test_plan_applied_to_the_heaters_own_simulator_is_confirmed(heater):
     assert summary["trials"] == heater.plant.spec.model.horizon  # every step within P judged, one CV
     stored = [o for o in heater.ledger.list_outcomes(recommendation_id=heater.rec.id) if o.id == summary["outcome_id"]]
     assert stored[0].verdict == "confirmed"
-    assert parse_iso_utc(stored[0].applied_at).timestamp() == \
-        pytest.approx(parse_iso_utc(heater.rec.created_at).timestamp() + APPLY_DELAY_S, abs=1e-3)
+    assert stored[0].applied_at.timestamp() == \
+        pytest.approx(heater.rec.created_at.timestamp() + APPLY_DELAY_S, abs=1e-3)
     assert len(stored[0].delta["delta"]) == len(heater.rec.payload["predicted"])
 
 

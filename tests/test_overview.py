@@ -26,8 +26,8 @@ NOW = datetime(2026, 12, 6, 12, 0, tzinfo=timezone.utc)
 
 
 def _solve(ledger: Ledger, binding_id: str, status=VERIFIED, reasons=()) -> str:
-    run = dict(run_row(binding_id), id=new_id("or"))
-    rec = replace(recommendation(run["id"], binding_id, status=status), reasons=tuple(reasons))
+    run = replace(run_row(binding_id), id=new_id("or"))
+    rec = replace(recommendation(run.id, binding_id, status=status), reasons=tuple(reasons))
     ledger.record_solve(run, candidates(), "m" * 64, rec, run_status="succeeded", independent_cost=2.0,
                         diagnostics={}, evidence_source="simulation")
     return rec.id
@@ -41,14 +41,14 @@ def _site(ledger: Ledger) -> dict[str, str]:
     ids = {"tanks-1": _solve(ledger, "tanks-1", UNVERIFIED, ["live state is 2 h old", "coverage 0.7 < 0.8"]),
            "heater-1": _solve(ledger, "heater-1")}
     ledger.record_failure("heater-1", 1, "model_artifact", "IdentificationError", "no run long enough", None)
-    run = dict(run_row("blend-econ-1"), id=new_id("or"))
-    first = recommendation(run["id"], "blend-econ-1")
+    run = replace(run_row("blend-econ-1"), id=new_id("or"))
+    first = recommendation(run.id, "blend-econ-1")
     publish = lambda rec, run, live_t, follows=None: ledger.publish_live("live-a", [Publication(  # noqa: E731
         "blend-econ-1", 1, "cal-1", live_t, run, candidates(), "m" * 64, rec, "succeeded", 2.0, {}, "simulation",
         follows)])
     publish(first, run, 100.0)
-    later = dict(run_row("blend-econ-1"), id=new_id("or"))
-    publish(recommendation(later["id"], "blend-econ-1"), later, 110.0, follows=first.id)
+    later = replace(run_row("blend-econ-1"), id=new_id("or"))
+    publish(recommendation(later.id, "blend-econ-1"), later, 110.0, follows=first.id)
     ids["blend-econ-1"] = first.id
     return ids
 
@@ -63,7 +63,7 @@ def test_site_overview_reads_every_bindings_latest_status_reason_failure_and_liv
     assert (heater.status, heater.first_reason, heater.failure) == \
         ("verified", None, "model_artifact: no run long enough")
     assert (blend.status, blend.recommendation_id, blend.updated_at, blend.failure) == (None, None, None, None)
-    created = datetime.fromisoformat(any_ledger.get_recommendation(ids["blend-econ-1"]).created_at)
+    created = any_ledger.get_recommendation(ids["blend-econ-1"]).created_at
     published = any_ledger.latest_live_publication("blend-econ-1").published_at.replace(tzinfo=timezone.utc)
     assert econ.recommendation_id == ids["blend-econ-1"] and econ.updated_at == published > created
 

@@ -206,7 +206,7 @@ def test_the_blend_target_is_solved_with_the_model_refitted_midway_and_reaches_t
     stored, cache = demo.ledger.get_binding("blend-1"), SolverCache()
     solved = pipeline.solve_and_decide(spec, stored, artifact, split, pipeline.load_calibration(demo.ledger, artifact),
                                        lambda p: solve_problem(p, cache), Settings(), "simulation", utc_now(),
-                                       outcomes=demo.ledger.list_outcomes(spec.id))
+                                       outcomes=demo.ledger.list_verdicts(spec.id))
     assert solved.problem.to_dict()["model"] == run.problem["model"]
     (gain_row,) = [c for c in solved.decision.conditions if c.name == "steady-gain uncertainty along the planned move"]
     move = (np.asarray(doc["controls"][-1]) - u_mean) / u_std - (live.u - u_mean) / u_std

@@ -38,6 +38,7 @@ BINDING = "restart"
 # type> <message>" when refused
 WRITER = """\
 import logging, sys
+from dataclasses import replace
 sys.path.insert(0, sys.argv[2])
 from optimizer_pipeline.ledger import LedgerError, new_id
 from ledger_helpers import candidates, ledger_at, recommendation, run_row
@@ -49,15 +50,15 @@ class Retries(logging.Handler):
 logging.getLogger("optimizer_pipeline.ledger.postgres_backend").addHandler(Retries(logging.WARNING))
 ledger = ledger_at(sys.argv[1])
 while True:
-    run = dict(run_row(sys.argv[3]), id=new_id("or"))
-    print("TRY " + run["id"], flush=True)
+    run = replace(run_row(sys.argv[3]), id=new_id("or"))
+    print("TRY " + run.id, flush=True)
     try:
-        ledger.record_solve(run, candidates(), "m" * 64, recommendation(run["id"], sys.argv[3]),
+        ledger.record_solve(run, candidates(), "m" * 64, recommendation(run.id, sys.argv[3]),
                             run_status="succeeded", independent_cost=2.0, diagnostics={"iterations": 12},
                             evidence_source="simulation")
-        print("OK " + run["id"], flush=True)
+        print("OK " + run.id, flush=True)
     except LedgerError as exc:
-        print("ERR " + run["id"] + " " + type(exc).__name__ + " " + str(exc), flush=True)
+        print("ERR " + run.id + " " + type(exc).__name__ + " " + str(exc), flush=True)
 """
 
 

@@ -3,6 +3,7 @@ none of its rows; writers killed at random moments leave only whole runs; a stal
 closed as `interrupted` at the next start. Larger variant: `bench/reliability.py process --kills 50`.
 """
 
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -63,8 +64,8 @@ def test_stale_running_run_is_closed_as_interrupted_at_the_next_recommend(tmp_pa
     case = heater_case(Ledger(tmp_path / "optimizer.duckdb"), settings=settings)
     now = utc_now()
     # pipeline.recommend closes runs older than the request timeout (a live writer never takes longer)
-    stale = case.ledger.insert_run({**run_row("heater-1"), "started_at": now - timedelta(seconds=2.5)})
-    recent = case.ledger.insert_run({**run_row("heater-1"), "started_at": now - timedelta(seconds=0.5)})
+    stale = case.ledger.insert_run(replace(run_row("heater-1"), started_at=now - timedelta(seconds=2.5)))
+    recent = case.ledger.insert_run(replace(run_row("heater-1"), started_at=now - timedelta(seconds=0.5)))
     record = case.recommend(_unavailable, now=now)
     runs = {r.id: r for r in case.ledger.list_runs("heater-1")}
     assert runs[stale].status == "interrupted" and "reconciled" in runs[stale].diagnostics

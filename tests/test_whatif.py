@@ -11,7 +11,7 @@ import pytest
 from dagster import AssetKey, AssetRecordsFilter, instance_for_test
 
 from optimizer_pipeline import cli, whatif
-from optimizer_pipeline.contracts import Outcome, OutcomeVerdict, binding_from_dict
+from optimizer_pipeline.contracts import Outcome, OutcomeVerdict, binding_from_dict, iso_utc
 from optimizer_pipeline.economics import economic_value
 from optimizer_pipeline.outcomes import model_identity
 from optimizer_pipeline.plants import get_plant
@@ -353,7 +353,7 @@ def test_a_whatif_is_decided_with_the_models_own_outcomes_like_a_normal_solve(de
     model = model_identity(demo.ledger.get_artifact(rec.model_artifact_hash))
     for i in range(2):
         demo.ledger.insert_outcome(Outcome(
-            id=f"out-drifted-{i}", recommendation_id=rec.id, binding_id="tanks-1", applied_at=rec.created_at,
+            id=f"out-drifted-{i}", recommendation_id=rec.id, binding_id="tanks-1", applied_at=iso_utc(rec.created_at),
             observed={}, delta={}, verdict=OutcomeVerdict.DEVIATED,
             details={"hits": 3, "trials": 10, "promised_rate": 0.9, "model": model}))
     doc = whatif_json(demo, capsys, "tanks-1", "cvs.y1.hi=9.2")

@@ -3,6 +3,7 @@ in one transaction, the binding's open recommendation never touched; and a ledge
 what-if runs existed (schema version 4) opens, keeps its rows and records what-ifs."""
 
 import math
+from dataclasses import replace
 
 import duckdb
 import pytest
@@ -24,7 +25,7 @@ def spec(binding_doc):
 
 
 def record(ledger, spec, compared=None, **changes):
-    run = dict(run_row(), id=new_id("or"), context={"whatif": True})
+    run = replace(run_row(), id=new_id("or"), context={"whatif": True})
     kwargs = dict(overrides=OVERRIDES, spec=spec.to_dict(), compared_recommendation_id=compared, result=RESULT,
                   run_status="succeeded", independent_cost=2.0, diagnostics={"iterations": 3},
                   requested_by="cli")

@@ -8,10 +8,12 @@ from optimizer_pipeline.ledger.records import (
     CalibrationRecord,
     CandidateRecord,
     HistorySplitRecord,
+    NewRun,
     OutcomeRecord,
     RecommendationRecord,
     RunRecord,
     RunStatus,
+    VerdictRecord,
     WhatIfRecord,
     candidate_id,
     new_id,
@@ -24,6 +26,6 @@ from optimizer_pipeline.ledger.schema import SCHEMA_VERSION
 
 __all__ = ["SCHEMA_VERSION", "BindingFailure", "BindingOverview", "BindingUpsert", "CalibrationRecord",
            "CandidateRecord", "ExclusionRecord", "HistorySplitRecord", "Ledger", "LedgerBusyError", "LedgerError",
-           "LivePublication", "LiveService", "NotFoundError", "OutcomeRecord", "Publication", "RecommendationRecord",
-           "RunRecord", "RunStateError", "RunStatus", "StoredBinding", "WhatIfRecord", "Written", "candidate_id",
-           "new_id", "open_ledger"]
+           "LivePublication", "LiveService", "NewRun", "NotFoundError", "OutcomeRecord", "Publication",
+           "RecommendationRecord", "RunRecord", "RunStateError", "RunStatus", "StoredBinding", "VerdictRecord",
+           "WhatIfRecord", "Written", "candidate_id", "new_id", "open_ledger"]

@@ -9,12 +9,13 @@ import numpy as np
 import pandas as pd
 
 from optimizer_pipeline.contracts import ModelArtifact, canonical_json
+from optimizer_pipeline.ledger.base import LedgerBase
 from optimizer_pipeline.ledger.errors import NotFoundError
 from optimizer_pipeline.ledger.records import (
     BindingFailure,
     CalibrationRecord,
     HistorySplitRecord,
-    iso,
+    aware,
     naive,
     naive_now,
     new_id,
@@ -22,8 +23,8 @@ from optimizer_pipeline.ledger.records import (
 from optimizer_pipeline.ledger.writes import retried
 
 
-class EvidenceRows:
-    """Part of Ledger (it provides `backend`, `_read`, `_one`, `query`)."""
+class EvidenceRows(LedgerBase):
+    """Part of Ledger."""
 
     # ------------------------------------------------------------------ history splits
 
@@ -125,7 +126,7 @@ class EvidenceRows:
                        dagster_run_id: str | None = None) -> BindingFailure:
         """Record that a stage of one binding failed (nothing of that stage was written)."""
         now = naive_now()
-        failure = BindingFailure(new_id("bf"), binding_id, revision, stage, error, message, dagster_run_id, iso(now))
+        failure = BindingFailure(new_id("bf"), binding_id, revision, stage, error, message, dagster_run_id, aware(now))
         with self.backend.transaction() as tx:
             tx.execute("INSERT INTO binding_failures VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                        [failure.id, binding_id, revision, stage, error, message, dagster_run_id, now])

@@ -2,11 +2,12 @@
 later, perhaps a row revoking it (docs/ARCHITECTURE.md, "Flagged samples")."""
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any, Sequence
 
 from optimizer_pipeline.contracts import Exclusion
+from optimizer_pipeline.ledger.base import LedgerBase
 from optimizer_pipeline.ledger.errors import LedgerError, NotFoundError
 from optimizer_pipeline.ledger.records import _Record, naive_now, new_id
 from optimizer_pipeline.ledger.writes import retried
@@ -27,9 +28,13 @@ class ExclusionRecord(_Record):
     revoked_by: str | None
     created_at: datetime
 
+    def to_json_dict(self) -> dict[str, Any]:
+        # created_at as `ledger --json` has always written it: str() of the datetime (a space, not a T)
+        return asdict(self)
 
-class ExclusionRows:
-    """Part of Ledger (it provides `backend`)."""
+
+class ExclusionRows(LedgerBase):
+    """Part of Ledger."""
 
     @retried
     def record_exclusion(self, binding_id: str, start_s: float, end_s: float, tags: Sequence[str], reason: str) -> str:

@@ -11,7 +11,8 @@ import orjson
 import pandas as pd
 
 from optimizer_pipeline.contracts import Recommendation, SolveCandidate, iso_from_seconds, iso_utc
-from optimizer_pipeline.ledger.records import RecommendationRecord, naive, naive_now
+from optimizer_pipeline.ledger.base import LedgerBase
+from optimizer_pipeline.ledger.records import NewRun, RecommendationRecord, naive, naive_now
 from optimizer_pipeline.ledger.writes import retried
 
 SERVICE_STATES = ("starting", "serving", "stopping", "stopped")
@@ -26,7 +27,7 @@ class Publication:
     binding_revision: int
     calibration_id: str
     live_t: float  # s since epoch
-    run: Mapping[str, Any]
+    run: NewRun
     candidates: Sequence[SolveCandidate]
     model_id: str
     recommendation: Recommendation
@@ -94,8 +95,8 @@ class LiveService:
         return self.bindings is None or binding_id in self.bindings
 
 
-class LiveRows:
-    """Part of Ledger (it provides `backend` and `_solve_write`)."""
+class LiveRows(LedgerBase):
+    """Part of Ledger."""
 
     # ------------------------------------------------------------------ the service's row
 

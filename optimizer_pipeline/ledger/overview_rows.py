@@ -5,6 +5,8 @@ import json
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 
+from optimizer_pipeline.ledger.base import LedgerBase
+
 
 @dataclass(frozen=True)
 class BindingOverview:
@@ -31,8 +33,8 @@ class BindingOverview:
         return doc
 
 
-class OverviewRows:
-    """Part of Ledger (it provides `backend`)."""
+class OverviewRows(LedgerBase):
+    """Part of Ledger."""
 
     def site_overview(self) -> list[BindingOverview]:
         """Every binding, by id (see BindingOverview)."""

@@ -1,20 +1,22 @@
 """Typed rows of the ledger: what its reads return (frozen dataclasses, one per table).
 
 Column names stay inside the ledger package: callers read named fields. JSON columns are decoded
-(`context_json` -> `context`), plans are nested lists of floats, timestamps ISO 8601 UTC text, and a
-row converts back to plain JSON with `to_json_dict()` (the `ledger --json` output).
+(`context_json` -> `context`), plans are nested lists of floats, timestamps aware UTC datetimes and
+statuses enums; a row converts back to plain JSON with `to_json_dict()` (the `ledger --json` output:
+timestamps ISO 8601 UTC text, statuses their values).
 """
 
 import dataclasses
+import functools
 import json
 import math
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from enum import Enum
-from typing import Any, Sequence, TypeVar
+from typing import Any, Mapping, Sequence, TypeVar, get_args, get_type_hints
 
-from optimizer_pipeline.contracts import parse_iso_utc, utc_now
+from optimizer_pipeline.contracts import OutcomeVerdict, ProblemIR, RecommendationStatus, parse_iso_utc, utc_now
 from optimizer_pipeline.ledger.errors import LedgerError
 
 R = TypeVar("R")
@@ -24,7 +26,23 @@ class _Record:
     """A row of the ledger; `to_json_dict` is its plain JSON (the `ledger --json` output)."""
 
     def to_json_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {name: _json_value(value) for name, value in dataclasses.asdict(self).items()}
+
+
+def _json_value(value: Any) -> Any:
+    """A record's field as plain JSON: a time as ISO 8601 UTC text, a status as its value."""
+    if isinstance(value, datetime):
+        return iso(value)
+    return value.value if isinstance(value, Enum) else value
+
+
+class RunStatus(str, Enum):
+    """An optimizer run's status: `running` while its writer works, then one end status, exactly once."""
+
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"  # its worker died (never replayed), or a writer left it running
 
 
 @dataclass(frozen=True)
@@ -41,6 +59,23 @@ class BindingUpsert:
 
 
 @dataclass(frozen=True)
+class NewRun:
+    """An optimizer run to write (`insert_run`, `record_solve`, `record_whatif`): the binding revision
+    and profile it solves, its problem (a ProblemIR or its JSON mapping) and context; without an id
+    it gets a new one, without `started_at` it started now."""
+
+    binding_id: str
+    binding_revision: int
+    profile_id: str
+    profile_version: int
+    problem_ir_hash: str | None
+    context: Mapping[str, Any]
+    problem: ProblemIR | Mapping[str, Any] | None
+    id: str | None = None
+    started_at: datetime | None = None
+
+
+@dataclass(frozen=True)
 class RunRecord(_Record):
     """One optimizer run (`optimizer_runs`): a solve of one ProblemIR, `running` until it ends once."""
 
@@ -53,10 +88,10 @@ class RunRecord(_Record):
     context: dict[str, Any]
     problem: dict[str, Any] | None
     diagnostics: dict[str, Any] | None
-    status: str
+    status: RunStatus
     independent_cost: float | None
-    started_at: str
-    finished_at: str | None
+    started_at: datetime
+    finished_at: datetime | None
 
 
 @dataclass(frozen=True)
@@ -77,7 +112,7 @@ class CandidateRecord(_Record):
     independent_cost: float | None
     verify_report: dict[str, Any]
     model_id: str
-    created_at: str
+    created_at: datetime
 
 
 @dataclass(frozen=True)
@@ -95,20 +130,20 @@ class RecommendationRecord(_Record):
     model_artifact_hash: str
     evidence_source: str
     uq_evidence: dict[str, Any] | None
-    status: str
+    status: RecommendationStatus
     status_label: str
     reasons: list[str]
     payload: dict[str, Any]
-    created_at: str
-    valid_until: str
-    expired_at: str | None
+    created_at: datetime
+    valid_until: datetime
+    expired_at: datetime | None
     expired_reason: str | None
 
     def document(self) -> dict[str, Any]:
         """The recommendation JSON (docs/recommendation.md): the published payload with the
         current status, and the reason when it expired."""
-        doc = dict(self.payload, status=self.status, status_label=self.status_label)
-        if self.status == "expired":
+        doc = dict(self.payload, status=self.status.value, status_label=self.status_label)
+        if self.status == RecommendationStatus.EXPIRED:
             doc["expired_reason"] = self.expired_reason
         return doc
 
@@ -120,12 +155,26 @@ class OutcomeRecord(_Record):
     id: str
     recommendation_id: str
     binding_id: str
-    applied_at: str
+    applied_at: datetime
     observed: dict[str, Any]
     delta: dict[str, Any]
-    verdict: str | None
+    verdict: OutcomeVerdict | None
     details: dict[str, Any]
-    created_at: str
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class VerdictRecord(_Record):
+    """A judged outcome (`optimizer_outcomes` with a verdict) as the drift rule reads it, without the
+    outcome's `observed` and `delta` documents."""
+
+    id: str
+    recommendation_id: str
+    binding_id: str
+    applied_at: datetime
+    verdict: OutcomeVerdict
+    details: dict[str, Any]
+    created_at: datetime
 
 
 @dataclass(frozen=True)
@@ -136,7 +185,7 @@ class CalibrationRecord(_Record):
     binding_id: str
     binding_revision: int
     artifact_hash: str
-    calibrated_at: str
+    calibrated_at: datetime
     has_evidence: bool
     method: str | None
     coverage: float | None
@@ -154,7 +203,7 @@ class HistorySplitRecord(_Record):
     id: str
     binding_id: str
     binding_revision: int
-    samples_through: str
+    samples_through: datetime
     seed: int
     data_hash: str
     train_runs: list[str]
@@ -162,7 +211,7 @@ class HistorySplitRecord(_Record):
     test_runs: list[str]
     live_run: str | None
     report: dict[str, Any]
-    created_at: str
+    created_at: datetime
 
 
 @dataclass(frozen=True)
@@ -177,7 +226,7 @@ class BindingFailure(_Record):
     error: str
     message: str
     dagster_run_id: str | None
-    created_at: str
+    created_at: datetime
 
 
 @dataclass(frozen=True)
@@ -196,16 +245,7 @@ class WhatIfRecord(_Record):
     result: dict[str, Any]
     requested_by: str
     dagster_run_id: str | None
-    created_at: str
-
-
-class RunStatus(str, Enum):
-    """An optimizer run's status: `running` while its writer works, then one end status, exactly once."""
-
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    INTERRUPTED = "interrupted"  # its worker died (never replayed), or a writer left it running
+    created_at: datetime
 
 
 RUN_END_STATUSES = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.INTERRUPTED)
@@ -243,28 +283,39 @@ def naive(moment: "str | datetime | None") -> datetime:
     return moment if moment.tzinfo is None else moment.astimezone(timezone.utc).replace(tzinfo=None)
 
 
-def iso(value: datetime | None) -> str | None:
-    """A TIMESTAMP column (naive UTC) as ISO 8601 UTC text."""
-    if value is None:
-        return None
-    return (value if value.tzinfo else value.replace(tzinfo=timezone.utc)).isoformat()
+def iso(value: datetime) -> str:
+    """A time (naive: UTC) as ISO 8601 UTC text."""
+    return aware(value).isoformat()
 
 
-def _decode(name: str, value: Any) -> tuple[str, Any]:
+def aware(value: datetime) -> datetime:
+    """A time (naive: UTC, as the TIMESTAMP columns hold it) as an aware UTC datetime."""
+    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+
+
+def _decode(name: str, value: Any, enums: dict[str, type[Enum]]) -> tuple[str, Any]:
     if name.endswith("_json"):
         return name[:-5], None if value is None else json.loads(value)
     if isinstance(value, datetime):
-        return name, iso(value)
+        return name, aware(value)
     if isinstance(value, float) and math.isnan(value):
         return name, None
-    return name, value
+    return name, value if value is None or name not in enums else enums[name](value)
+
+
+@functools.cache
+def _enums(kind: type) -> dict[str, type[Enum]]:
+    """The fields of record `kind` that hold an enum (`X` or `X | None`), with their enum."""
+    return {name: t for name, hint in get_type_hints(kind).items() for t in (hint, *get_args(hint))
+            if isinstance(t, type) and issubclass(t, Enum)}
 
 
 def from_rows(kind: type[R], columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[R]:
     """Rows of a `SELECT *` (in table order) as records of `kind`; a column the record does not name
     is an error here, not a silently dropped field."""
+    enums = _enums(kind)
     out = []
     for row in rows:
-        fields = dict(_decode(name, value) for name, value in zip(columns, row))
+        fields = dict(_decode(name, value, enums) for name, value in zip(columns, row))
         out.append(kind(**fields))
     return out

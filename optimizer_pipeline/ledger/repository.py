@@ -27,7 +27,6 @@ from optimizer_pipeline.contracts import (
     ContractError,
     EvidenceSource,
     Outcome,
-    ProblemIR,
     Recommendation,
     RecommendationStatus,
     SolveCandidate,
@@ -49,12 +48,14 @@ from optimizer_pipeline.ledger.writes import retried
 from optimizer_pipeline.ledger.records import (
     BindingUpsert,
     CandidateRecord,
+    NewRun,
     OutcomeRecord,
+    R,
     RecommendationRecord,
     RunRecord,
     RunStatus,
+    VerdictRecord,
     end_status,
-    from_rows,
     naive,
     naive_now,
     new_id,
@@ -92,22 +93,6 @@ class Ledger(EvidenceRows, ExclusionRows, WhatIfRows, LiveRows, OverviewRows, Wi
     def transaction(self):
         """One transaction on the backend's connection (for tests and tools that write raw SQL)."""
         return self.backend.transaction()
-
-    def query(self, sql: str, params: Sequence[Any] = ()) -> pd.DataFrame:
-        """Read-only SQL for tools and tests, as a DataFrame."""
-        with self.backend.connection() as conn:
-            return self.backend.fetch_frame(conn, sql, params)
-
-    def _read(self, kind: type, sql: str, params: Sequence[Any] = ()) -> list:
-        with self.backend.connection() as conn:
-            columns, rows = self.backend.fetch(conn, sql, params)
-        return from_rows(kind, columns, rows)
-
-    def _one(self, kind: type, sql: str, params: Sequence[Any], missing: str | None = None):
-        rows = self._read(kind, sql, params)
-        if not rows and missing is not None:
-            raise NotFoundError(missing)
-        return rows[0] if rows else None
 
     # ------------------------------------------------------------------ bindings
 
@@ -260,25 +245,12 @@ class Ledger(EvidenceRows, ExclusionRows, WhatIfRows, LiveRows, OverviewRows, Wi
     # ------------------------------------------------------------------ runs, candidates, recommendations
 
     @retried
-    def insert_run(self, run: Mapping[str, Any], tx: Any = None) -> str:
-        """Insert a run in status `running`. `run` holds id (optional), binding_id, binding_revision,
-        profile_id, profile_version, problem_ir_hash, context, problem (a ProblemIR or its JSON mapping).
-        With `tx`, inside that transaction."""
+    def insert_run(self, run: NewRun, tx: Any = None) -> str:
+        """Insert a run in status `running`; returns its id. With `tx`, inside that transaction."""
         if tx is not None:
             return self._insert_run_row(tx, run, RunStatus.RUNNING.value, None, None, None)
         with self.backend.transaction() as own:
             return self._insert_run_row(own, run, RunStatus.RUNNING.value, None, None, None)
-
-    @staticmethod
-    def _insert_run_row(tx: Any, run: Mapping[str, Any], status: str, independent_cost: float | None,
-                        diagnostics_json: str | None, finished_at: datetime | None) -> str:
-        run_id = run.get("id") or new_id("or")
-        tx.execute("INSERT INTO optimizer_runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                   [run_id, run["binding_id"], run["binding_revision"], run["profile_id"], run["profile_version"],
-                    run.get("problem_ir_hash"), canonical_json(run.get("context", {})),
-                    _problem_json(run.get("problem")),
-                    diagnostics_json, status, independent_cost, naive(run.get("started_at")), finished_at])
-        return run_id
 
     @retried
     def finish_run(self, run_id: str, status: str, *, independent_cost: float | None = None,
@@ -315,10 +287,6 @@ class Ledger(EvidenceRows, ExclusionRows, WhatIfRows, LiveRows, OverviewRows, Wi
                 self._insert_candidate_table(tx, table)
         return table.column("id").to_pylist()
 
-    def _insert_candidate_table(self, tx: Any, table: Any) -> None:
-        if table.num_rows:
-            self.backend.insert_table(tx, "optimizer_candidates", table)
-
     @retried
     def insert_recommendation(self, rec: Recommendation, evidence_source: str) -> str:
         """A recommendation without its run's other rows (tools and tests); it supersedes nothing, so
@@ -348,7 +316,7 @@ class Ledger(EvidenceRows, ExclusionRows, WhatIfRows, LiveRows, OverviewRows, Wi
         return rec.id
 
     @retried
-    def record_solve(self, run: Mapping[str, Any], candidates: Sequence[SolveCandidate], model_id: str,
+    def record_solve(self, run: NewRun, candidates: Sequence[SolveCandidate], model_id: str,
                      recommendation: Recommendation | None, *, run_status: str, independent_cost: float | None,
                      diagnostics: Mapping[str, Any], evidence_source: str, supersede: bool = True) -> str:
         """Run (with its end status) + candidates + recommendation (superseding the binding's open
@@ -363,7 +331,7 @@ class Ledger(EvidenceRows, ExclusionRows, WhatIfRows, LiveRows, OverviewRows, Wi
         return self._record_solve(run, candidates, model_id, recommendation, run_status, independent_cost, diagnostics,
                                   evidence_source, supersede)
 
-    def _record_solve(self, run: Mapping[str, Any], candidates: Sequence[SolveCandidate], model_id: str,
+    def _record_solve(self, run: NewRun, candidates: Sequence[SolveCandidate], model_id: str,
                       recommendation: Recommendation | None, run_status: str, independent_cost: float | None,
                       diagnostics: Mapping[str, Any], evidence_source: str, supersede: bool) -> str:
         # undecorated (mutmut mutates no decorated function: the invariant code is mutated here)
@@ -372,19 +340,15 @@ class Ledger(EvidenceRows, ExclusionRows, WhatIfRows, LiveRows, OverviewRows, Wi
         with self.backend.transaction() as tx:
             return write(tx)
 
-    def _solve_write(self, run: Mapping[str, Any], candidates: Sequence[SolveCandidate], model_id: str,
+    def _solve_write(self, run: NewRun, candidates: Sequence[SolveCandidate], model_id: str,
                      recommendation: Recommendation | None, run_status: str, independent_cost: float | None,
                      diagnostics: Mapping[str, Any], evidence_source: str, supersede: bool) -> Callable[[Any], str]:
         """The writes of `record_solve` as a function of the transaction to run them in (returns the
         run id); its input is checked first (bad numbers refused before any write)."""
-        run_status = end_status(run_status)
-        run = dict(run, id=run.get("id") or new_id("or"))
-        table = candidate_table(run["id"], candidates, model_id)  # refuses bad numbers before any write
-        diagnostics_json = canonical_json(diagnostics)
+        write_run = self._run_write(run, candidates, model_id, run_status, independent_cost, diagnostics)
 
         def write(tx: Any) -> str:
-            run_id = self._insert_run_row(tx, run, run_status, independent_cost, diagnostics_json, naive_now())
-            self._insert_candidate_table(tx, table)
+            run_id = write_run(tx)
             if recommendation is not None:
                 self._publish(tx, recommendation, evidence_source, supersede)
             return run_id
@@ -525,17 +489,17 @@ class Ledger(EvidenceRows, ExclusionRows, WhatIfRows, LiveRows, OverviewRows, Wi
                                              "ORDER BY created_at, id", [recommendation_id])
         return self._select(OutcomeRecord, "optimizer_outcomes", binding_id, "created_at")
 
-    def list_verdicts(self, binding_id: str) -> list[OutcomeRecord]:
+    def list_verdicts(self, binding_id: str) -> list[VerdictRecord]:
         """The binding's judged outcomes (a verdict) in the order they were recorded, without their
-        `observed` and `delta` documents (read as {}): what the drift rule reads, at a solve's cost."""
-        return self._read(OutcomeRecord, """SELECT id, recommendation_id, binding_id, applied_at, '{}' AS observed_json,
-                                                   '{}' AS delta_json, verdict, details_json, created_at
+        `observed` and `delta` documents: what the drift rule reads, at a solve's cost."""
+        return self._read(VerdictRecord, """SELECT id, recommendation_id, binding_id, applied_at, verdict,
+                                                   details_json, created_at
                                             FROM optimizer_outcomes WHERE binding_id = ? AND verdict IS NOT NULL
                                             ORDER BY created_at, id""", [binding_id])
 
     # ------------------------------------------------------------------ helpers
 
-    def _select(self, kind: type, table: str, binding_id: str | None, order: str) -> list:
+    def _select(self, kind: type[R], table: str, binding_id: str | None, order: str) -> list[R]:
         if binding_id is None:
             return self._read(kind, f"SELECT * FROM {table} ORDER BY {order}, id")
         return self._read(kind, f"SELECT * FROM {table} WHERE binding_id = ? ORDER BY {order}, id", [binding_id])
@@ -561,13 +525,6 @@ def _sample_rows(binding_id: str, frame: pd.DataFrame, tags: Sequence[str], sour
         "tag": np.tile(np.asarray(tags, dtype=object), n)[keep], "value": values.ravel()[keep],
         "source": np.full(kept, source, dtype=object), "ingest_id": np.full(kept, new_id("ing"), dtype=object),
         "ingested_at": np.full(kept, np.datetime64(naive_now(), "us"))}
-
-
-def _problem_json(problem: ProblemIR | Mapping[str, Any] | None) -> str | None:
-    """A run's problem as stored: a ProblemIR's canonical JSON (the text its hash is of), or a mapping's."""
-    if problem is None:
-        return None
-    return problem.canonical_json() if isinstance(problem, ProblemIR) else canonical_json(problem)
 
 
 def _payload_text(rec: Recommendation) -> str:

@@ -6,18 +6,18 @@ recommendation (docs/ARCHITECTURE.md, "What-if solves")."""
 from typing import Any, Mapping, Sequence
 
 from optimizer_pipeline.contracts import SolveCandidate, canonical_json
-from optimizer_pipeline.ledger.candidates import candidate_table
-from optimizer_pipeline.ledger.records import WhatIfRecord, end_status, naive_now, new_id
+from optimizer_pipeline.ledger.base import LedgerBase
+from optimizer_pipeline.ledger.records import NewRun, WhatIfRecord, naive_now
 from optimizer_pipeline.ledger.writes import retried
 
 REQUESTERS = ("cli", "dagster")
 
 
-class WhatIfRows:
-    """Part of Ledger (it provides `backend`, `_read`, `_one`, `_insert_run_row`, `_insert_candidate_table`)."""
+class WhatIfRows(LedgerBase):
+    """Part of Ledger."""
 
     @retried
-    def record_whatif(self, run: Mapping[str, Any], candidates: Sequence[SolveCandidate], model_id: str, *,
+    def record_whatif(self, run: NewRun, candidates: Sequence[SolveCandidate], model_id: str, *,
                       overrides: Sequence[Mapping[str, Any]], spec: Mapping[str, Any],
                       compared_recommendation_id: str | None, result: Mapping[str, Any], run_status: str,
                       independent_cost: float | None, diagnostics: Mapping[str, Any], requested_by: str,
@@ -25,18 +25,14 @@ class WhatIfRows:
         """Run (with its end status) + candidates + the what-if row in ONE transaction; nothing of
         optimizer_recommendations (or open_recommendations) is read or written. Bad numbers in a
         candidate or a document are refused before any write."""
-        run_status = end_status(run_status)
         if requested_by not in REQUESTERS:
             raise ValueError(f"requested_by must be one of {', '.join(REQUESTERS)}, got {requested_by!r}")
-        run = dict(run, id=run.get("id") or new_id("or"))
-        table = candidate_table(run["id"], candidates, model_id)
+        write_run = self._run_write(run, candidates, model_id, run_status, independent_cost, diagnostics)
         texts = [canonical_json(list(overrides)), canonical_json(dict(spec)), canonical_json(dict(result))]
         with self.backend.transaction() as tx:
-            run_id = self._insert_run_row(tx, run, run_status, independent_cost, canonical_json(diagnostics),
-                                          naive_now())
-            self._insert_candidate_table(tx, table)
+            run_id = write_run(tx)
             tx.execute("INSERT INTO whatif_runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                       [run_id, run["binding_id"], run["binding_revision"], texts[0], texts[1],
+                       [run_id, run.binding_id, run.binding_revision, texts[0], texts[1],
                         compared_recommendation_id, texts[2], requested_by, dagster_run_id, naive_now()])
         return run_id
 

@@ -7,10 +7,11 @@ from datetime import datetime
 from typing import Any
 
 from optimizer_pipeline.contracts import OpcUaWiring, wiring_from_json
+from optimizer_pipeline.ledger.base import LedgerBase
 
 
-class WiringRows:
-    """Part of Ledger (it provides `backend`)."""
+class WiringRows(LedgerBase):
+    """Part of Ledger."""
 
     def _store_wiring(self, tx: Any, binding_id: str, wiring: OpcUaWiring | None, now: datetime) -> bool:
         """Append `wiring` (None: the binding has none) when it differs from the binding's latest (a

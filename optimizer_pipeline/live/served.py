@@ -26,7 +26,7 @@ from optimizer_pipeline.contracts import (
     StoredBinding,
 )
 from optimizer_pipeline.data import default_min_length
-from optimizer_pipeline.ledger import Ledger, OutcomeRecord, Publication
+from optimizer_pipeline.ledger import Ledger, Publication, VerdictRecord
 from optimizer_pipeline.ledger.live_rows import Fingerprint
 from optimizer_pipeline.model.artifact import held_window, local_fitter
 from optimizer_pipeline.model.local import LOCAL, LocalFitter, steady_procedure
@@ -55,7 +55,7 @@ class Served:
     split: HistorySplit
     settled: pipeline.Settled
     fitter: LocalFitter | None  # the local refit's train regression (an artifact whose steady procedure is local)
-    outcomes: list[OutcomeRecord]
+    outcomes: list[VerdictRecord]
     source: str
     window: pd.DataFrame  # raw samples of the live run, time order: run_id, timestamp, tags
     rows: int  # the window's length bound

@@ -36,7 +36,7 @@ from enum import Enum
 from typing import Callable, Protocol, Sequence
 
 from optimizer_pipeline import pipeline
-from optimizer_pipeline.contracts import BindingSpec, HistorySplit, SolveResult, parse_iso_utc, utc_now
+from optimizer_pipeline.contracts import BindingSpec, HistorySplit, SolveResult, utc_now
 from optimizer_pipeline.ledger import Ledger, LedgerError, NotFoundError, Publication, new_id
 from optimizer_pipeline.ledger.live_rows import Fingerprint
 from optimizer_pipeline.data import with_live_run
@@ -422,9 +422,9 @@ class LiveService:
         if rec is None:
             return None
         context = self.ledger.get_run(rec.run_id).context
-        created = parse_iso_utc(rec.created_at)
-        self._latest[binding_id] = _Latest(rec.id, rec.status, rec.binding_revision, context.get("calibration_id"),
-                                           created.timestamp(), False)
+        created = rec.created_at
+        self._latest[binding_id] = _Latest(rec.id, rec.status.value, rec.binding_revision,
+                                           context.get("calibration_id"), created.timestamp(), False)
         solved = [self.ledger.live_published_up_to(binding_id, fingerprint.revision, fingerprint.calibration_id,
                                                    created)]
         if rec.binding_revision == fingerprint.revision and context.get("calibration_id") == fingerprint.calibration_id:
