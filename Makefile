@@ -50,10 +50,12 @@ MUT_recommend := optimizer_pipeline/recommend.py
 MUT_recommend_TESTS := tests/test_recommend.py tests/test_settings.py
 MUT_verify := optimizer_pipeline/solver/verify.py
 MUT_verify_TESTS := tests/test_verify.py tests/test_boundaries.py
-MUT_ledger := optimizer_pipeline/ledger/repository.py
+MUT_ledger := optimizer_pipeline/ledger/repository.py optimizer_pipeline/ledger/base.py
 MUT_ledger_TESTS := tests/test_ledger.py tests/test_ledger_candidates.py tests/test_ledger_race.py
-# record_solve / finish_run are @retried wrappers of _record_solve / _finish_run (mutmut skips decorated functions)
-MUT_ledger_ONLY := *record_solve__mutmut_* *_solve_write__mutmut_* *_publish__mutmut_* *_expire__mutmut_* *finish_run__mutmut_*
+# record_solve / finish_run are @retried wrappers of _record_solve / _finish_run (mutmut skips decorated functions);
+# the run write they share with a what-if is base.py's
+MUT_ledger_ONLY := *record_solve__mutmut_* *_solve_write__mutmut_* *_publish__mutmut_* *_expire__mutmut_* *finish_run__mutmut_* \
+  *_run_write__mutmut_* *_insert_run_row__mutmut_*
 MUT_local := optimizer_pipeline/model/local.py
 MUT_local_TESTS := tests/test_model_local.py
 # the model's block-scoring path (stacked runs, one-step residuals, the held disturbance's filter, the
@@ -68,16 +70,20 @@ MUT_transform_TESTS := tests/test_cv_transform.py
 define mutate_module
 	rm -rf .mutation/$(1) && mkdir -p .mutation/$(1)
 	git ls-files -z --cached --others --exclude-standard | tar --null --ignore-failed-read -T - -cf - | tar -xf - -C .mutation/$(1)
-	printf '[mutmut]\nsource_paths = optimizer_pipeline\nonly_mutate = %s\npytest_add_cli_args = -p no:cacheprovider\npytest_add_cli_args_test_selection =\n' $(MUT_$(1)) > .mutation/$(1)/setup.cfg
+	printf '[mutmut]\nsource_paths = optimizer_pipeline\npytest_add_cli_args = -p no:cacheprovider\nonly_mutate =\n' > .mutation/$(1)/setup.cfg
+	for f in $(MUT_$(1)); do printf '    %s\n' $$f >> .mutation/$(1)/setup.cfg; done
+	printf 'pytest_add_cli_args_test_selection =\n' >> .mutation/$(1)/setup.cfg
 	for t in $(MUT_$(1)_TESTS); do printf '    %s\n' $$t >> .mutation/$(1)/setup.cfg; done
 	cd .mutation/$(1) && (nice -n 10 timeout $(MUTATION_TIMEOUT) $(CURDIR)/$(BIN)/mutmut run --max-children $(MUTATION_JOBS) $(foreach n,$(MUT_$(1)_ONLY),'$(n)') > run.log 2>&1; echo "exit $$?" >> run.log)
 	cd .mutation/$(1) && $(CURDIR)/$(BIN)/mutmut results --all true 2>/dev/null | grep -E "$(subst *,.*,$(subst $(space),|,$(or $(MUT_$(1)_ONLY),.)))" > results.txt || true
-	@cd .mutation/$(1) && printf '%s: %s killed, %s survived, %s timeout, %s without tests (of %s); survivors in .mutation/%s/results.txt\n' $(1) \
+	@cd .mutation/$(1) && printf '%s: %s killed, %s survived, %s timeout, %s suspicious, %s not checked, %s without tests, %s other (of %s); survivors in .mutation/%s/results.txt\n' $(1) \
 	  $$(grep -c ': killed$$' results.txt) $$(grep -c ': survived$$' results.txt) $$(grep -c ': timeout$$' results.txt) \
-	  $$(grep -c ': no tests$$' results.txt) $$(wc -l < results.txt) $(1)
+	  $$(grep -c ': suspicious$$' results.txt) $$(grep -c ': not checked$$' results.txt) $$(grep -c ': no tests$$' results.txt) \
+	  $$(grep -vcE ': (killed|survived|timeout|suspicious|not checked|no tests)$$' results.txt) $$(wc -l < results.txt) $(1) | tee -a .mutation/summary.txt
 
 endef
 space := $(subst ,, )
 
 mutation: $(STAMP)
+	mkdir -p .mutation && printf 'make mutation at %s (%s), MUTATION_JOBS=%s\n' "$$(git rev-parse --short HEAD)" "$$(date -u +%FT%TZ)" $(MUTATION_JOBS) > .mutation/summary.txt
 	$(foreach m,$(MUTATION_MODULES),$(call mutate_module,$(m)))
