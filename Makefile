@@ -79,7 +79,7 @@ define mutate_module
 	@cd .mutation/$(1) && printf '%s: %s killed, %s survived, %s timeout, %s suspicious, %s not checked, %s without tests, %s other (of %s); survivors in .mutation/%s/results.txt\n' $(1) \
 	  $$(grep -c ': killed$$' results.txt) $$(grep -c ': survived$$' results.txt) $$(grep -c ': timeout$$' results.txt) \
 	  $$(grep -c ': suspicious$$' results.txt) $$(grep -c ': not checked$$' results.txt) $$(grep -c ': no tests$$' results.txt) \
-	  $$(grep -vcE ': (killed|survived|timeout|suspicious|not checked|no tests)$$' results.txt) $$(wc -l < results.txt) $(1) | tee -a .mutation/summary.txt
+	  $$(grep -vcE ': (killed|survived|timeout|suspicious|not checked|no tests)$$' results.txt) $$(wc -l < results.txt) $(1) | tee -a $(CURDIR)/.mutation/summary.txt
 
 endef
 space := $(subst ,, )
