@@ -22,7 +22,6 @@ import grp
 import os
 import pwd
 import shutil
-import signal
 import socket
 import ssl
 import subprocess
@@ -37,6 +36,7 @@ import pytest
 from optimizer_pipeline.deployment import dagster_yaml, webserver_command
 from optimizer_pipeline.settings import load_settings
 
+from process_groups import start_group, stop_group
 from servers import free_port, unavailable
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "deployment" / "nginx-dagster-ui.conf"
@@ -44,7 +44,6 @@ SERVER_NAME = "optimizer.plant.example"
 REALM = "optimizer-pipeline"
 USER, PASSWORD = "alice", "correct horse battery staple"
 UI_START_TIMEOUT_S = 120
-STOP_TIMEOUT_S = 30
 WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"  # RFC 6455
 
 
@@ -122,48 +121,6 @@ def main_config(folder: Path) -> str:
 
 
 # ------------------------------------------------------------------ processes
-
-
-def _default_signals() -> None:
-    """In the child before exec: a parent that ignores SIGINT would make Dagster ignore SIGTERM too
-    (docs/ARCHITECTURE.md, "Running the Dagster UI from scripts")."""
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_DFL)
-
-
-def start_group(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
-    return subprocess.Popen(cmd, start_new_session=True, preexec_fn=_default_signals, env=env,
-                            stdin=subprocess.DEVNULL, stdout=log.open("wb"), stderr=subprocess.STDOUT)
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes of process group `pgid`."""
-    members = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()  # state ppid pgrp ...
-        except (OSError, IndexError):
-            continue
-        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            members.append(int(stat.parent.name))
-    return members
-
-
-def stop_group(proc: subprocess.Popen) -> list[int]:
-    """SIGTERM the group `proc` leads, SIGKILL what is left after STOP_TIMEOUT_S; returns the survivors."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    deadline = time.monotonic() + STOP_TIMEOUT_S
-    while time.monotonic() < deadline and group_members(proc.pid):
-        proc.poll()
-        time.sleep(0.1)
-    if group_members(proc.pid):
-        os.killpg(proc.pid, signal.SIGKILL)
-        time.sleep(1.0)
-    proc.wait(timeout=10)
-    return group_members(proc.pid)
 
 
 def wait_for_port(port: int, proc: subprocess.Popen, log: Path, timeout_s: float) -> None:

@@ -13,7 +13,6 @@ import base64
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -31,6 +30,7 @@ from optimizer_pipeline.plants import demo_plants
 from optimizer_pipeline.settings import dagster_home
 
 from pipeline_fixtures import seed_home
+from process_groups import start_group, stop_group
 
 BINDING = "tanks-1"
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
@@ -40,7 +40,6 @@ OVERVIEW_SCREENSHOT = ARTIFACTS / "ui-site-overview.png"
 OVERVIEW_TIMEOUT_S = 180  # the daemon's first tick of the site_overview sensor (every 30 s) after it starts
 UI_START_TIMEOUT_S = 120
 RENDER_TIMEOUT_S = 60
-STOP_TIMEOUT_S = 30
 PLOT_WIDTH_PX = 760  # plots.WIDTH_IN * plots.DPI
 STATUS_ROW = "//tr[td//span[text()='status']]"
 METADATA_ROW = "//tr[td//span[text()='{}']]"
@@ -59,53 +58,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _default_signals() -> None:
-    """Run in the child before exec: a non-interactive parent may ignore SIGINT, and Dagster copies
-    that to SIGTERM (docs/ARCHITECTURE.md, "Running the Dagster UI from scripts"), so the tree would ignore our stop."""
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_DFL)
-
-
-def _start_group(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
-    return subprocess.Popen(cmd, start_new_session=True, preexec_fn=_default_signals, env=env,
-                            stdin=subprocess.DEVNULL, stdout=log.open("wb"), stderr=subprocess.STDOUT)
-
-
-def _group_members(pgid: int) -> list[str]:
-    """Live (non-zombie) processes of process group `pgid`, as 'pid command' lines."""
-    members = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-            cmdline = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:  # exited while we looked
-            continue
-        fields = text[text.rindex(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp ...
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            members.append(f"{stat.parent.name} {cmdline[:120]}")
-    return members
-
-
-def _stop_group(proc: subprocess.Popen) -> list[str]:
-    """SIGTERM the group of `proc` (it leads its own session), then SIGKILL what is left after
-    STOP_TIMEOUT_S; returns the processes still alive after that (should be none)."""
-    pgid = proc.pid
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    deadline = time.monotonic() + STOP_TIMEOUT_S
-    while time.monotonic() < deadline and _group_members(pgid):
-        proc.poll()  # reap our direct child; the rest are reaped by their new parent
-        time.sleep(0.2)
-    if _group_members(pgid):
-        warnings.warn(f"process group {pgid} ignored SIGTERM for {STOP_TIMEOUT_S} s: {_group_members(pgid)}")
-        os.killpg(pgid, signal.SIGKILL)
-        time.sleep(1.0)
-    proc.wait(timeout=10)
-    return _group_members(pgid)
 
 
 class WebDriver:
@@ -244,14 +196,14 @@ def ui_url(demo_home, tmp_path_factory):
     port = _free_port()
     log = tmp_path_factory.mktemp("ui-log") / "dagster-dev.log"
     env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "OPTIMIZER_HOME")}
-    proc = _start_group([sys.executable, "-m", "optimizer_pipeline.cli", "--home", str(demo_home), "ui",
+    proc = start_group([sys.executable, "-m", "optimizer_pipeline.cli", "--home", str(demo_home), "ui",
                          "--port", str(port), "--host", "127.0.0.1"], log, env)
     try:
         url = f"http://127.0.0.1:{port}"
         _wait_until_up(url + "/server_info", proc, log, UI_START_TIMEOUT_S)
         yield url
     finally:
-        left = _stop_group(proc)
+        left = stop_group(proc)
         assert not left, f"processes of the UI's group survived the stop: {left}"
 
 
@@ -259,7 +211,7 @@ def ui_url(demo_home, tmp_path_factory):
 def browser(chromium, tmp_path_factory):
     port = _free_port()
     tmp = tmp_path_factory.mktemp("chromium")
-    proc = _start_group([shutil.which("chromedriver"), f"--port={port}"], tmp / "chromedriver.log")
+    proc = start_group([shutil.which("chromedriver"), f"--port={port}"], tmp / "chromedriver.log")
     driver = WebDriver(f"http://127.0.0.1:{port}")
     try:
         _wait_until_up(driver.base + "/status", proc, tmp / "chromedriver.log", 30)
@@ -269,7 +221,7 @@ def browser(chromium, tmp_path_factory):
         try:
             driver.quit()
         finally:
-            left = _stop_group(proc)
+            left = stop_group(proc)
             assert not left, f"processes of chromedriver's group survived the stop: {left}"
 
 
