@@ -7,9 +7,12 @@ the run in try / finally, and a failed start shuts down whatever it had started 
 no worker process outlives the run either way (docs/ARCHITECTURE.md, "Dagster resources and step
 processes": teardown runs when the step fails, not when setup failed). Inside
 `solver.shared.kept_alive()` (the CLI running many partitions in one process) the pool is shared
-by the runs and stopped when that block ends instead.
+by the runs and stopped when that block ends instead; in a Celery worker started by
+`optimizer-pipeline worker` (its runs follow one another in one process) it is kept for the worker's
+life (`solver.shared.keep_for_process`).
 """
 
+import os
 from contextlib import contextmanager
 from typing import Any, Iterator, Mapping, Optional
 
@@ -19,7 +22,8 @@ from pydantic import Field, PrivateAttr
 from optimizer_pipeline.contracts import ProblemIR
 from optimizer_pipeline.solver.pool import SolverPool
 from optimizer_pipeline.solver.process import DEFAULT_CACHE_ENTRIES
-from optimizer_pipeline.solver.shared import acquire
+from optimizer_pipeline.deployment import WORKER_ENV
+from optimizer_pipeline.solver.shared import acquire, keep_for_process
 
 
 class SolverResource(ConfigurableResource):
@@ -48,6 +52,8 @@ class SolverPoolResource(SolverResource):
 
     @contextmanager
     def yield_for_execution(self, context: InitResourceContext) -> Iterator["SolverPoolResource"]:
+        if os.environ.get(WORKER_ENV):
+            keep_for_process()
         self._context = context
         try:
             yield self

@@ -1,12 +1,17 @@
 """The Dagster solver resource owns a worker pool for one run and leaves no process behind."""
 
+import json
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 from dagster import asset, materialize
 
 from optimizer_pipeline.contracts import ProblemIR, StateSpace, Template
+from optimizer_pipeline.deployment import WORKER_ENV
 from optimizer_pipeline.resources.solver import SolverPoolResource
 
 seen: dict[str, list] = {}  # what the assets saw, for the assertions after the run
@@ -132,3 +137,29 @@ def test_the_in_process_fake_answers_what_the_worker_pool_answers():
 
     assert fake["ok"] and real["ok"] and len(plans(fake)) == 2  # hold + nominal (no band, no robust)
     assert plans(fake) == plans(real)
+
+
+def test_a_celery_worker_keeps_its_pool_across_runs_and_stops_it_at_exit(tmp_path):
+    """In a process that `optimizer-pipeline worker` started (WORKER_ENV set), two runs share one pool,
+    and its workers end when the process exits. A process of its own: the keep is for a process's life."""
+    script = tmp_path / "two_runs.py"
+    script.write_text(
+        "import json\n"
+        "from dagster import asset, materialize\n"
+        "from optimizer_pipeline.resources.solver import SolverPoolResource\n"
+        "seen = []\n"
+        "@asset\n"
+        "def uses_pool(solver: SolverPoolResource):\n"
+        "    seen.append(solver.stats()['pids'])\n"
+        "for _ in range(2):\n"
+        "    assert materialize([uses_pool], resources={'solver': SolverPoolResource(pool_size=1)}).success\n"
+        "print(json.dumps(seen))\n")
+    env = {**os.environ, WORKER_ENV: "a"}
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    first, second = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert first == second  # the second run took the first run's pool
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in first) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in first)

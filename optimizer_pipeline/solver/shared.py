@@ -1,13 +1,15 @@
 """Keep-alive registry: one started SolverPool per settings, shared by the runs of one process.
 
 Users: the Dagster resource (resources/solver.py) takes its pool from `acquire` for every run; the
-CLI (automation.py `run_partitions`) and bench/bench_pipeline.py wrap many runs in `kept_alive()`. It lives
+CLI (automation.py `run_partitions`) and bench/bench_pipeline.py wrap many runs in `kept_alive()`; a
+Celery worker of `optimizer-pipeline worker` keeps its pools for its life (`keep_for_process`). It lives
 here, beside the pool, not in resources/solver.py: it needs nothing from Dagster and is not the
 resource's internals (the CLI and the benchmark enter it themselves, and would otherwise reach into
 a Dagster resource module for process-wide state), so the resource stays a thin adapter, the pool
 stays free of process-wide state, and the domain library keeps its no-dagster rule.
 """
 
+import atexit
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,6 +19,7 @@ from optimizer_pipeline.solver.process import DEFAULT_CACHE_ENTRIES
 
 _shared_lock = threading.Lock()
 _keepers = 0
+_kept_for_process = False
 _shared: dict[tuple[int, int, int, int], SolverPool] = {}
 
 
@@ -38,6 +41,28 @@ def kept_alive() -> Iterator[None]:
                 _shared.clear()
         for pool in pools:
             pool.shutdown()
+
+
+def keep_for_process() -> None:
+    """From now on pools from `acquire` are shared and outlive their runs until this process exits: a
+    Celery worker's runs follow one another in one process, and each would otherwise start its pool
+    again (~0.6 s). Idempotent; the pools are shut down at exit (a worker killed outright takes its
+    pool's workers with it: they end at their stdin's EOF)."""
+    global _keepers, _kept_for_process
+    with _shared_lock:
+        if _kept_for_process:
+            return
+        _kept_for_process = True
+        _keepers += 1
+    atexit.register(_shutdown_shared)
+
+
+def _shutdown_shared() -> None:
+    with _shared_lock:
+        pools = list(_shared.values())
+        _shared.clear()
+    for pool in pools:
+        pool.shutdown()
 
 
 def acquire(size: int, request_timeout_ms: int, threads: int,
