@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 import yaml
@@ -102,3 +103,30 @@ def test_an_unreachable_broker_is_one_error_line_and_nothing_is_submitted(postgr
         assert SECRET not in proc.stderr
     assert not (home / "dagster").exists() or not list((home / "dagster").rglob("*.db"))
 
+
+
+def test_a_pool_with_every_connection_in_use_says_so_not_that_the_server_is_down(postgres):
+    """The pool's timeout has two causes a user must tell apart: here the server is up and the one
+    connection is held, so the refusal names the pool, not reachability (the server down: the
+    restart tests in tests/test_postgres_restart.py)."""
+    from optimizer_pipeline.ledger import LedgerBusyError
+
+    backend = PostgresBackend(postgres.new_database(), pool_max=1, connect_timeout_s=1.0)
+    try:
+        with backend.session():
+            outcome = []
+            worker = threading.Thread(target=lambda: outcome.append(_take_or_error(backend)))
+            worker.start()
+            worker.join(30)
+        with pytest.raises(LedgerBusyError, match=r": all 1 connections in use for 1 s$"):
+            raise outcome[0]
+    finally:
+        backend.close()
+
+
+def _take_or_error(backend: PostgresBackend) -> BaseException:
+    try:
+        with backend.session():
+            return AssertionError("a second connection was handed out from a pool of one")
+    except BaseException as exc:  # noqa: BLE001 - handed back to the test's thread
+        return exc

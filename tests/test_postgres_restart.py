@@ -176,6 +176,7 @@ def test_a_write_in_flight_is_retried_once_through_a_restart_and_refused_whole_w
         assert after[len(retries)] == f"OK {in_flight}", after[:10]  # retried, then committed
     else:
         assert after[len(retries)].startswith(f"ERR {in_flight} "), after[:10]  # retried, then refused
+        assert all(": cannot be reached: " in message for _, _, message in errors), errors  # not "busy"
     committed, refused = set(_events(out.lines, "OK")), {run_id for run_id, _, _ in errors}
 
     ledger = ledger_at(url)

@@ -33,6 +33,7 @@ from optimizer_pipeline.ledger.schema import POSTGRES, apply_schema
 from optimizer_pipeline.settings import redact_url
 
 log = logging.getLogger(__name__)
+REACH_TIMEOUT_S = 2  # how long the direct connection that tells why the pool had none may take
 # the pool's own warnings (a connection discarded, a reconnect that failed while the server was
 # down) go to the application's logging when it has any, never bare to a CLI user's stderr: what a
 # user needs is in the ledger's one-line errors
@@ -138,7 +139,16 @@ class PostgresBackend:
         try:
             return self._pool.getconn()
         except PoolTimeout:
-            raise LedgerBusyError(f"ledger {self.location}: no connection free within the timeout") from None
+            raise LedgerBusyError(f"ledger {self.location}: {self._why_no_connection()}") from None
+
+    def _why_no_connection(self) -> str:
+        """Why the pool gave no connection within its timeout: the server cannot be reached (one direct
+        connection tells, with the driver's reason), or every connection is in use."""
+        try:
+            psycopg.connect(self.url, connect_timeout=REACH_TIMEOUT_S).close()
+        except psycopg.Error as exc:
+            return f"cannot be reached: {_reason(exc, self.url)}"
+        return f"all {self._pool.max_size} connections in use for {self._pool.timeout:g} s"
 
     def _renewed(self, session: _Session) -> None:
         """A session whose connection was lost (the server restarted) goes on with a new one; the
