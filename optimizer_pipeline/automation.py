@@ -409,26 +409,48 @@ def chunks(ordered_keys: Sequence[str], wanted: Sequence[str], per_run: int) -> 
     return out
 
 
+class BindingRun(NamedTuple):
+    """How one binding fared in a CLI-launched run: ok, or the stage and reason it failed."""
+
+    binding_id: str
+    ok: bool
+    dagster_run_id: str
+    detail: str  # "" when ok, else "<stage>: <reason>"
+
+
+def registered_partitions(instance: Any, binding_ids: Sequence[str]) -> list[str]:
+    """The instance's binding partitions in its order, those of `binding_ids` it lacked added first."""
+    known = set(instance.get_dynamic_partitions(BINDINGS.name))
+    missing = [b for b in binding_ids if b not in known]
+    if missing:
+        instance.add_dynamic_partitions(BINDINGS.name, missing)
+    return instance.get_dynamic_partitions(BINDINGS.name)
+
+
+def binding_runs(ledger, run_id: str, keys: Sequence[str], run_error: str) -> list[BindingRun]:
+    """How each binding of run `run_id` fared: the stage and reason the ledger recorded for it; without
+    any binding's failure, `run_error` for all of them ("" when the run succeeded)."""
+    failed = {f.binding_id: f"{f.stage}: {f.message}" for f in ledger.list_failures(dagster_run_id=run_id)}
+    detail = {key: failed.get(key, "" if failed else run_error) for key in keys}
+    return [BindingRun(key, not detail[key], run_id, detail[key]) for key in keys]
+
+
 def submit_and_wait(home, ledger, binding_ids: Sequence[str], job_name: str, per_run: int,
-                    wait: bool = True) -> list[tuple[str, bool, str, str]]:
+                    wait: bool = True) -> list[BindingRun]:
     """Submit `job_name` over the bindings in runs of at most `per_run` partitions to the home's
     instance (queued; the daemon launches them onto Celery workers), all from this process through
     one code server (`assets.compat.job_submitter`); then, with `wait`, poll until every run ended.
-    Returns (binding, ok, run id, detail) per binding, the detail from the ledger's failures."""
-    from dagster import DagsterInstance, DagsterRunStatus
+    Returns how each binding fared, the detail from the ledger's failures."""
+    from dagster import DagsterRunStatus
 
     with DagsterInstance.get() as instance:
-        known = set(instance.get_dynamic_partitions(BINDINGS.name))
-        missing = [b for b in binding_ids if b not in known]
-        if missing:
-            instance.add_dynamic_partitions(BINDINGS.name, missing)
-        ordered = instance.get_dynamic_partitions(BINDINGS.name)
+        ordered = registered_partitions(instance, binding_ids)
         runs = {str(uuid.uuid4()): keys for keys in chunks(ordered, binding_ids, per_run)}
         with job_submitter(instance, CODE_LOCATION[-1], job_name) as submit:
             for run_id, keys in runs.items():
                 submit(run_id, {"optimizer/launched_by": "cli", **range_tags(keys[0], keys[-1])})
         if not wait:
-            return [(b, True, run_id, "") for run_id, keys in runs.items() for b in keys if b in binding_ids]
+            return [BindingRun(b, True, run_id, "") for run_id, keys in runs.items() for b in keys if b in binding_ids]
         deadline, pending = time.monotonic() + RUN_WAIT_S, set(runs)
         while pending and time.monotonic() < deadline:
             for run_id in list(pending):
@@ -440,12 +462,9 @@ def submit_and_wait(home, ledger, binding_ids: Sequence[str], job_name: str, per
         for run_id, keys in runs.items():
             run = instance.get_run_by_id(run_id)
             status = run.status if run is not None else None
-            failed = {f.binding_id: f"{f.stage}: {f.message}" for f in ledger.list_failures(dagster_run_id=run_id)}
-            run_error = "" if status == DagsterRunStatus.SUCCESS or failed else \
+            run_error = "" if status == DagsterRunStatus.SUCCESS else \
                 f"run {run_id} ended {status.value if status else 'unknown'}"
-            for b in keys:
-                detail = failed.get(b, run_error)
-                results[b] = (b, not detail, run_id, detail)
+            results.update((r.binding_id, r) for r in binding_runs(ledger, run_id, keys, run_error))
     return [results[b] for b in binding_ids]
 
 
@@ -478,15 +497,6 @@ def fail_runs_of_dead_worker(broker: str, name: str, code: int) -> list[str]:
 QUIET_RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 
 
-class BindingRun(NamedTuple):
-    """How one binding fared in a CLI-launched run: ok, or the stage and reason it failed."""
-
-    binding_id: str
-    ok: bool
-    dagster_run_id: str
-    detail: str  # "" when ok, else "<stage>: <reason>"
-
-
 def run_partitions(home: Path, binding_ids: Sequence[str], job_name: str = "refresh",
                    wait: bool = True) -> list[BindingRun]:
     """Run a job over the given binding partitions. Embedded default: in process on the home's
@@ -502,30 +512,23 @@ def run_partitions(home: Path, binding_ids: Sequence[str], job_name: str = "refr
     settings = load_settings(home)
     if settings.dagster_run_launcher == "celery":
         require_broker(settings)
-        return [BindingRun(*outcome) for outcome in submit_and_wait(
-            home, open_ledger(home, settings), binding_ids, job_name, settings.dagster_max_partitions_per_run, wait)]
+        return submit_and_wait(home, open_ledger(home, settings), binding_ids, job_name,
+                               settings.dagster_max_partitions_per_run, wait)
     ledger = open_ledger(home)
     results = {}
     with DagsterInstance.get() as instance, kept_alive():
         # resolved inside the instance's scope: Dagster reads the definitions' state from the
         # instance that is current while it builds the repository
         job = build_definitions(home).resolve_job_def(job_name)
-        known = set(instance.get_dynamic_partitions("bindings"))
-        missing = [b for b in binding_ids if b not in known]
-        if missing:
-            instance.add_dynamic_partitions("bindings", missing)
-        ordered = instance.get_dynamic_partitions("bindings")
+        ordered = registered_partitions(instance, binding_ids)
         for first, last in partition_ranges(ordered, binding_ids):
             partition = {"partition_key": first} if first == last else {}
             result = job.execute_in_process(instance=instance, raise_on_error=False, run_config=QUIET_RUN_CONFIG,
                                             tags={"optimizer/launched_by": "cli",
                                                   **({} if partition else range_tags(first, last))}, **partition)
-            failed = {f.binding_id: f"{f.stage}: {f.message}"
-                      for f in ledger.list_failures(dagster_run_id=result.run_id)}
-            run_error = "" if result.success or failed else _failure(result)
-            for key in ordered[ordered.index(first):ordered.index(last) + 1]:
-                detail = failed.get(key, run_error)
-                results[key] = BindingRun(key, not detail, result.run_id, detail)
+            keys = ordered[ordered.index(first):ordered.index(last) + 1]
+            run_error = "" if result.success else _failure(result)
+            results.update((r.binding_id, r) for r in binding_runs(ledger, result.run_id, keys, run_error))
     return [results[b] for b in binding_ids]
 
 

@@ -1,5 +1,6 @@
-"""Processes a test starts in a process group of their own (the Dagster UI, chromedriver, nginx) and
-stops as a whole: SIGTERM to the group, SIGKILL to what is left, nothing left behind."""
+"""Processes a test starts in a process group of their own (the Dagster UI, chromedriver, nginx), waits
+for until they answer, and stops as a whole: SIGTERM to the group, SIGKILL to what is left, nothing
+left behind."""
 
 import os
 import signal
@@ -7,6 +8,7 @@ import subprocess
 import time
 import warnings
 from pathlib import Path
+from typing import Callable
 
 STOP_TIMEOUT_S = 30
 
@@ -23,6 +25,22 @@ def start_group(cmd: list[str], log: Path, env: dict[str, str] | None = None) ->
     """`cmd` as the leader of a new session and process group, its output in `log`."""
     return subprocess.Popen(cmd, start_new_session=True, preexec_fn=_default_signals, env=env,
                             stdin=subprocess.DEVNULL, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+
+
+def wait_until_up(proc: subprocess.Popen, log: Path, timeout_s: float, answers: Callable[[], None],
+                  what: str) -> None:
+    """Until `answers()` returns without OSError: AssertionError with the end of `log` when the process
+    exits first or `what` does not answer within `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"{proc.args[:4]} exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            answers()
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise AssertionError(f"{what} did not answer within {timeout_s} s:\n{log.read_text()[-3000:]}")
 
 
 def group_members(pgid: int) -> list[str]:

@@ -26,7 +26,6 @@ import socket
 import ssl
 import subprocess
 import threading
-import time
 from datetime import datetime, timedelta, timezone
 from ipaddress import IPv4Address
 from pathlib import Path
@@ -36,7 +35,7 @@ import pytest
 from optimizer_pipeline.deployment import dagster_yaml, webserver_command
 from optimizer_pipeline.settings import load_settings
 
-from process_groups import start_group, stop_group
+from process_groups import start_group, stop_group, wait_until_up
 from servers import free_port, unavailable
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "deployment" / "nginx-dagster-ui.conf"
@@ -123,17 +122,8 @@ def main_config(folder: Path) -> str:
 # ------------------------------------------------------------------ processes
 
 
-def wait_for_port(port: int, proc: subprocess.Popen, log: Path, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"{proc.args[0]} exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise AssertionError(f"nothing listens on {port} after {timeout_s} s:\n{log.read_text()[-3000:]}")
+def _connects(port: int):
+    return lambda: socket.create_connection(("127.0.0.1", port), timeout=1).close()
 
 
 class RecordingRelay:
@@ -214,7 +204,7 @@ def dagster_ui(nginx, tmp_path_factory):
     port, log = free_port(), home / "webserver.log"
     proc = start_group(webserver_command("127.0.0.1", port), log, env)
     try:
-        wait_for_port(port, proc, log, UI_START_TIMEOUT_S)
+        wait_until_up(proc, log, UI_START_TIMEOUT_S, _connects(port), f"port {port}")
         yield port
     finally:
         left = stop_group(proc)
@@ -300,7 +290,7 @@ def proxy(nginx, relay, tmp_path_factory):
     proc = start_group([nginx, "-p", f"{folder}/", "-c", str(folder / "nginx.conf"), "-e", str(folder / "error.log"),
                         "-g", "daemon off;"], log)
     try:
-        wait_for_port(port, proc, log, 30)
+        wait_until_up(proc, log, 30, _connects(port), f"port {port}")
         yield Proxy(port, folder, crt)
     finally:
         left = stop_group(proc)

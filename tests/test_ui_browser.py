@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import socket
-import subprocess
 import sys
 import time
 import urllib.error
@@ -30,7 +29,7 @@ from optimizer_pipeline.plants import demo_plants
 from optimizer_pipeline.settings import dagster_home
 
 from pipeline_fixtures import seed_home
-from process_groups import start_group, stop_group
+from process_groups import start_group, stop_group, wait_until_up
 
 BINDING = "tanks-1"
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
@@ -120,17 +119,8 @@ class WebDriver:
             self.call("DELETE", self.session)
 
 
-def _wait_until_up(url: str, proc: subprocess.Popen, log: Path, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"{proc.args[:4]} exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(url, timeout=2):
-                return
-        except OSError:
-            time.sleep(0.3)
-    raise AssertionError(f"{url} did not answer within {timeout_s} s:\n{log.read_text()[-3000:]}")
+def _answers(url: str):
+    return lambda: urllib.request.urlopen(url, timeout=2).close()
 
 
 def _in_ci(environ) -> bool:
@@ -200,7 +190,7 @@ def ui_url(demo_home, tmp_path_factory):
                          "--port", str(port), "--host", "127.0.0.1"], log, env)
     try:
         url = f"http://127.0.0.1:{port}"
-        _wait_until_up(url + "/server_info", proc, log, UI_START_TIMEOUT_S)
+        wait_until_up(proc, log, UI_START_TIMEOUT_S, _answers(url + "/server_info"), url)
         yield url
     finally:
         left = stop_group(proc)
@@ -214,7 +204,7 @@ def browser(chromium, tmp_path_factory):
     proc = start_group([shutil.which("chromedriver"), f"--port={port}"], tmp / "chromedriver.log")
     driver = WebDriver(f"http://127.0.0.1:{port}")
     try:
-        _wait_until_up(driver.base + "/status", proc, tmp / "chromedriver.log", 30)
+        wait_until_up(proc, tmp / "chromedriver.log", 30, _answers(driver.base + "/status"), driver.base)
         driver.start(tmp / "profile")
         yield driver
     finally:

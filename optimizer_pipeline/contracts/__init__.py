@@ -4,7 +4,7 @@ One module per group of words; every name is re-exported here, so `from
 optimizer_pipeline.contracts import X` is the one way to use them:
 
   canonical       canonical JSON, fast_json, all_finite, sha256 / content hash, ContractError
-  timeutil        utc_now, iso_utc, iso_from_seconds, parse_iso_utc
+  timeutil        utc_now, as_utc, iso_utc, iso_from_seconds, parse_iso_utc
   transform       CVTransform (a saturating CV's logit) and its column-wise forward / inverse
   wiring          a binding's OPC UA wiring: OpcUaWiring, AdvisoryWiring, NodeIds, wiring_from_json
   binding         Template, MV / CV / DV specs, ModelSettings, Profile, BindingSpec and its loaders, StoredBinding
@@ -57,7 +57,7 @@ from optimizer_pipeline.contracts.recommendation import (
     RecommendationStatus,
 )
 from optimizer_pipeline.contracts.solve import CandidateKind, SolveCandidate, SolveResult
-from optimizer_pipeline.contracts.timeutil import iso_from_seconds, iso_utc, parse_iso_utc, utc_now
+from optimizer_pipeline.contracts.timeutil import as_utc, iso_from_seconds, iso_utc, parse_iso_utc, utc_now
 from optimizer_pipeline.contracts.transform import CVTransform, forward_columns, inverse_columns
 from optimizer_pipeline.contracts.wiring import AdvisoryWiring, NodeIds, OpcUaWiring, wiring_from_json
 
@@ -69,7 +69,7 @@ __all__ = [
     "ModelSettings", "NodeIds", "Normalisation", "OpcUaWiring", "Outcome",
     "OutcomeVerdict", "ProblemIR", "Profile", "Recommendation", "RecommendationStatus", "RunSeries", "Scores",
     "SolveCandidate", "SolveResult", "StateSpace", "StoredBinding", "Template", "UQEvidence", "all_finite",
-    "binding_from_dict", "binding_from_json", "canonical_json", "content_hash", "fast_json", "forward_columns",
+    "as_utc", "binding_from_dict", "binding_from_json", "canonical_json", "content_hash", "fast_json", "forward_columns",
     "inverse_columns", "iso_from_seconds", "iso_utc", "load_binding_file", "parse_iso_utc", "sha256_hex", "utc_now",
     "wiring_from_json",
 ]

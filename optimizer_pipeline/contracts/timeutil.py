@@ -7,11 +7,14 @@ def utc_now() -> datetime:
     return datetime.now(timezone.utc)
 
 
+def as_utc(moment: datetime) -> datetime:
+    """`moment` as an aware UTC datetime; a naive one is taken as UTC (as the ledger's TIMESTAMP columns hold it)."""
+    return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment.astimezone(timezone.utc)
+
+
 def iso_utc(moment: datetime) -> str:
     """ISO 8601 in UTC with an explicit offset, seconds precision kept to microseconds."""
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
-    return moment.astimezone(timezone.utc).isoformat()
+    return as_utc(moment).isoformat()
 
 
 def iso_from_seconds(seconds: float) -> str:
@@ -20,5 +23,4 @@ def iso_from_seconds(seconds: float) -> str:
 
 
 def parse_iso_utc(text: str) -> datetime:
-    moment = datetime.fromisoformat(text)
-    return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment.astimezone(timezone.utc)
+    return as_utc(datetime.fromisoformat(text))

@@ -8,14 +8,13 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from optimizer_pipeline.contracts import ModelArtifact, canonical_json
+from optimizer_pipeline.contracts import ModelArtifact, as_utc, canonical_json
 from optimizer_pipeline.ledger.base import LedgerBase
 from optimizer_pipeline.ledger.errors import NotFoundError
 from optimizer_pipeline.ledger.records import (
     BindingFailure,
     CalibrationRecord,
     HistorySplitRecord,
-    aware,
     naive,
     naive_now,
     new_id,
@@ -126,7 +125,7 @@ class EvidenceRows(LedgerBase):
                        dagster_run_id: str | None = None) -> BindingFailure:
         """Record that a stage of one binding failed (nothing of that stage was written)."""
         now = naive_now()
-        failure = BindingFailure(new_id("bf"), binding_id, revision, stage, error, message, dagster_run_id, aware(now))
+        failure = BindingFailure(new_id("bf"), binding_id, revision, stage, error, message, dagster_run_id, as_utc(now))
         with self.backend.transaction() as tx:
             tx.execute("INSERT INTO binding_failures VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                        [failure.id, binding_id, revision, stage, error, message, dagster_run_id, now])

@@ -3,8 +3,9 @@ recommendation, its newest live publication and its newest stage failure, in one
 
 import json
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 
+from optimizer_pipeline.contracts import as_utc
 from optimizer_pipeline.ledger.base import LedgerBase
 
 
@@ -69,9 +70,7 @@ def _overview(binding_id, revision, rec_id, rec_revision, status, reasons_json, 
     updated = max((t for t in (created_at, published_at) if t is not None), default=None)
     newer_failure = failed_at is not None and (created_at is None or failed_at > created_at)
     return BindingOverview(binding_id, int(revision), status, first, rec_id,
-                           None if rec_revision is None else int(rec_revision), _aware(updated),
+                           None if rec_revision is None else int(rec_revision),
+                           None if updated is None else as_utc(updated),
                            f"{stage}: {message}" if newer_failure else None)
 
-
-def _aware(moment: datetime | None) -> datetime | None:
-    return None if moment is None else moment.replace(tzinfo=timezone.utc)

@@ -16,7 +16,15 @@ from datetime import datetime, timezone
 from enum import Enum
 from typing import Any, Mapping, Sequence, TypeVar, get_args, get_type_hints
 
-from optimizer_pipeline.contracts import OutcomeVerdict, ProblemIR, RecommendationStatus, parse_iso_utc, utc_now
+from optimizer_pipeline.contracts import (
+    OutcomeVerdict,
+    ProblemIR,
+    RecommendationStatus,
+    as_utc,
+    iso_utc,
+    parse_iso_utc,
+    utc_now,
+)
 from optimizer_pipeline.ledger.errors import LedgerError
 
 R = TypeVar("R")
@@ -32,7 +40,7 @@ class _Record:
 def _json_value(value: Any) -> Any:
     """A record's field as plain JSON: a time as ISO 8601 UTC text, a status as its value."""
     if isinstance(value, datetime):
-        return iso(value)
+        return iso_utc(value)
     return value.value if isinstance(value, Enum) else value
 
 
@@ -283,21 +291,11 @@ def naive(moment: "str | datetime | None") -> datetime:
     return moment if moment.tzinfo is None else moment.astimezone(timezone.utc).replace(tzinfo=None)
 
 
-def iso(value: datetime) -> str:
-    """A time (naive: UTC) as ISO 8601 UTC text."""
-    return aware(value).isoformat()
-
-
-def aware(value: datetime) -> datetime:
-    """A time (naive: UTC, as the TIMESTAMP columns hold it) as an aware UTC datetime."""
-    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
-
-
 def _decode(name: str, value: Any, enums: dict[str, type[Enum]]) -> tuple[str, Any]:
     if name.endswith("_json"):
         return name[:-5], None if value is None else json.loads(value)
     if isinstance(value, datetime):
-        return name, aware(value)
+        return name, as_utc(value)
     if isinstance(value, float) and math.isnan(value):
         return name, None
     return name, value if value is None or name not in enums else enums[name](value)
