@@ -1,6 +1,7 @@
 """The home's Dagster instance configuration (`<home>/dagster/dagster.yaml`) for each deployment shape.
 
-Embedded default: SQLite storage under the home, runs in process. Several hosts
+Embedded default: SQLite storage under the home (its event log writing a batch of events in one
+transaction per database: assets/compat.py `BatchedSqliteEventLogStorage`), runs in process. Several hosts
 (`dagster.postgres_url`, `dagster.run_launcher: celery`): the instance's storage on PostgreSQL
 (scheme `postgresql+psycopg2`: SQLAlchemy 2.1 maps a plain `postgresql://` URL to psycopg 3, with
 which dagster-postgres' NOTIFY fails), runs queued for `dagster-daemon` and launched onto Celery
@@ -28,13 +29,19 @@ MONITOR_START_TIMEOUT_S = 300
 DEQUEUE_INTERVAL_S = 1
 
 
-def dagster_yaml(settings: Settings) -> str:
-    """The dagster.yaml text for `settings` (written by the CLI before it starts Dagster)."""
+def dagster_yaml(settings: Settings, instance_dir: Path) -> str:
+    """The dagster.yaml text for `settings` (written by the CLI before it starts Dagster) of the
+    instance in `instance_dir` (the embedded home's event log names its directory: an instance is also
+    opened from its directory alone, DagsterInstance.from_config, with no DAGSTER_HOME to read)."""
     doc: dict[str, Any] = {"telemetry": {"enabled": False}, "nux": {"enabled": False}}
     if settings.dagster_postgres_url:
         doc["storage"] = {"postgres": {"postgres_url": psycopg2_url(settings.dagster_postgres_url)}}
         doc["compute_logs"] = {"module": "dagster._core.storage.noop_compute_log_manager",
                                "class": "NoOpComputeLogManager"}
+    else:
+        doc["event_log_storage"] = {"module": "optimizer_pipeline.assets.compat",
+                                    "class": "BatchedSqliteEventLogStorage",
+                                    "config": {"base_dir": str(instance_dir)}}
     if settings.dagster_run_launcher == "celery":
         doc["run_launcher"] = {"module": "dagster_celery.launcher", "class": "CeleryRunLauncher", "config": {
             "broker": settings.dagster_broker, "backend": settings.dagster_broker, "default_queue": RUN_QUEUE,

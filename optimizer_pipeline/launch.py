@@ -33,7 +33,7 @@ def prepare_dagster_home(home: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     config = path / "dagster.yaml"
     if not config.exists() or config.read_text(encoding="utf-8").startswith(WRITTEN_BY):
-        config.write_text(WRITTEN_BY + dagster_yaml(load_settings(home)), encoding="utf-8")
+        config.write_text(WRITTEN_BY + dagster_yaml(load_settings(home), path), encoding="utf-8")
     os.environ["DAGSTER_HOME"] = str(path)
     os.environ["OPTIMIZER_HOME"] = str(home)
     return path

@@ -198,7 +198,8 @@ def dagster_ui(nginx, tmp_path_factory):
     (optimizer_pipeline/deployment.py; without the daemon: the proxy is the subject). Yields its port."""
     home = tmp_path_factory.mktemp("ui-home")
     (home / "dagster").mkdir()
-    (home / "dagster" / "dagster.yaml").write_text(dagster_yaml(load_settings(home, environ={})), encoding="utf-8")
+    (home / "dagster" / "dagster.yaml").write_text(dagster_yaml(load_settings(home, environ={}), home / "dagster"),
+                                                encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DAGSTER_", "OPTIMIZER_"))}
     env.update(DAGSTER_HOME=str(home / "dagster"), OPTIMIZER_HOME=str(home))
     port, log = free_port(), home / "webserver.log"
