@@ -115,7 +115,8 @@ def log_materializations(context: AssetExecutionContext, materializations: Seque
     batch_id = generate_event_batch_id()
     for i, materialization in enumerate(materializations):
         batch = DagsterEventBatchMetadata(batch_id, i == len(materializations) - 1)
-        op_context._events.append(DagsterEvent.asset_materialization(step_context, materialization, batch))  # noqa: SLF001
+        event = DagsterEvent.asset_materialization(step_context, materialization, batch)
+        op_context._events.append(event)  # noqa: SLF001
 
 
 def range_tags(first: str, last: str) -> dict[str, str]:

@@ -41,12 +41,12 @@ from optimizer_pipeline.data.flags import SPIKE_SIGMAS
 from optimizer_pipeline.deployment import WORKER_ENV
 from optimizer_pipeline.ledger import Ledger, LedgerError, NewRun, RunStatus, VerdictRecord, new_id
 from optimizer_pipeline.model import current_state, identify
-from optimizer_pipeline.model.artifact import local_artifact, local_fitter, predicted_run
+from optimizer_pipeline.model.artifact import held_window, local_artifact, local_fitter, predicted_run
 from optimizer_pipeline.model.local import GLOBAL, LOCAL, LocalFitter, OperatingPoint, settle_limit, steady_procedure
 from optimizer_pipeline.model.select import finite_or_none
 from optimizer_pipeline.model.statespace import MAX_SETTLING_STEPS, integrating_outputs, settling_steps
 from optimizer_pipeline.outcomes import model_outcome_condition
-from optimizer_pipeline.problem import needs_steady_layer
+from optimizer_pipeline.problem import held_dvs, needs_steady_layer
 from optimizer_pipeline.recommend import Decision, EvidenceSnapshot, decide, max_live_age_s
 from optimizer_pipeline.recommendation_text import duration
 from optimizer_pipeline.settings import Settings
@@ -471,11 +471,12 @@ def solve_and_decide(binding: BindingSpec, stored: StoredBinding, artifact: Mode
         else settled
     layer_band = np.asarray(settled.qhat) if settled is not None and needs_steady_layer(binding) else None
     run_id = new_id("or")
+    d_held = held_dvs(live.d, held_window(artifact))  # the DVs' current level, not one noisy sample
 
     def compile_and_solve(model: ModelArtifact, x0: np.ndarray, bias: np.ndarray) -> tuple[ProblemIR, SolveResult]:
         """A problem names the identified artifact, also when a local refit of it is its model."""
         try:
-            problem = compile_steered(binding, model, x0, bias, live.u[-1], live.d[-1], band, layer_band,
+            problem = compile_steered(binding, model, x0, bias, live.u[-1], d_held, band, layer_band,
                                       artifact.artifact_hash)
         except SteadyLayerError as exc:  # recorded like a failed solve: the stage's problem, a rejected recommendation
             log.warning("binding %s: %s", binding.id, exc)

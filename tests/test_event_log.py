@@ -1,6 +1,6 @@
-"""The embedded home's event log (assets/compat.py `BatchedSqliteEventLogStorage`) writes a batch of events in one transaction
-per database and leaves exactly the rows Dagster's own SQLite event log leaves writing them one by
-one, so the UI's partition status (materialized, failed) is the same."""
+"""The embedded home's event log (assets/compat.py `BatchedSqliteEventLogStorage`) writes a batch of
+events in one transaction per database and leaves exactly the rows Dagster's own SQLite event log
+leaves writing them one by one, so the UI's partition status (materialized, failed) is the same."""
 
 import itertools
 import os
