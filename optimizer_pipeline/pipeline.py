@@ -41,7 +41,8 @@ from optimizer_pipeline.data.flags import SPIKE_SIGMAS
 from optimizer_pipeline.deployment import WORKER_ENV
 from optimizer_pipeline.ledger import Ledger, LedgerError, NewRun, RunStatus, VerdictRecord, new_id
 from optimizer_pipeline.model import current_state, identify
-from optimizer_pipeline.model.artifact import held_window, local_artifact, local_fitter, predicted_run
+from optimizer_pipeline.model.artifact import local_artifact, local_fitter, predicted_run
+from optimizer_pipeline.model.window import held_span, held_window
 from optimizer_pipeline.model.local import GLOBAL, LOCAL, LocalFitter, OperatingPoint, settle_limit, steady_procedure
 from optimizer_pipeline.model.select import finite_or_none
 from optimizer_pipeline.model.statespace import MAX_SETTLING_STEPS, integrating_outputs, settling_steps
@@ -162,7 +163,7 @@ def held_rule(binding: BindingSpec, artifact: ModelArtifact) -> tuple[int, str]:
     identification chose it. A plan steered to the steady-state layer ends where the other CVs settle
     too: blocks as long as the model's settling horizon where that is longer (`block_rule`'s steady one)."""
     local = steady_procedure(artifact) == LOCAL
-    h = 2 * binding.profile.horizon
+    h = held_span(binding)
     if needs_steady_layer(binding):
         h = max(h, block_rule(steady_layer(binding), artifact)[0])
     return h, uq.SETTLED_LOCAL if local else uq.SETTLED_RESIDUAL

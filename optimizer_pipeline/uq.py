@@ -31,7 +31,8 @@ from optimizer_pipeline.contracts import (
     UQEvidence,
     parse_iso_utc,
 )
-from optimizer_pipeline.model.artifact import held_window, stack_for
+from optimizer_pipeline.model.artifact import stack_for
+from optimizer_pipeline.model.window import held_window
 from optimizer_pipeline.model.arx import (Orders, Stacked, held_errors, rollout_windows,
                                           window_rows)
 from optimizer_pipeline.model.local import LocalFitter, local_paths
@@ -200,8 +201,9 @@ def block_scores(artifact: ModelArtifact, runs: Sequence[RunSeries], h: int | No
 
 def rows_before_blocks(artifact: ModelArtifact) -> int:
     """The rows a run holds before its first block: the first with a measured state and the W rows before
-    it the held disturbance is fitted over (model.artifact.held_window: two settling horizons, at least P,
-    unless identification chose fewer: model.artifact.supported_window)."""
+    it the held disturbance is fitted over (model.window.held_window: two settling horizons, at least P,
+    unless identification chose otherwise: fewer that the runs support, or for an integrating CV the
+    plan and its hold; model.window.supported_window)."""
     return Orders(artifact.na, artifact.nb, artifact.delay).first_state_row + held_window(artifact)
 
 

@@ -171,10 +171,11 @@ SLOW = ArxModel(Orders(1, 1, 1), A=np.array([[[0.95]]]), B=np.array([[[0.05]]]),
 def test_the_held_disturbance_window_is_shortened_to_what_the_evidence_runs_hold(val_rows_over_shortest):
     """Identification keeps the held disturbance's window W at the rule's (two settling horizons, at least P)
     where the val runs hold 2 blocks of P with it, else the longest W down to one settling horizon with which
-    they do (model.artifact.supported_window): block scoring then finds its blocks; below that, the rule."""
+    they do (model.window.supported_window): block scoring then finds its blocks; below that, the rule."""
     from dataclasses import replace
 
-    from optimizer_pipeline.model.artifact import held_window, stack_for, supported_window
+    from optimizer_pipeline.model.artifact import stack_for
+    from optimizer_pipeline.model.window import held_window, supported_window
     from optimizer_pipeline.model.statespace import settling_steps
 
     h, first = 10, Orders(1, 1, 1).first_state_row

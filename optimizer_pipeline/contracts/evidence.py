@@ -13,7 +13,7 @@ import numpy as np
 from optimizer_pipeline.contracts.canonical import canonical_json
 
 # The fewest blocks the evidence is computed from (uq.decide), also what identification keeps the held
-# disturbance's window short enough for (model.artifact.supported_window): val blocks for the empirical
+# disturbance's window short enough for (model.window.supported_window): val blocks for the empirical
 # qhat, test runs holding a block and the test blocks' steps.
 MIN_EMPIRICAL_VAL_BLOCKS = 2
 MIN_TEST_RUNS = 2

@@ -133,7 +133,7 @@ class ModelArtifact:
     # for an artifact identified before it was recorded, whose JSON and hash then stay as they were
     step_response: Mapping[str, Any] | None = None
     # the rows W the held disturbance is fitted over when the evidence's runs need fewer than the model's
-    # own rule gives (model.artifact.supported_window); None: that rule (model.artifact.held_window)
+    # own rule gives (model.window.supported_window); None: that rule (model.window.held_window)
     disturbance_rows: int | None = None
     # what cleaning flagged in the history the model was identified from (data/flags.py): {"flags": spans
     # {tag, run_id, rule, start_s, end_s, samples} of the train / val / test runs, "exclusions": the ids of

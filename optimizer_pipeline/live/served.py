@@ -28,7 +28,8 @@ from optimizer_pipeline.contracts import (
 from optimizer_pipeline.data import default_min_length
 from optimizer_pipeline.ledger import Ledger, Publication, VerdictRecord
 from optimizer_pipeline.ledger.live_rows import Fingerprint
-from optimizer_pipeline.model.artifact import held_window, local_fitter
+from optimizer_pipeline.model.artifact import local_fitter
+from optimizer_pipeline.model.window import held_window
 from optimizer_pipeline.model.local import LOCAL, LocalFitter, steady_procedure
 from optimizer_pipeline.settings import Settings
 

@@ -27,12 +27,10 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from optimizer_pipeline.contracts import (MIN_EMPIRICAL_VAL_BLOCKS, MIN_TEST_RUNS, MIN_UNIQUE_TEST_STEPS, BindingSpec,
-                                          ContractError, Gate, HistorySplit, ModelArtifact, Normalisation, RunSeries,
-                                          StateSpace)
+from optimizer_pipeline.contracts import (BindingSpec, ContractError, Gate, HistorySplit, ModelArtifact, Normalisation,
+                                          RunSeries, StateSpace)
 from optimizer_pipeline.model.arx import (ArxModel, Orders, Stacked, nrmse, rollout_nrmse, rollout_windows, stack_runs,
-                                          disturbance_window, one_step_residuals, state_and_bias, stride_for,
-                                          window_rows)
+                                          one_step_residuals, state_and_bias, stride_for, window_rows)
 from optimizer_pipeline.model.fit import RidgeProblem, Structure, free_mask, refine_multistep
 from optimizer_pipeline.model.local import (BANDWIDTHS, GLOBAL, LOCAL, LocalFit, LocalFitter, OperatingPoint,
                                            bandwidth_of, best_bandwidth, local_disturbances, local_gains, local_paths,
@@ -41,7 +39,8 @@ from optimizer_pipeline.model.select import (FIR_NA, LONG_MARGIN, MAX_CHANNEL_DE
                                              RIDGE_GRID, RIDGE_STAGE_ORDERS, SELECTION_WINDOWS, Selector, best,
                                              candidates, family, finite_or_none, long_numerators, per_channel,
                                              window_lag)
-from optimizer_pipeline.model.statespace import settling_steps, steady_state
+from optimizer_pipeline.model.statespace import integrating_outputs, settling_steps, steady_state
+from optimizer_pipeline.model.window import held_span, held_window, supported_window
 from optimizer_pipeline.model.step_response import (gain_condition, jackknife_deviations, singular_values,
                                                     step_response_record)
 
@@ -226,6 +225,12 @@ def _settled_error(model: ArxModel, selector: Selector) -> float:
     return value if np.isfinite(value) else np.inf
 
 
+# why a model with an integrating CV keeps the identified model (docs/ARCHITECTURE.md, "Integrating CVs")
+INTEGRATING_GLOBAL = ("an integrating CV: a refit would hold its disturbance as a mean of one-step residuals, "
+                      "a rate about W / 2.5 times noisier than the identified model's multi-step fit over the "
+                      "same W rows")
+
+
 def _steady_model(model: ArxModel, structure: Structure, ridge: float, train: Stacked, selector: Selector,
                   held_out: bool) -> tuple[Mapping[str, Any], np.ndarray | None]:
     """Which model predicts where a move settles closer on the held-out windows (at most
@@ -240,6 +245,8 @@ def _steady_model(model: ArxModel, structure: Structure, ridge: float, train: St
     if not held_out:
         return steady_model_record(GLOBAL, note="no val run to compare on"), None
     ss = model.realise()
+    if integrating_outputs(ss).any():
+        return steady_model_record(GLOBAL, note=INTEGRATING_GLOBAL), None
     h = settling_steps(ss)
     first = model.orders.first_state_row
     rows = None if h is None else window_rows(selector.data, first, h,
@@ -290,37 +297,6 @@ def integrating_hint(ss: StateSpace, cv_tags: Sequence[str]) -> dict[str, float]
         if modes.size:
             hints[tag] = float(values.real[modes[np.argmax(reads[i, modes])]])
     return hints
-
-
-def supported_window(ss: StateSpace, orders: Orders, horizon: int, val: Stacked,
-                     test: Stacked) -> tuple[int | None, dict[str, Any]]:
-    """The rows W the held disturbance is fitted over that the evidence's runs support, None for the model's
-    own rule (model.arx.disturbance_window: two settling horizons, at least P), and its record. The rule's
-    W where, with it, the val runs hold MIN_EMPIRICAL_VAL_BLOCKS blocks of P, MIN_TEST_RUNS test runs a
-    block each and the test blocks MIN_UNIQUE_TEST_STEPS steps (uq.block_scores tiles a run from its first measured state and the W rows before it);
-    else the longest W down to one settling horizon (at least P) with which they do: fitted over one
-    settling horizon, the held disturbance has seen its settled effect (docs/ARCHITECTURE.md,
-    "Offset-free prediction"). Where none does, the rule's W stays and the evidence says what the runs
-    lack. Only the runs' lengths are read, never their values."""
-    rule = disturbance_window(ss, horizon)
-    settling = settling_steps(ss)
-    shortest = horizon if settling is None else max(horizon, settling)
-    first = orders.first_state_row
-
-    def blocks(stacked: Stacked, window: int) -> np.ndarray:  # per piece of a run
-        return np.maximum((np.asarray(stacked.lengths, np.int64) - 1 - first - window) // horizon, 0)
-
-    def supported(window: int) -> bool:
-        tested = blocks(test, window)
-        test_runs = {run for run, n in zip(test.plant_runs, tested) if n}
-        return (int(blocks(val, window).sum()) >= MIN_EMPIRICAL_VAL_BLOCKS and len(test_runs) >= MIN_TEST_RUNS
-                and int(tested.sum()) * horizon >= MIN_UNIQUE_TEST_STEPS)
-
-    chosen = next((w for w in range(rule, shortest - 1, -1) if supported(w)), rule)
-    reason = ("the model's rule: two settling horizons, at least P" if chosen == rule else
-              f"the longest with which the val and test runs hold blocks of {horizon} steps: the rule's {rule} "
-              f"rows leave them too few (at least one settling horizon, {shortest} rows)")
-    return (None if chosen == rule else chosen), {"rows": chosen, "rule_rows": rule, "reason": reason}
 
 
 def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -> ModelArtifact:
@@ -414,7 +390,7 @@ def identify(split: HistorySplit, binding: BindingSpec, binding_revision: int) -
     replicates = jackknife_models(problem, final.structure, final.ridge)
     gain = steady_gain_record(model, replicates, gains)
     realised = model.realise()
-    window, window_record = supported_window(realised, model.orders, horizon, val, test)
+    window, window_record = supported_window(realised, model.orders, horizon, val, test, held_span(binding))
     declared = {c.tag for c in binding.cvs if c.integrating}
     hints = {tag: pole for tag, pole in integrating_hint(realised, binding.cv_tags).items() if tag not in declared}
     if hints:
@@ -536,14 +512,6 @@ def arx_of(artifact: ModelArtifact) -> ArxModel:
 def stack_for(artifact: ModelArtifact, runs: Sequence[RunSeries]) -> Stacked:
     """Runs normalised with the artifact's train statistics, in its tag order."""
     return stack_runs(runs, artifact.normalisation, artifact.mv_tags, artifact.cv_tags, artifact.dv_tags)
-
-
-def held_window(artifact: ModelArtifact) -> int:
-    """The rows W the artifact's held disturbance is fitted over: its recorded `disturbance_rows`, else
-    model.arx.disturbance_window (two settling horizons, at least P)."""
-    if artifact.disturbance_rows is not None:
-        return artifact.disturbance_rows
-    return disturbance_window(artifact.state_space, artifact.horizon)
 
 
 def current_state(artifact: ModelArtifact, run: RunSeries,
