@@ -8,7 +8,8 @@ from dagster import DagsterInstance
 from optimizer_pipeline.assets.compat import range_tags
 from optimizer_pipeline.definitions import build_definitions
 from optimizer_pipeline.ledger import Ledger
-from optimizer_pipeline.plants import Plant, demo_plants
+from optimizer_pipeline.contracts import binding_from_dict
+from optimizer_pipeline.plants import Plant, demo_plants, get_plant
 from optimizer_pipeline.resources.solver import InProcessSolverResource
 from optimizer_pipeline.settings import ledger_path
 
@@ -45,4 +46,16 @@ def seed_home(home: Path, plants: list[Plant] | None = None) -> Ledger:
     ledger = Ledger(ledger_path(home))
     for plant in plants or demo_plants():
         ledger.ingest(plant.spec, plant.history(SEED).frame, "simulation")
+    return ledger
+
+
+def seed_one_unidentifiable(home: Path) -> Ledger:
+    """Two good heater bindings (good-a, good-b) and one whose history is a single short run (bad-c:
+    unidentifiable, its first stage fails)."""
+    plant, ledger = get_plant("heater"), Ledger(ledger_path(home))
+    frame = plant.history(1).frame
+    for binding_id in ("good-a", "good-b"):
+        ledger.ingest(binding_from_dict({**plant.binding_doc(), "id": binding_id}), frame, "simulation")
+    short = frame[frame["run_id"] == frame["run_id"].iloc[0]].head(40)
+    ledger.ingest(binding_from_dict({**plant.binding_doc(), "id": "bad-c"}), short, "simulation")
     return ledger

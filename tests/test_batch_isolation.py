@@ -7,11 +7,10 @@ from pathlib import Path
 
 import pytest
 from dagster import AssetCheckSeverity, AssetKey, AssetRecordsFilter, DagsterInstance
+from pipeline_fixtures import seed_one_unidentifiable
 
 from optimizer_pipeline import cli
-from optimizer_pipeline.contracts import binding_from_dict
 from optimizer_pipeline.ledger import Ledger
-from optimizer_pipeline.plants import get_plant
 from optimizer_pipeline.settings import dagster_home, ledger_path
 
 STAGES = ("plant_history", "model_artifact", "uq_block_scores", "uq_calibration", "recommendation")
@@ -23,13 +22,7 @@ def home(tmp_path, monkeypatch):
     for name in ("OPTIMIZER_HOME", "DAGSTER_HOME"):
         monkeypatch.delenv(name, raising=False)
     home = tmp_path / "home"
-    plant = get_plant("heater")
-    ledger = Ledger(ledger_path(home))
-    frame = plant.history(1).frame
-    for binding_id in ("good-a", "good-b"):
-        ledger.ingest(binding_from_dict({**plant.binding_doc(), "id": binding_id}), frame, "simulation")
-    short = frame[frame["run_id"] == frame["run_id"].iloc[0]].head(40)
-    ledger.ingest(binding_from_dict({**plant.binding_doc(), "id": "bad-c"}), short, "simulation")
+    seed_one_unidentifiable(home)
     yield home
     os.environ.pop("DAGSTER_HOME", None)
     os.environ.pop("OPTIMIZER_HOME", None)

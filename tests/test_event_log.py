@@ -11,13 +11,11 @@ import pytest
 from dagster import AssetKey, DagsterInstance
 from dagster._core.events import BATCH_WRITABLE_EVENTS
 from dagster._core.storage.event_log import SqliteEventLogStorage
+from pipeline_fixtures import seed_one_unidentifiable
 
 from optimizer_pipeline import cli
-from optimizer_pipeline.contracts import binding_from_dict
-from optimizer_pipeline.ledger import Ledger
-from optimizer_pipeline.plants import get_plant
 from optimizer_pipeline.assets.compat import BATCH_ENV, BatchedSqliteEventLogStorage
-from optimizer_pipeline.settings import dagster_home, ledger_path
+from optimizer_pipeline.settings import dagster_home
 
 STAGES = ("plant_history", "model_artifact", "uq_block_scores", "uq_calibration", "recommendation")
 TABLES = ("event_logs", "asset_keys", "asset_event_tags", "asset_check_executions")
@@ -28,13 +26,7 @@ def refreshed(tmp_path_factory):
     """A home after `materialize --all` over two good bindings and one that fails its first stage."""
     saved = {name: os.environ.pop(name, None) for name in ("OPTIMIZER_HOME", "DAGSTER_HOME", BATCH_ENV)}
     home = tmp_path_factory.mktemp("event-log") / "home"
-    plant = get_plant("heater")
-    ledger = Ledger(ledger_path(home))
-    frame = plant.history(1).frame
-    for binding_id in ("good-a", "good-b"):
-        ledger.ingest(binding_from_dict({**plant.binding_doc(), "id": binding_id}), frame, "simulation")
-    short = frame[frame["run_id"] == frame["run_id"].iloc[0]].head(40)
-    ledger.ingest(binding_from_dict({**plant.binding_doc(), "id": "bad-c"}), short, "simulation")
+    seed_one_unidentifiable(home)
     assert cli.main(["--home", str(home), "materialize", "--all"]) == cli.EXIT_USER_ERROR
     yield home
     for name, value in saved.items():
