@@ -89,12 +89,13 @@ def conditions(artifact: ModelArtifact, evidence: EvidenceSnapshot, candidate: S
                         else c.reason) for c in evidence.uq_checks]
     if evidence.has_evidence:
         if evidence.calibrated_at is None:
-            when = "calibration time unknown"
+            when, stale = "calibration time unknown", "the calibration's time is unknown: it is not fresh"
         else:
             age = (now - parse_iso_utc(evidence.calibrated_at)).total_seconds()
             when = f"{duration(age)} old"
+            stale = f"calibration is {when}, beyond uq.fresh_days ({evidence.fresh_days:g} days): recalibrate"
         found.append(Condition("calibration fresh", when, f"<= {evidence.fresh_days:g} days",
-                               evidence.calibration_fresh, "calibration is not fresh"))
+                               evidence.calibration_fresh, stale))
     distance = evidence.input_distance
     found.append(Condition(
         "input distance (max |z| of current MVs, CVs)", _fmt(distance), f"<= {max_input_distance:g}",

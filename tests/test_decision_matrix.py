@@ -251,9 +251,10 @@ MATRIX = [
         replace(STRICT, evidence={"exchangeability_p": 0.01}), VERIFIED),
     # ---- freshness of the calibration
     Row("calibrated a second more than fresh_days ago", "calibration fresh",
-        replace(BASE, calibrated_before=timedelta(days=7, seconds=1)), UNVERIFIED, ("calibration is not fresh",)),
+        replace(BASE, calibrated_before=timedelta(days=7, seconds=1)), UNVERIFIED,
+        ("calibration is 7 days old, beyond uq.fresh_days (7 days): recalibrate",)),
     Row("calibration time unknown", "calibration fresh", replace(BASE, calibrated_before=None),
-        UNVERIFIED, ("calibration is not fresh",)),
+        UNVERIFIED, ("the calibration's time is unknown: it is not fresh",)),
     Row("calibrated exactly fresh_days ago", "calibration fresh",
         replace(BASE, calibrated_before=timedelta(days=7)), VERIFIED),
     # ---- input distance of the live state (z of y0 = (y - 10) / 2; u0 sits at z = 1)
@@ -501,7 +502,8 @@ def test_every_failing_condition_is_listed_in_reading_order(ledger):
                     calibration_of_other_artifact=True)
     rec = recommend(ledger, world).recommendation
     assert rec.status.value == UNVERIFIED
-    assert rec.reasons == ("calibration is not fresh", "input distance 5 exceeds 4",
+    assert rec.reasons == ("calibration is 8 days old, beyond uq.fresh_days (7 days): recalibrate",
+                           "input distance 5 exceeds 4",
                            "model gate G1 failed: one-step fit R2 = 0.1 (threshold 0.5)",
                            "calibration belongs to another model artifact")
 

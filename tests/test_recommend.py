@@ -192,10 +192,12 @@ def test_the_calibration_age_reads_as_a_duration(before, age):
 def test_calibration_freshness_is_judged_only_with_evidence():
     assert "calibration fresh" not in by_name(conditions(ARTIFACT, snapshot(has_evidence=False), ROBUST, 4.0, NOW))
     stale = by_name(conditions(ARTIFACT, snapshot(calibration_fresh=False), ROBUST, 4.0, NOW))["calibration fresh"]
-    assert (stale.holds, stale.reason) == (False, "calibration is not fresh")
+    assert (stale.holds, stale.reason) == (False, f"calibration is {stale.value}, beyond uq.fresh_days (7.5 days): "
+                                                  f"recalibrate")
     unknown = by_name(conditions(ARTIFACT, snapshot(calibrated_at=None, calibration_fresh=False), ROBUST, 4.0, NOW))
     assert (unknown["calibration fresh"].value, unknown["calibration fresh"].holds) == (
         "calibration time unknown", False)
+    assert unknown["calibration fresh"].reason == "the calibration's time is unknown: it is not fresh"
 
 
 @pytest.mark.parametrize("distance, holds, value, reason", [
@@ -406,9 +408,10 @@ def test_an_unverified_recommendation_lists_every_failing_condition_in_order():
     evidence = snapshot(calibration_fresh=False, input_distance=5.0)
     decision = run_decide(evidence=evidence, extra=(Condition("extra", "x", "y", False, "the extra one"),))
     rec = decision.recommendation
-    assert (rec.status, rec.reasons) == (RecommendationStatus.UNVERIFIED, (
-        "calibration is not fresh", "input distance 5 exceeds 4",
-        "model gate G2 failed: free-run fit R2 = 0.1235 (threshold 0.3)", "the extra one"))
+    assert rec.status == RecommendationStatus.UNVERIFIED and rec.reasons[0].endswith(
+        " old, beyond uq.fresh_days (7.5 days): recalibrate")
+    assert rec.reasons[1:] == ("input distance 5 exceeds 4",
+                               "model gate G2 failed: free-run fit R2 = 0.1235 (threshold 0.3)", "the extra one")
     assert rec.candidate_id == "oc-abc123-2"
 
 
