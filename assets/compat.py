@@ -9,7 +9,7 @@ import os
 from contextlib import contextmanager
 from typing import Any, Iterator, Mapping, Sequence
 
-from dagster import AssetExecutionContext, AssetMaterialization
+from dagster import AssetExecutionContext, AssetKey, AssetMaterialization
 
 # Not exported by dagster 1.13: the public AssetCheckResult fills it in itself, but a check
 # evaluation logged for one partition of a many-partition step must name the materialization it
@@ -104,19 +104,25 @@ class BatchedSqliteEventLogStorage(SqliteEventLogStorage):
 
 
 def log_materializations(context: AssetExecutionContext, materializations: Sequence[AssetMaterialization]) -> None:
-    """`context.log_event` of each of `materializations`, handed to the instance as one batch, as Dagster
-    hands over the materializations of one output over many partitions: on the embedded home one
-    write per database instead of one per materialization (BatchedSqliteEventLogStorage).
+    """`context.log_event` of each of `materializations`, handed to the instance one batch per asset, as
+    Dagster hands over the materializations of one output over many partitions: on the embedded home
+    one write per database and asset instead of one per materialization (BatchedSqliteEventLogStorage).
+    Per asset, as Dagster's batches are: dagster-postgres' `store_event_batch` updates an asset's record
+    from the last event of its batch only, should a process have batch writing on for such a home.
 
     Private: `log_event` takes no batch; this is its body (the event logged, and kept for the step's
     result) with the batch metadata of dagster._core.execution.plan.execute_step."""
     op_context = context.op_execution_context
     step_context = op_context.get_step_execution_context()
-    batch_id = generate_event_batch_id()
-    for i, materialization in enumerate(materializations):
-        batch = DagsterEventBatchMetadata(batch_id, i == len(materializations) - 1)
-        event = DagsterEvent.asset_materialization(step_context, materialization, batch)
-        op_context._events.append(event)  # noqa: SLF001
+    by_asset: dict[AssetKey, list[AssetMaterialization]] = {}
+    for materialization in materializations:
+        by_asset.setdefault(materialization.asset_key, []).append(materialization)
+    for batch_of_asset in by_asset.values():
+        batch_id = generate_event_batch_id()
+        for i, materialization in enumerate(batch_of_asset):
+            batch = DagsterEventBatchMetadata(batch_id, i == len(batch_of_asset) - 1)
+            event = DagsterEvent.asset_materialization(step_context, materialization, batch)
+            op_context._events.append(event)  # noqa: SLF001
 
 
 def range_tags(first: str, last: str) -> dict[str, str]:

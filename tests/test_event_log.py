@@ -92,3 +92,32 @@ def _rows(database: Path, table: str) -> list[tuple]:
         if not columns:
             return []
         return conn.execute(f"SELECT {', '.join(columns)} FROM {table} ORDER BY 1").fetchall()  # noqa: S608
+
+
+def test_the_step_hands_its_materializations_over_one_batch_per_asset(tmp_path, monkeypatch):
+    """As Dagster batches one output's partitions: a batch never mixes assets (dagster-postgres updates an
+    asset's record from the last event of a batch), and each ends with its end mark."""
+    from dagster import DagsterEventType
+
+    seen = []
+    handle = DagsterInstance.handle_new_event
+
+    def spy(self, event, *, batch_metadata=None):
+        if event.dagster_event_type == DagsterEventType.ASSET_MATERIALIZATION:
+            seen.append((event.dagster_event.asset_key, batch_metadata))
+        return handle(self, event, batch_metadata=batch_metadata)
+
+    monkeypatch.setattr(DagsterInstance, "handle_new_event", spy)
+    for name in ("OPTIMIZER_HOME", "DAGSTER_HOME"):  # set by the CLI: unset again after the test
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    seed_one_unidentifiable(tmp_path / "home")
+    assert cli.main(["--home", str(tmp_path / "home"), "materialize", "--all"]) == cli.EXIT_USER_ERROR
+    batches: dict[str, list] = {}
+    for asset_key, batch in seen:
+        assert batch is not None
+        batches.setdefault(batch.id, []).append((asset_key, batch.is_end))
+    assert len(seen) == 5 * 2 and len(batches) == 5  # 5 stages x the 2 good bindings, one batch per stage
+    for events in batches.values():
+        assert len({key for key, _ in events}) == 1
+        assert [end for _, end in events] == [False] * (len(events) - 1) + [True]
