@@ -60,7 +60,7 @@ class BatchedSqliteEventLogStorage(SqliteEventLogStorage):
     on the index database for an asset event (~5-9 ms per event here). A run over many binding
     partitions starts with one "materialization planned" event per asset and partition (five per
     binding) and its step ends with one materialization per asset and partition
-    (`log_materializations`); Dagster hands either over as one batch when batch writing is on
+    (`log_materializations`); Dagster hands them over in batches when batch writing is on
     (`DAGSTER_EVENT_BATCH_SIZE` > 0), and the base class writes a batch one event at a time. Here a
     batch is written in two transactions, each event exactly as `store_event` writes it (its rows,
     tags and asset index), so the UI's partition status (failed / in progress needs one planned event
