@@ -30,17 +30,18 @@ def supported_window(ss: StateSpace, orders: Orders, horizon: int, val: Stacked,
     """The rows W the held disturbance is fitted over that the evidence's runs support, None for the model's
     own rule (model.arx.disturbance_window: two settling horizons, at least P), and its record. The rule's
     W where, with it, the val runs hold MIN_EMPIRICAL_VAL_BLOCKS blocks of P, MIN_TEST_RUNS test runs a
-    block each and the test blocks MIN_UNIQUE_TEST_STEPS steps (uq.block_scores tiles a run from its first measured state and the W rows before it);
+    block each and the test blocks MIN_UNIQUE_TEST_STEPS steps (uq.block_scores tiles a run from its
+    first measured state and the W rows before it);
     else the longest W down to one settling horizon (at least P) with which they do: fitted over one
     settling horizon, the held disturbance has seen its settled effect (docs/ARCHITECTURE.md,
     "Offset-free prediction"). Where none does, the rule's W stays and the evidence says what the runs
-    lack. Only the runs' lengths are read, never their values, but for a model with an integrating
-    output: its rule is `span` rows (`held_span`, the plan and its hold) where that predicts the end of
-    such a span on the val runs closer than the model's rule (`held_end_error`). Its held disturbance
-    is a rate: measurement noise on the level makes a rate fitted over W rows err as W^-1.5, held over
-    the whole span (the judge's surge tank: plans within 0.002-0.089 of holding's error over 18 seeds at
-    W = 120, 0.007-0.42 at its rule's 20), while a level whose own rate wanders (unmeasured flows) is
-    followed better by the shorter window."""
+    lack. Only the runs' lengths are read, never their values, except for a model with an integrating
+    output, whose rule is `span` rows (`held_span`, the plan and its hold) where that predicts the end of
+    such a span on the val runs closer than the model's rule does (`held_end_error`). Its held
+    disturbance is a rate: measurement noise on the level makes a rate fitted over W rows err as
+    W^-1.5, held over the whole span (the judge's surge tank, 18 seeds: plans within 0.002-0.089 of
+    holding's error at W = 120, 0.007-0.42 at its rule's 20), while a level whose own rate wanders
+    (unmeasured flows) is followed better by the shorter window."""
     base = disturbance_window(ss, horizon)
     rule = base
     if integrating_outputs(ss).any() and span > base and \
