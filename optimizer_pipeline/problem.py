@@ -43,11 +43,14 @@ DEFAULT_SLACK_WEIGHT = 1e3
 
 
 # a trailing stretch of a DV is one level while no split of it into older and newer samples has means
-# further apart than this many standard errors. Measured (tests/test_held_dvs.py, noise sigma 0.3): a
-# steady DV held within 0.055 rms over 40 samples (3.0: 0.100, false cuts), a step of 7 sigmas 10 samples
-# ago within 0.106 (the 10 samples' mean: 0.095); the price, a lag on a drift: 0.23 on a DV drifting a
-# thirtieth of its noise per sample (its newest sample: 0.3), 0.41 at a sixth
+# further apart than this many standard errors; within it, a line's slope this many standard errors from
+# 0 is a drift, and the line's newest value is held instead of the stretch's mean. Measured
+# (tests/test_held_dvs.py, noise sigma 0.3, rms error against the newest level): a steady DV over 40
+# samples 0.057 (the mean alone 0.055; the newest sample 0.3), a step of 7 sigmas 10 samples ago 0.110 (the
+# 10 samples' mean: 0.095), a DV drifting a thirtieth of its noise per sample 0.139 (the mean alone lags:
+# 0.245), a sixth 0.190 (0.426). A trend test at 2 costs a steady DV 0.078; a split at 3 cuts it short: 0.100
 DV_LEVEL_SIGMAS = 4.0
+DV_TREND_SIGMAS = 3.0
 
 
 class ProblemError(ContractError):
@@ -64,7 +67,9 @@ def held_dvs(d: np.ndarray, longest: int) -> np.ndarray:
     has means more than DV_LEVEL_SIGMAS standard errors apart, the noise from the DV's second
     differences over the run (their median absolute value: a drift has none, a step is two outliers
     among them): a step or a drift ends the stretch, and a DV without noise (a constant, a noise-free
-    step or ramp) is held at its newest sample."""
+    step or ramp) is held at its newest sample. A drift too slow to end it is a trend of the stretch
+    (its least-squares slope beyond DV_TREND_SIGMAS standard errors): then the line's newest value is
+    held, not the mean, which lags half the stretch behind."""
     d = np.asarray(d, float)
     held = d[-1].copy() if len(d) else np.zeros(d.shape[1])
     for j in range(d.shape[1]):
@@ -78,7 +83,13 @@ def held_dvs(d: np.ndarray, longest: int) -> np.ndarray:
             if np.any(gap > DV_LEVEL_SIGMAS * sigma * np.sqrt(1.0 / s + 1.0 / (k - s))):
                 break
             count = k
-        held[j] = newest[:count].mean()
+        stretch = newest[:count]
+        held[j] = stretch.mean()
+        if count >= 3 and sigma > 0:
+            age = np.arange(count, dtype=float)  # 0: the newest sample
+            slope = float(np.polyfit(age, stretch, 1)[0])
+            if abs(slope) > DV_TREND_SIGMAS * sigma * math.sqrt(12.0 / (count ** 3 - count)):
+                held[j] -= slope * age.mean()  # the line at the newest sample
     return held
 
 
