@@ -33,6 +33,9 @@ from dagster._core.events.log import EventLogEntry
 from dagster._core.storage.event_log import SqliteEventLogStorage
 # Not exported by dagster 1.13: the result of one insert, as `SqliteEventLogStorage.store_event` reads it.
 from dagster._core.storage.sqlalchemy_compat import db_result
+# Not exported by dagster 1.13: where the default SQLite storage keeps an instance's event log, which
+# BatchedSqliteEventLogStorage keeps using (a home keeps its history).
+from dagster._core.storage.sqlite_storage import _event_logs_directory
 # Not exported by dagster 1.13: the run tags that make one run cover a range of partitions of a
 # dynamic partitions definition (what a UI backfill with "single run" sets).
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
@@ -78,7 +81,7 @@ class BatchedSqliteEventLogStorage(SqliteEventLogStorage):
     def from_config_value(cls, inst_data: Any, config_value: Mapping[str, Any]) -> "BatchedSqliteEventLogStorage":
         """`base_dir` is the instance's directory (as in `storage: sqlite: base_dir`): the events stay
         where Dagster's default SQLite storage keeps them, so a home keeps its history."""
-        return cls(os.path.join(config_value["base_dir"], "history", "runs", ""), inst_data=inst_data)
+        return cls(_event_logs_directory(config_value["base_dir"]), inst_data=inst_data)
 
     def store_event_batch(self, events: Sequence[EventLogEntry]) -> None:
         by_run: dict[str, list[EventLogEntry]] = {}

@@ -1,13 +1,14 @@
 """The home's Dagster instance configuration (`<home>/dagster/dagster.yaml`) for each deployment shape.
 
 Embedded default: SQLite storage under the home (its event log writing a batch of events in one
-transaction per database: assets/compat.py `BatchedSqliteEventLogStorage`), runs in process. Several hosts
-(`dagster.postgres_url`, `dagster.run_launcher: celery`): the instance's storage on PostgreSQL
+transaction per database: assets/compat.py `BatchedSqliteEventLogStorage`), runs in process. Several
+hosts (`dagster.postgres_url`, `dagster.run_launcher: celery`): the instance's storage on PostgreSQL
 (scheme `postgresql+psycopg2`: SQLAlchemy 2.1 maps a plain `postgresql://` URL to psycopg 3, with
 which dagster-postgres' NOTIFY fails), runs queued for `dagster-daemon` and launched onto Celery
 workers (dagster-celery's CeleryRunLauncher, Redis broker and result backend; fair dispatch:
-prefetch 1, late acks; queued runs launched every second), run monitoring on (a run whose worker died ends failed), no compute-log
-files (hosts share nothing but the servers). Telemetry and the first-visit dialog are always off.
+prefetch 1, late acks; queued runs launched every second), run monitoring on (a run whose worker
+died ends failed), no compute-log files (hosts share nothing but the servers). Telemetry and the
+first-visit dialog are always off.
 """
 
 import sys

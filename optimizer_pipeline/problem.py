@@ -75,15 +75,8 @@ def held_dvs(d: np.ndarray, longest: int) -> np.ndarray:
     for j in range(d.shape[1]):
         sigma = MAD_TO_SIGMA * float(np.median(np.abs(np.diff(d[:, j], 2)))) / math.sqrt(6.0) if len(d) > 2 else 0.0
         newest = d[-min(longest, len(d)):, j][::-1]
-        count = 1
-        for k in range(2, len(newest) + 1):
-            sums = np.cumsum(newest[:k])
-            s = np.arange(1, k)
-            gap = np.abs(sums[:-1] / s - (sums[-1] - sums[:-1]) / (k - s))
-            if np.any(gap > DV_LEVEL_SIGMAS * sigma * np.sqrt(1.0 / s + 1.0 / (k - s))):
-                break
-            count = k
-        stretch = newest[:count]
+        stretch = newest[:_level_stretch(newest, sigma)]
+        count = len(stretch)
         held[j] = stretch.mean()
         if count >= 3 and sigma > 0:
             age = np.arange(count, dtype=float)  # 0: the newest sample
@@ -91,6 +84,19 @@ def held_dvs(d: np.ndarray, longest: int) -> np.ndarray:
             if abs(slope) > DV_TREND_SIGMAS * sigma * math.sqrt(12.0 / (count ** 3 - count)):
                 held[j] -= slope * age.mean()  # the line at the newest sample
     return held
+
+
+def _level_stretch(newest: np.ndarray, sigma: float) -> int:
+    """How many of `newest` (newest first) sit at one level: the longest stretch k from the first no split
+    of which into its s newest and k - s older samples has means more than DV_LEVEL_SIGMAS standard
+    errors apart (at once for every k and s: on the live service's re-solve path)."""
+    sums = np.cumsum(newest)
+    k = np.arange(1, len(newest) + 1)[:, None]  # stretch length
+    s = np.arange(1, len(newest) + 1)[None, :]  # its newer part's length
+    with np.errstate(divide="ignore", invalid="ignore"):  # s = k and beyond are not splits
+        gap = np.abs(sums[s - 1] / s - (sums[k - 1] - sums[s - 1]) / (k - s))
+        two_levels = np.any((s < k) & (gap > DV_LEVEL_SIGMAS * sigma * np.sqrt(1.0 / s + 1.0 / (k - s))), axis=1)
+    return int(np.argmax(two_levels)) if two_levels.any() else len(newest)  # the stretch before the first split
 
 
 # --------------------------------------------------------------------------- validation
