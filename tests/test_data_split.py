@@ -6,7 +6,7 @@ import pytest
 
 from optimizer_pipeline.contracts import ContractError, RunSeries, binding_from_dict
 from optimizer_pipeline.data import HistoryError, default_min_length, prepare_history, split_runs
-from optimizer_pipeline.data.split import split_counts
+from optimizer_pipeline.data.split import SPLIT_FRACTIONS, split_counts
 
 
 def _binding(model=None, dvs=("f1",)):
@@ -67,6 +67,16 @@ def test_live_run_is_the_latest_and_excluded():
                                          (5, (3, 1, 1)), (7, (4, 2, 1)), (10, (6, 2, 2)), (11, (7, 2, 2))])
 def test_split_counts_follow_the_rounding_rule(n, expected):
     assert split_counts(n, (0.6, 0.2, 0.2)) == expected
+
+
+@pytest.mark.parametrize("n, expected", [(1, (1, 0, 0)), (2, (1, 1, 0)), (3, (1, 1, 1)), (5, (3, 1, 1)),
+                                         (10, (6, 2, 2)), (13, (7, 3, 3)), (15, (8, 3, 4))])
+def test_default_split_gives_test_at_least_val(n, expected):
+    """The default 55/20/25 (the module docstring's table): test as many runs as val or more, val one
+    run from two runs on (selection scores on it) though its share alone would give it none."""
+    counts = split_counts(n, SPLIT_FRACTIONS)
+    assert counts == expected
+    assert n < 3 or counts[2] >= counts[1]
 
 
 def test_split_sizes_match_split_counts():
@@ -211,7 +221,7 @@ def test_the_pieces_of_a_run_split_at_a_gap_go_to_one_split_together():
         assert all(len(names) == 1 for names in homes.values()), (seed, homes)
         assert len(homes) == 10 and split.live.run_id == "r10"
         units = tuple(len({r.plant_run for r in getattr(split, name)}) for name in ("train", "val", "test"))
-        assert units == split_counts(10, (0.6, 0.2, 0.2))
+        assert units == split_counts(10, SPLIT_FRACTIONS)
 
 
 def test_the_live_runs_earlier_piece_is_a_run_of_its_own_split():
