@@ -471,6 +471,7 @@ def solve_and_decide(binding: BindingSpec, stored: StoredBinding, artifact: Mode
     settled, settled_conditions = settled_evidence(binding, artifact, split, settings, now) if settled is None \
         else settled
     layer_band = np.asarray(settled.qhat) if settled is not None and needs_steady_layer(binding) else None
+    ramping = bool(integrating_outputs(artifact.state_space).any())
     run_id = new_id("or")
     d_held = held_dvs(live.d, held_window(artifact))  # the DVs' current level, not one noisy sample
 
@@ -518,7 +519,8 @@ def solve_and_decide(binding: BindingSpec, stored: StoredBinding, artifact: Mode
                       uq.band_engineering(evidence, artifact), settings.uq_max_input_distance, run_id, now,
                       extra_conditions=consistency, max_band_fraction=settings.uq_max_band_fraction,
                       steady_gain=decided_with.steady_gain,
-                      end_band=None if settled is None else uq.band_engineering(settled, artifact))
+                      end_band=None if settled is None else uq.band_engineering(settled, artifact),
+                      end_step=held_rule(binding, artifact)[0] if settled is not None and ramping else None)
     run = NewRun(binding.id, stored.revision, binding.profile.id, binding.profile.version, problem.hash,
                  {"live_run": live.run_id, "live_t": float(live.t[-1]), "calibration_id": calibration.calibration_id,
                   "model_artifact_hash": artifact.artifact_hash, "evidence_source": source,

@@ -317,6 +317,14 @@ def robust_limits(problem: ProblemIR) -> tuple[np.ndarray, np.ndarray]:
     return r_lo, r_hi
 
 
+def settled_map(problem: ProblemIR) -> tuple[np.ndarray, np.ndarray]:
+    """(G (ny, nu), offset (ny,)), normalised: where the CVs settle under MVs u held, G @ u + offset, with
+    the problem's DVs and disturbance bias held (statespace.steady_state); an integrating CV's row is its
+    settled rate per step instead, 0 where the held MVs balance it."""
+    G, Gd, y0 = steady_state(problem.model)
+    return G, Gd @ np.asarray(problem.d, float) + y0 + disturbance_gain(problem.model) @ np.asarray(problem.bias, float)
+
+
 # --------------------------------------------------------------------------- compilation
 
 

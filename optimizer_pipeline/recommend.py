@@ -34,6 +34,7 @@ from optimizer_pipeline.contracts import (
 )
 from optimizer_pipeline.ledger import candidate_id, new_id
 from optimizer_pipeline.model.statespace import integrating_outputs
+from optimizer_pipeline.problem import settled_map
 from optimizer_pipeline.recommendation_text import duration, num
 from optimizer_pipeline.settings import Settings
 
@@ -189,7 +190,8 @@ def undetermined_direction(cv_tag: str, cov: np.ndarray, u_std: np.ndarray, mv_t
 
 def improvement_conditions(binding: BindingSpec, result: SolveResult, candidate: SolveCandidate | None,
                            band_engineering: Sequence[float | None], max_fraction: float,
-                           target: Sequence[float] | None = None) -> list[Condition]:
+                           target: Sequence[float] | None = None, problem: ProblemIR | None = None,
+                           end_step: int | None = None) -> list[Condition]:
     """A move plan's band against the improvement it claims over holding the current MVs. With each
     CV's error divided by its range (hi - lo) and the norm taken over CVs: the plan's predicted error
     at its last step, widened by the band, ||(|planned - target| + band) / range||, must be at most
@@ -200,8 +202,11 @@ def improvement_conditions(binding: BindingSpec, result: SolveResult, candidate:
     plan's end is held to it: a band as wide as a good part of the way the plan moves claims an
     improvement the evidence does not back (e.g. one linear model on a curved plant). decide passes
     the wider of it and the settled response's band where there is one (a steered plan, a local
-    refit's). No condition for a steady target (its band is calibrated on the settled value it
-    predicts), without a candidate or without a band; no HOLD prediction fails."""
+    refit's). Where that band is the settled evidence of the plan's end held to `end_step` (an
+    integrating CV's, pipeline.held_rule), holding is judged at the same step: its prediction carried on
+    from its last step at the settled rate of each integrating CV under the current MVs (`held_end`), as
+    a level off balance drifts on. No condition for a steady target (its band is calibrated on the
+    settled value it predicts), without a candidate or without a band; no HOLD prediction fails."""
     if (binding.profile.template is Template.STEADY_RESPONSE or candidate is None or not candidate.predicted
             or not band_engineering or None in band_engineering):
         return []
@@ -214,7 +219,10 @@ def improvement_conditions(binding: BindingSpec, result: SolveResult, candidate:
     target = np.array([c.target for c in binding.cvs] if target is None else target, float)
     span = np.array([c.hi - c.lo for c in binding.cvs], float)
     band = np.asarray(band_engineering, float)
-    held = float(np.linalg.norm((np.asarray(hold.predicted[-1], float) - target) / span))
+    held_at = np.asarray(hold.predicted[-1], float)
+    if problem is not None and end_step is not None:
+        held_at = held_end(problem, held_at, end_step - len(hold.predicted))
+    held = float(np.linalg.norm((held_at - target) / span))
     widened = float(np.linalg.norm((np.abs(np.asarray(candidate.predicted[-1], float) - target) + band) / span))
     floor = RANGE_FLOOR * float(np.sqrt(len(span)))
     of = "holding's error" if held >= floor else f"{RANGE_FLOOR:g} of the CV ranges (holding's error is less)"
@@ -222,6 +230,19 @@ def improvement_conditions(binding: BindingSpec, result: SolveResult, candidate:
     return [Condition(name, f"{fraction:.3g} of {of}", limit, fraction <= max_fraction,
                       f"band against the improvement: the plan's predicted end widened by the band is {fraction:.3g} "
                       f"of {of}; uq.max_band_fraction allows {max_fraction:g}")]
+
+
+def held_end(problem: ProblemIR, last: np.ndarray, steps: int) -> np.ndarray:
+    """Holding's predicted CVs (engineering) `steps` steps beyond `last`, its last predicted ones: each
+    integrating CV carried on at its settled rate under the current MVs held (problem.settled_map), the
+    others as they are (they settle)."""
+    ramps = integrating_outputs(problem.model)
+    if steps <= 0 or not ramps.any():
+        return last
+    G, offset = settled_map(problem)
+    carried = problem.cv_normalised(last)
+    carried[ramps] += steps * (G[ramps] @ np.asarray(problem.u_prev, float) + offset[ramps])
+    return problem.cv_engineering(carried)
 
 
 def band_steps(binding: BindingSpec, evidence: EvidenceSnapshot, candidate: SolveCandidate | None) -> int | None:
@@ -248,18 +269,20 @@ def decide(binding: BindingSpec, binding_revision: int, artifact: ModelArtifact,
            extra_conditions: Sequence[Condition] = (),
            max_band_fraction: float = Settings.uq_max_band_fraction,
            steady_gain: Mapping[str, Any] | None = None,
-           end_band: Sequence[float | None] | None = None) -> Decision:
+           end_band: Sequence[float | None] | None = None, end_step: int | None = None) -> Decision:
     """Build the recommendation of one solve: `rejected` without a feasible candidate, `verified`
     when every condition holds, `unverified` otherwise (with every failed condition listed).
     `steady_gain`: the gain record of the model the problem was compiled with when that is not the
     artifact's own (a local refit, model/local.py); `end_band`: the band of the settled response the
     plan ends on, when there is one (pipeline.settled_evidence): the band against the improvement
-    holds the plan's end to the wider of it and the P-step band, per CV."""
+    holds the plan's end to the wider of it and the P-step band, per CV; `end_step`: the step that band
+    speaks of when it is an integrating CV's held end (pipeline.held_rule), holding's error judged there."""
     candidate = choose_candidate(result) if result.ok else None
     checked = (conditions(artifact, evidence, candidate, max_input_distance, now)
                + gain_conditions(artifact, problem, evidence, candidate, steady_gain)
                + improvement_conditions(binding, result, candidate, _wider(band_engineering, end_band),
-                                        max_band_fraction, problem.cv_engineering(problem.y_target))
+                                        max_band_fraction, problem.cv_engineering(problem.y_target), problem,
+                                        end_step)
                + list(extra_conditions))
     if not result.ok:
         checked.insert(0, Condition("solver", str(result.error_code), "a result", False,

@@ -457,6 +457,39 @@ def test_a_model_with_an_integrating_cv_keeps_the_identified_model_for_its_plans
     assert record["procedure"] == GLOBAL and record["note"] == INTEGRATING_GLOBAL
 
 
+def test_holding_is_judged_at_the_step_the_plans_end_band_speaks_of(noisy_level):
+    """The band against the improvement holds the plan's end band (the plan and its last move held as long,
+    pipeline.held_rule) to holding's error at that same step: with the MV off the feed's balance on the
+    newest sample, holding drifts the level on past the plan's last step (recommend.held_end), and the
+    recorded condition reads that error, not the one at the plan's last step."""
+    from optimizer_pipeline import pipeline, uq
+    from optimizer_pipeline.contracts import Calibration, utc_now
+    from optimizer_pipeline.ledger import StoredBinding
+    from optimizer_pipeline.recommend import improvement_conditions
+    from optimizer_pipeline.settings import Settings
+
+    spec, split, artifact, _ = noisy_level
+    scores = pipeline.score_blocks(spec, artifact, split)
+    calibration = Calibration("cal-level", artifact.artifact_hash, uq.compute_block_uq(scores.val, scores.test))
+    u = split.live.u.copy()
+    u[-1] += 0.05
+    split = replace(split, live=replace(split.live, u=u))
+    cache = SolverCache()
+    solved = pipeline.solve_and_decide(spec, StoredBinding(spec, 1, spec.spec_hash, None), artifact, split,
+                                       calibration, lambda p: solve_problem(p, cache), Settings(), "simulation",
+                                       utc_now(), outcomes=())
+    conditions = {c.name: c for c in solved.decision.conditions}
+    assert conditions["settled evidence of the plan's end"].holds
+    settled, _ = pipeline.settled_evidence(spec, artifact, split, Settings(), utc_now())
+    wider = np.maximum(uq.band_engineering(calibration.evidence, artifact), uq.band_engineering(settled, artifact))
+    args = (spec, solved.result, solved.decision.chosen, wider.tolist(), Settings().uq_max_band_fraction,
+            solved.problem.cv_engineering(solved.problem.y_target))
+    [at_end] = improvement_conditions(*args, problem=solved.problem, end_step=pipeline.held_rule(spec, artifact)[0])
+    [at_last_step] = improvement_conditions(*args)
+    assert conditions["band against the improvement over holding"] == at_end
+    assert at_end.value != at_last_step.value
+
+
 def test_a_plan_balances_the_true_feed_not_one_noisy_sample_of_it():
     """The plan ends at the MV that balances the feed the plant gets (u = d): the rate is held fitted over the
     artifact's window and the DV at its level (problem.held_dvs), so the balance misses by far less than one

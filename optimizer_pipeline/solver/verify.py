@@ -31,9 +31,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from optimizer_pipeline.contracts import CandidateKind, ProblemIR, SolveCandidate, SolveResult, Template
-from optimizer_pipeline.model.statespace import (balance_rows, disturbance_gain, integrating_outputs, rollout,
-                                                 steady_state)
-from optimizer_pipeline.problem import robust_limits
+from optimizer_pipeline.model.statespace import balance_rows, integrating_outputs, rollout
+from optimizer_pipeline.problem import robust_limits, settled_map
 from optimizer_pipeline.solver.steady import STEADY_MOVE_SCALE, move_limit
 
 
@@ -58,14 +57,13 @@ def independent_cost(problem: ProblemIR, u: np.ndarray, y: np.ndarray, y_lo: np.
 def _simulate(problem: ProblemIR, u: np.ndarray) -> np.ndarray:
     """CVs (m, rows, ny) of the plans u (m, rows, nu), normalised, re-simulated from the model in one batch."""
     d = np.asarray(problem.d, float)
-    bias = np.asarray(problem.bias, float)
     if problem.template is Template.STEADY_RESPONSE:
-        G, Gd, y0 = steady_state(problem.model)
-        settled = u[:, :1] @ G.T + Gd @ d + y0 + disturbance_gain(problem.model) @ bias
+        G, offset = settled_map(problem)
+        settled = u[:, :1] @ G.T + offset
         return settled * balance_rows(problem.model, problem.horizon)  # an integrating CV's drift: its balance
     m, rows = u.shape[:2]
     x0 = np.tile(np.asarray(problem.x0, float), (m, 1))
-    return rollout(problem.model, x0, u, np.tile(d, (m, rows, 1)), disturbance=bias)
+    return rollout(problem.model, x0, u, np.tile(d, (m, rows, 1)), disturbance=np.asarray(problem.bias, float))
 
 
 def _rows(problem: ProblemIR) -> int:
@@ -118,10 +116,8 @@ class _Reference:
         # an integrating CV's settled rate per step under the plan's last MVs held: G_rate u + offset
         self.ramps = np.zeros(self.ny, bool) if steady else integrating_outputs(problem.model)
         if self.ramps.any():
-            G, Gd, y0 = steady_state(problem.model)
-            self.rate_gain = G[self.ramps]
-            self.rate_offset = (Gd @ np.asarray(problem.d, float) + y0
-                                + disturbance_gain(problem.model) @ np.asarray(problem.bias, float))[self.ramps]
+            G, offset = settled_map(problem)
+            self.rate_gain, self.rate_offset = G[self.ramps], offset[self.ramps]
         self.report = {"tolerances": _tolerance_items(tolerances), "mv_allowed": _values(self.mv_allowed),
                        "max_move": _values(self.max_move), "cv_allowed": _values(self.cv_allowed)}
 
