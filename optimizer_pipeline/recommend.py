@@ -75,17 +75,25 @@ def choose_candidate(result: SolveResult) -> SolveCandidate | None:
     return None
 
 
+def infeasible_because(result: SolveResult) -> str:
+    """The nominal candidate's verification reasons (its solver status, and why, where the verifier can say:
+    an integrating CV no reachable MVs balance): what a rejected recommendation's reason names."""
+    nominal = next((c for c in result.candidates if c.kind is CandidateKind.NOMINAL), None)
+    return "" if nominal is None or not nominal.verify_report else "; ".join(nominal.verify_report.get("reasons", ()))
+
+
 def _fmt(value: float | None) -> str:
     """An engineering value in a condition: 4 significant digits."""
     return "n/a" if value is None else num(value, 4)
 
 
 def conditions(artifact: ModelArtifact, evidence: EvidenceSnapshot, candidate: SolveCandidate | None,
-               max_input_distance: float, now: datetime) -> list[Condition]:
-    """Every condition for `verified`, in the order a reader checks them."""
+               max_input_distance: float, now: datetime, why_none: str = "") -> list[Condition]:
+    """Every condition for `verified`, in the order a reader checks them; `why_none`: why no candidate is
+    feasible (`infeasible_because`), the reason's tail when none is."""
     found = [Condition("feasible candidate", "none" if candidate is None else f"{candidate.kind.value} "
                        f"(seq {candidate.seq})", "robust, else nominal, feasible", candidate is not None,
-                       "no feasible candidate")]
+                       "no feasible candidate" + (f": {why_none}" if why_none else ""))]
     found += [Condition(c.name, c.value, c.limit, c.holds, f"UQ gate: {c.reason}" if c.name != "UQ evidence"
                         else c.reason) for c in evidence.uq_checks]
     if evidence.has_evidence:
@@ -278,7 +286,8 @@ def decide(binding: BindingSpec, binding_revision: int, artifact: ModelArtifact,
     holds the plan's end to the wider of it and the P-step band, per CV; `end_step`: the step that band
     speaks of when it is an integrating CV's held end (pipeline.held_rule), holding's error judged there."""
     candidate = choose_candidate(result) if result.ok else None
-    checked = (conditions(artifact, evidence, candidate, max_input_distance, now)
+    checked = (conditions(artifact, evidence, candidate, max_input_distance, now,
+                          "" if candidate is not None else infeasible_because(result))
                + gain_conditions(artifact, problem, evidence, candidate, steady_gain)
                + improvement_conditions(binding, result, candidate, _wider(band_engineering, end_band),
                                         max_band_fraction, problem.cv_engineering(problem.y_target), problem,

@@ -226,6 +226,13 @@ MATRIX = [
         replace(BASE, plans=(Plan(CandidateKind.HOLD), Plan(CandidateKind.NOMINAL, has_controls=False),
                              Plan(CandidateKind.ROBUST, has_controls=False))),
         REJECTED, ("no feasible candidate",)),
+    Row("every plan infeasible, the verifier saying why", "feasible candidate",
+        replace(BASE, plans=(Plan(CandidateKind.HOLD),
+                             *(Plan(kind, feasible=False, verified=False, has_controls=False,
+                                    verify_reasons=("no plan (solver status 'primal infeasible')",
+                                                    "y0 cannot end balanced"))
+                               for kind in (CandidateKind.NOMINAL, CandidateKind.ROBUST)))),
+        REJECTED, ("no feasible candidate: no plan (solver status 'primal infeasible'); y0 cannot end balanced",)),
     Row("the solver failed", "solver",
         replace(BASE, solver_error=SolverError(errors.SOLVE_TIMEOUT, "no answer within 10000 ms")),
         REJECTED, ("solver error SOLVE_TIMEOUT: no answer within 10000 ms", "no feasible candidate")),

@@ -191,6 +191,26 @@ def test_the_verifier_refuses_a_plan_that_does_not_end_balanced(planned):
     assert "balance_drift" not in hold.verify_report  # holding is the baseline, not a plan
 
 
+def test_a_feed_beyond_what_the_mv_can_take_away_is_named_when_no_plan_is_feasible():
+    """No plan can end balanced when the feed d = 12 needs u = 12 and u0 stops at 10: the rate -0.2 u + 0.2 d
+    reachable from u = 0.4 (moves of 1 over 30 samples, limits -10..10) stays within 2.4 -+ 2.0, and the
+    recommendation's reason says so (recommend.infeasible_because); a feed u0 can balance is planned."""
+    from optimizer_pipeline.recommend import infeasible_because
+
+    spec = level_binding()
+    artifact = artifact_from_model(LEVEL, spec, 1, IDENTITY)
+    for feed, feasible in ((9.5, True), (12.0, False)):
+        problem = compile_problem(spec, artifact, np.zeros(2), np.zeros(1), np.array([0.4]), np.array([feed]),
+                                  band=np.array([0.05]))
+        result = solve_problem(problem, SolverCache())
+        nominal = next(c for c in result.candidates if c.kind is CandidateKind.NOMINAL)
+        assert nominal.feasible is feasible
+        low, high = RATE_D * feed + RATE_U * 10.0, RATE_D * feed + RATE_U * -10.0
+        named = (f"y0 cannot end balanced: with the MVs within their limits and the moves of 30 samples, its rate "
+                 f"stays between {low:.3g} and {high:.3g} per sample")
+        assert (named in infeasible_because(result)) is not feasible, infeasible_because(result)
+
+
 def test_the_gain_uncertainty_of_a_level_is_its_drift_over_the_plan(planned):
     """A level's gain is a rate: 2 standard errors of it along the planned move, held for the plan's horizon,
     must fit in the band. The plan ends balanced where it started (u back at 0.4): no move, no drift. Ending

@@ -220,6 +220,8 @@ def _verify(ref: _Reference, candidates: Sequence[SolveCandidate], simulated: li
         reason = None
         if not candidate.controls:
             reason = f"no plan (solver status {candidate.solver_status!r})"
+            if ref.ramps.any() and candidate.kind is not CandidateKind.HOLD:
+                reason = "; ".join([reason, *_unbalanceable(ref)])
         else:
             try:
                 controls = tables[i] if tables and tables[i] is not None else np.asarray(candidate.controls, float)
@@ -316,6 +318,25 @@ def _balance_reasons(ref: _Reference, reasons: list[str], report: dict[str, Any]
     report["balance_drift"] = dict(zip(tags, drift.tolist()))
     reasons.extend(f"the plan does not end balanced: its last MVs held {horizon} samples, {tag} drifts {d:.3g} "
                    f"(allowed {a:.3g})" for tag, d, a in zip(tags, drift, allowed) if not d <= a)
+
+
+def _unbalanceable(ref: _Reference) -> list[str]:
+    """Why no plan can end balanced, per integrating CV whose settled rate (`settled_map`) no MVs the plan can
+    reach zero (within their limits and the horizon's moves from the current ones, each MV's extreme taken
+    alone: a CV that shares its MVs with another may still fail jointly, unnamed), the rates it can reach
+    in engineering units per sample: a feed beyond what the MVs can take away, say."""
+    problem = ref.problem
+    reach = problem.horizon * np.asarray(problem.du_max, float)
+    lo = np.maximum(np.asarray(problem.u_lo, float), ref.u_prev - reach)
+    hi = np.minimum(np.asarray(problem.u_hi, float), ref.u_prev + reach)
+    low = ref.rate_offset + np.minimum(ref.rate_gain * lo, ref.rate_gain * hi).sum(axis=1)
+    high = ref.rate_offset + np.maximum(ref.rate_gain * lo, ref.rate_gain * hi).sum(axis=1)
+    tolerance = ref.cv_allowed[ref.ramps] / (problem.horizon * ref.y_std[ref.ramps])  # _balance_reasons' drift
+    tags = [tag for tag, ramp in zip(problem.cv_tags, ref.ramps) if ramp]
+    std = ref.y_std[ref.ramps]
+    return [f"{tag} cannot end balanced: with the MVs within their limits and the moves of {problem.horizon} "
+            f"samples, its rate stays between {a * k:.3g} and {b * k:.3g} per sample"
+            for tag, a, b, k, t in zip(tags, low, high, std, tolerance) if a > t or b < -t]
 
 
 def verify_all(problem: ProblemIR, result: SolveResult,
