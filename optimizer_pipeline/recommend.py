@@ -33,8 +33,7 @@ from optimizer_pipeline.contracts import (
     parse_iso_utc,
 )
 from optimizer_pipeline.ledger import candidate_id, new_id
-from optimizer_pipeline.model.statespace import integrating_outputs
-from optimizer_pipeline.problem import settled_map
+from optimizer_pipeline.model.statespace import integrating_outputs, rollout
 from optimizer_pipeline.recommendation_text import duration, num
 from optimizer_pipeline.settings import Settings
 
@@ -211,10 +210,10 @@ def improvement_conditions(binding: BindingSpec, result: SolveResult, candidate:
     improvement the evidence does not back (e.g. one linear model on a curved plant). decide passes
     the wider of it and the settled response's band where there is one (a steered plan, a local
     refit's). Where that band is the settled evidence of the plan's end held to `end_step` (an
-    integrating CV's, pipeline.held_rule), holding is judged at the same step: its prediction carried on
-    from its last step at the settled rate of each integrating CV under the current MVs (`held_end`), as
-    a level off balance drifts on. No condition for a steady target (its band is calibrated on the
-    settled value it predicts), without a candidate or without a band; no HOLD prediction fails."""
+    integrating CV's, pipeline.held_rule), holding is judged at the same step (`held_end`: the current
+    MVs held that long), as a level off balance drifts on. No condition for a steady target (its band
+    is calibrated on the settled value it predicts), without a candidate or without a band; no HOLD
+    prediction fails."""
     if (binding.profile.template is Template.STEADY_RESPONSE or candidate is None or not candidate.predicted
             or not band_engineering or None in band_engineering):
         return []
@@ -228,8 +227,8 @@ def improvement_conditions(binding: BindingSpec, result: SolveResult, candidate:
     span = np.array([c.hi - c.lo for c in binding.cvs], float)
     band = np.asarray(band_engineering, float)
     held_at = np.asarray(hold.predicted[-1], float)
-    if problem is not None and end_step is not None:
-        held_at = held_end(problem, held_at, end_step - len(hold.predicted))
+    if problem is not None and end_step is not None and end_step > len(hold.predicted):
+        held_at = held_end(problem, end_step)
     held = float(np.linalg.norm((held_at - target) / span))
     widened = float(np.linalg.norm((np.abs(np.asarray(candidate.predicted[-1], float) - target) + band) / span))
     floor = RANGE_FLOOR * float(np.sqrt(len(span)))
@@ -240,17 +239,15 @@ def improvement_conditions(binding: BindingSpec, result: SolveResult, candidate:
                       f"of {of}; uq.max_band_fraction allows {max_fraction:g}")]
 
 
-def held_end(problem: ProblemIR, last: np.ndarray, steps: int) -> np.ndarray:
-    """Holding's predicted CVs (engineering) `steps` steps beyond `last`, its last predicted ones: each
-    integrating CV carried on at its settled rate under the current MVs held (problem.settled_map), the
-    others as they are (they settle)."""
-    ramps = integrating_outputs(problem.model)
-    if steps <= 0 or not ramps.any():
-        return last
-    G, offset = settled_map(problem)
-    carried = problem.cv_normalised(last)
-    carried[ramps] += steps * (G[ramps] @ np.asarray(problem.u_prev, float) + offset[ramps])
-    return problem.cv_engineering(carried)
+def held_end(problem: ProblemIR, step: int) -> np.ndarray:
+    """Holding's predicted CVs (engineering) at `step`: the current MVs held from the problem's state, the
+    DVs and disturbance held as the plan holds them (statespace.rollout, as the verifier re-simulates a
+    plan), past the plan's horizon where `step` is beyond it. Not clipped to a CV's limits: a level that
+    holding would run past them counts the whole way."""
+    u = np.tile(np.asarray(problem.u_prev, float), (1, step, 1))
+    d = np.tile(np.asarray(problem.d, float), (1, step, 1))
+    y = rollout(problem.model, np.asarray(problem.x0, float)[None], u, d, disturbance=np.asarray(problem.bias, float))
+    return problem.cv_engineering(y[0, -1])
 
 
 def band_steps(binding: BindingSpec, evidence: EvidenceSnapshot, candidate: SolveCandidate | None) -> int | None:

@@ -472,31 +472,30 @@ def test_the_band_against_the_improvement_is_the_norm_over_cvs_of_range_scaled_e
     assert improvement_conditions(SPEC, result(hold, plan), None, (3.0, 4.0), 0.25) == []
 
 
-
 def test_with_an_integrating_cv_holding_is_judged_where_the_end_band_speaks():
-    """y0 integrates (y0[k] = y0[k-1] + 0.5 (u0 + u1)[k-1], normalised): holding the current MVs (1, 1)
-    raises it 1.0 normalised = 2.0 (its std) per step. The plan's end band held to step 14 (the plan's 4
-    steps and 10 more, pipeline.held_rule) is judged against holding's error there: y0 carried on from 30
-    to 50, y1 (stable) left at 40; a level drifting toward its target (from -30 to -10) is judged as much
-    nearer, and an end step within the plan changes nothing."""
+    """y0 integrates (y0[k] = y0[k-1] + 0.5 (u0 + u1)[k-1], normalised, from 0): holding the current MVs
+    (1, 1) raises it by 1.0 normalised = 2.0 (its std) per step from its mean 10; y1 = 0.5 (u0 + u1) = 1.0
+    normalised = 3.0. The plan's end band held to step 14 (the plan's 4 steps and 10 more,
+    pipeline.held_rule) is judged against holding's error there, (38, 3), not at step 4, (18, 3); from
+    y0 = 50 (state 20), MVs (-1, -1) drive it down toward its target 0: (22, -3) at step 14 against
+    (42, -3) at step 4. Holding's error counts as at least 0.1 of each CV's range (200)."""
     from optimizer_pipeline.recommend import held_end, improvement_conditions
 
-    ramp = ArxModel(Orders(1, 1, 1), np.array([[[1.0, 0.0], [0.0, 0.0]]]), np.full((1, 2, 2), 0.5),
-                    np.zeros((1, 2, 0)), np.zeros(2))
-    problem = compile_problem(SPEC, artifact_from_model(ramp, SPEC, 3, NORMALISATION), np.zeros(2), np.zeros(2),
-                              np.array(U_NOW), np.zeros(0))
-    np.testing.assert_allclose(held_end(problem, np.array([30.0, 40.0]), 10), [50.0, 40.0])
+    ramp = artifact_from_model(ArxModel(Orders(1, 1, 1), np.array([[[1.0, 0.0], [0.0, 0.0]]]),
+                                        np.full((1, 2, 2), 0.5), np.zeros((1, 2, 0)), np.zeros(2)),
+                               SPEC, 3, NORMALISATION)
     plan = cand(CandidateKind.ROBUST, 2, predicted=PREDICTED[:-1] + ((6.0, 0.0),))
-    for held, carried in (((30.0, 40.0), (50.0, 40.0)), ((-30.0, 40.0), (-10.0, 40.0))):
-        hold = cand(CandidateKind.HOLD, 0, predicted=PREDICTED[:-1] + (held,))
-        [at_end] = improvement_conditions(SPEC, result(hold, plan), plan, (3.0, 4.0), 0.25, problem=problem,
-                                          end_step=14)
-        assert at_end.value == f"{np.sqrt(97) / np.hypot(*carried):.3g} of holding's error"
-        [within] = improvement_conditions(SPEC, result(hold, plan), plan, (3.0, 4.0), 0.25, problem=problem,
-                                          end_step=4)
-        assert within.value == f"{np.sqrt(97) / np.hypot(*held):.3g} of holding's error"
-    # a model without an integrator carries nothing on
-    np.testing.assert_allclose(held_end(PROBLEM, np.array([30.0, 40.0]), 10), [30.0, 40.0])
+    for x0, u_now, at_4, at_14 in (((0.0, 0.0), (3.0, 2.0), (18.0, 3.0), (38.0, 3.0)),
+                                   ((20.0, 0.0), (-1.0, -6.0), (42.0, -3.0), (22.0, -3.0))):
+        problem = compile_problem(SPEC, ramp, np.array(x0), np.zeros(2), np.array(u_now), np.zeros(0))
+        np.testing.assert_allclose([held_end(problem, 4), held_end(problem, 14)], [at_4, at_14], atol=1e-9)
+        hold = cand(CandidateKind.HOLD, 0, predicted=PREDICTED[:-1] + (at_4,))
+        for end_step, held in ((14, at_14), (4, at_4), (None, at_4)):
+            [found] = improvement_conditions(SPEC, result(hold, plan), plan, (3.0, 4.0), 0.25, problem=problem,
+                                             end_step=end_step)
+            error = max(np.hypot(*held), 0.1 * np.sqrt(2) * 200)  # RANGE_FLOOR of the ranges (200)
+            assert found.value.startswith(f"{np.sqrt(97) / error:.3g} of "), (end_step, found.value)
+
 
 # ---------------------------------------------------------------------------- the band against the improvement
 

@@ -18,7 +18,9 @@ Tolerances (documented defaults of `Tolerances`):
 * a steady target's row of an integrating CV is its drift over the horizon (problem.py), limits 0: allowed
   1e-3 of the CV's std beyond holding the current MVs.
 * a move plan with an integrating CV ends balanced: its settled rate under the last MVs held, from
-  `steady_state`, drifts it by at most the CV allowance over the horizon (not the HOLD baseline).
+  `steady_state`, drifts it by at most the CV allowance over the horizon (not the HOLD baseline). Where
+  the QP found no plan, the reason names each integrating CV that no MVs within reach balance, with the
+  rates they can reach (`_unbalanceable`).
 `verified` = feasible, predictions agree and costs agree; every failed condition is listed in
 verify_report["reasons"].
 """
@@ -329,9 +331,11 @@ def _unbalanceable(ref: _Reference) -> list[str]:
     reach = problem.horizon * np.asarray(problem.du_max, float)
     lo = np.maximum(np.asarray(problem.u_lo, float), ref.u_prev - reach)
     hi = np.minimum(np.asarray(problem.u_hi, float), ref.u_prev + reach)
+    if (lo > hi).any():  # an MV further outside its limits than its moves reach: not a balance to name
+        return []
     low = ref.rate_offset + np.minimum(ref.rate_gain * lo, ref.rate_gain * hi).sum(axis=1)
     high = ref.rate_offset + np.maximum(ref.rate_gain * lo, ref.rate_gain * hi).sum(axis=1)
-    tolerance = ref.cv_allowed[ref.ramps] / (problem.horizon * ref.y_std[ref.ramps])  # _balance_reasons' drift
+    tolerance = ref.cv_allowed[ref.ramps] / (problem.horizon * ref.y_std[ref.ramps])  # _balance_reasons' allowance
     tags = [tag for tag, ramp in zip(problem.cv_tags, ref.ramps) if ramp]
     std = ref.y_std[ref.ramps]
     return [f"{tag} cannot end balanced: with the MVs within their limits and the moves of {problem.horizon} "
