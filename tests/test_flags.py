@@ -86,9 +86,28 @@ def test_a_level_step_and_a_spike_at_a_runs_end():
     assert not spikes(y[:, None], noise_sigma(y[:, None]), open_end=True)[-1, 0]
 
 
+def test_a_spike_of_two_samples_is_flagged_and_a_step_of_two_is_not():
+    """Two neighbouring samples off by 20 and 15 noise sigmas, on a moving CV and at rest: both flagged and
+    nothing else, also in a step response's first samples; the same displacement held on (a step) is not
+    flagged, and two samples off the opposite ways are each a spike alone."""
+    u, y = step_response()
+    glitches = [30, 52, 120, 170]  # 52: in the response to the step at 50, the way it moves
+    for k, sign in zip(glitches, (-1, 1, 1, -1)):
+        y[[k, k + 1]] += sign * np.array([2.0, 1.5])
+    mask = spikes(y[:, None], noise_sigma(y[:, None]))[:, 0]
+    assert np.flatnonzero(mask).tolist() == sorted(glitches + [k + 1 for k in glitches])
+    _, stepped = step_response()
+    stepped[120:] += 2.0  # a step of 20 sigmas: one side moves
+    assert not spikes(stepped[:, None], noise_sigma(stepped[:, None])).any()
+    _, opposite = step_response()
+    opposite[[120, 121]] += [2.0, -2.0]
+    assert np.flatnonzero(spikes(opposite[:, None], noise_sigma(opposite[:, None]))[:, 0]).tolist() == [120, 121]
+
+
 def test_white_noise_gets_no_spike_flag():
     """The threshold's false-flag rate on clean noise: none in 400 000 samples at 4 sigmas (two sides
-    beyond it by chance: < 1e-6 per sample measured; one side alone would flag ~6e-5)."""
+    beyond it by chance: < 1e-6 per sample measured; one side alone would flag ~6e-5), single samples or
+    pairs."""
     noise = np.random.default_rng(7).normal(size=(100_000, 4))
     assert SPIKE_SIGMAS == 4.0 and not spikes(noise, noise_sigma(noise)).any()
 

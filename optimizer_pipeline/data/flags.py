@@ -15,6 +15,11 @@ first three: they are commanded values, and an MV held by an operator is not a f
   tank: a 7-sample window across a move holds a MAD of 5-30 noise sigmas (docs/ARCHITECTURE.md,
   "Flagged samples"). Each side's miss has 6 sigma^2 of variance on white noise; both beyond 4 of their
   sigmas the same way: none in 10^6 samples of white noise (measured; at 3.5: 2e-6, at 3: 2.2e-5).
+  A spike of two samples: each sample's other side runs through the other, so the pair is judged as
+  one, by the line through the two samples before it and the line through the two after it: each
+  line misses both samples the same way by more than the threshold; of such pairs up to 3 samples
+  apart, the one the lines miss most (a transient beside a spike would pass for one). A step moves one
+  side only, as before; three samples or more are a slice to exclude by hand.
 * stuck (CVs and DVs): a stretch of one value repeated, every sample after its first flagged, when
   chance cannot explain it: the tag repeats its previous value with frequency p over the history
   (`repeat_frequency`), so a stretch of L equal samples turns up by chance about
@@ -130,7 +135,33 @@ def spikes(values: np.ndarray, noise: np.ndarray, open_end: bool = False) -> np.
         # an edge's one side runs through its neighbours: not judged when the neighbour is a spike itself
         flagged[0] = off_b[0] & ~flagged[1]
         flagged[-1] = False if open_end else off_f[-1] & ~flagged[-2]
-    return flagged
+    return flagged | _pairs(values, limit, flagged)
+
+
+def _pairs(values: np.ndarray, limit: np.ndarray, single: np.ndarray) -> np.ndarray:
+    """(n, n_tags) bool: two neighbouring samples that the lines through the two samples before them and
+    through the two after them both miss the same way, each by more than `limit`, none of the six a
+    spike alone (`single`: a line through one is no line; module docstring: a spike of two samples)."""
+    n = len(values)
+    pairs = np.zeros(values.shape, bool)
+    if n < 6:
+        return pairs
+    v = [values[i:n - 5 + i] for i in range(6)]  # x[k-2] .. x[k+3] for k = 2 .. n-4: the pair is k, k+1
+    misses = (v[2] - (2 * v[1] - v[0]), v[3] - (3 * v[1] - 2 * v[0]),  # the line before, at k and k+1
+              v[3] - (2 * v[4] - v[5]), v[2] - (3 * v[4] - 2 * v[5]))  # the line after, at k+1 and k
+    with np.errstate(invalid="ignore"):
+        up = np.logical_and.reduce([miss > limit for miss in misses])
+        down = np.logical_and.reduce([miss < -limit for miss in misses])
+    found = (up | down) & ~np.logical_or.reduce([single[i:n - 5 + i] for i in range(6)])
+    # a pair's lines run through the samples of a pair up to 3 samples away: of such neighbours the one the
+    # lines miss most is the spike (a transient next to a spike would pass for one otherwise)
+    strength = np.where(found, np.min(np.abs(misses), axis=0), 0.0)
+    padded = np.pad(strength, ((3, 3), (0, 0)))
+    m = len(strength)
+    found &= np.logical_and.reduce([strength >= padded[3 + o:3 + o + m] for o in (-3, -2, -1, 1, 2, 3)])
+    pairs[2:n - 3] |= found
+    pairs[3:n - 2] |= found
+    return pairs
 
 
 def jump_sigmas(values: np.ndarray, noise: np.ndarray) -> np.ndarray:
