@@ -39,9 +39,10 @@ def ingest_history(ledger_of: Callable[[], Ledger], spec: BindingSpec, path: str
     expires the binding's open recommendations; a changed OPC UA wiring alone does neither), else only
     the samples. Returns the summary; its `flagged` counts the file's samples the cleaning rules flag, per
     tag and rule (data/flags.py: judged on the file's own samples; the next recalibration judges them
-    with the whole history)."""
+    with the whole history), its `warnings` what cleaning warns of (a CV repeating its value more often
+    than not, a history sampled slower than the binding's period)."""
     frame = read_history(path, spec, now_s=time.time())
-    flagged = clean_runs(frame, spec, 1)[1]["totals"]["flagged"]
+    cleaning = clean_runs(frame, spec, 1)[1]
     ledger = ledger_of()
     if store_binding:
         upsert, rows = ledger.ingest(spec, frame, source)
@@ -52,7 +53,7 @@ def ingest_history(ledger_of: Callable[[], Ledger], spec: BindingSpec, path: str
         rows = ledger.append_samples(spec.id, frame, spec.tags, source)
         summary = {"binding_id": spec.id}
     return {**summary, "runs": int(frame["run_id"].nunique()), "rows_read": len(frame), "samples_added": rows,
-            "source": source, "flagged": flagged}
+            "source": source, "flagged": cleaning["totals"]["flagged"], "warnings": cleaning["warnings"]}
 
 
 @dataclass(frozen=True)

@@ -166,6 +166,20 @@ def test_a_tag_that_repeats_more_often_than_not_is_never_stuck():
     assert not stuck(d[:, None], np.array([repeat_frequency(d)]), len(d)).any()
 
 
+def test_a_cv_that_repeats_more_often_than_not_is_named_in_the_warnings():
+    """A transmitter dead for 70 % of the history repeats its value more often than not: the stuck rule cannot
+    judge it (its repeats are no evidence), so cleaning names it, with how often it repeats; a noise-free DV
+    held for long and a noisy CV are not named."""
+    y = np.random.default_rng(9).normal(50, 0.5, 1000)
+    y[300:] = y[300]
+    d = np.repeat([1.0, 2.0], 500)
+    _, report = clean_runs(frame(y, d=d), binding(), 10)
+    [warning] = [w for w in report["warnings"] if "repeats its previous value" in w]
+    assert warning.startswith("CV 'y' repeats its previous value in 70% of its samples") and "exclude" in warning
+    _, healthy = clean_runs(frame(np.random.default_rng(9).normal(50, 0.5, 1000), d=d), binding(), 10)
+    assert not any("repeats" in w for w in healthy["warnings"])
+
+
 # --------------------------------------------------------------------------- pinned, excluded
 
 
@@ -272,7 +286,23 @@ def test_ingest_counts_the_flags_per_tag_and_rule(tmp_path, damaged_files):
     plant, binding_file, csv, _ = damaged_files
     done = cli(tmp_path / "home", "ingest", str(binding_file), str(csv))
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["flagged"] == {plant.spec.cv_tags[0]: {"stuck": 59, "spike": 5}}
+    summary = json.loads(done.stdout)
+    assert summary["flagged"] == {plant.spec.cv_tags[0]: {"stuck": 59, "spike": 5}} and summary["warnings"] == []
+
+
+def test_ingest_warns_of_a_cv_dead_for_most_of_the_file(tmp_path, damaged_files):
+    """The heater's CV reading one value in 11 of its 12 runs: not flagged stuck (it repeats more often than
+    not), named in ingest's warnings, exit 0 (a warning, not a refusal)."""
+    plant, binding_file, csv, runs = damaged_files
+    history = pd.read_csv(csv)
+    cv = plant.spec.cv_tags[0]
+    dead = history["run_id"].isin(runs[:-1])
+    history.loc[dead, cv] = history.loc[dead, cv].iloc[0]
+    history.to_csv(csv, index=False)
+    done = cli(tmp_path / "home", "ingest", str(binding_file), str(csv))
+    assert done.returncode == 0, done.stderr
+    [warning] = json.loads(done.stdout)["warnings"]
+    assert warning.startswith(f"CV {cv!r} repeats its previous value in ")
 
 
 def test_an_exclusion_is_recorded_listed_applied_and_revoked(tmp_path, damaged_files):

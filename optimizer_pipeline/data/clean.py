@@ -26,8 +26,9 @@ import numpy as np
 import pandas as pd
 
 from optimizer_pipeline.contracts import BindingSpec, Exclusion, RunSeries
-from optimizer_pipeline.data.flags import (PIN_FRACTION, SPIKE_SIGMAS, STUCK_CHANCE, STUCK_MIN_SAMPLES, TagRules,
-                                           JUMP, flag_run, flag_spans, jump_sigmas, tag_rules, true_spans)
+from optimizer_pipeline.data.flags import (PIN_FRACTION, SPIKE_SIGMAS, STUCK_CHANCE, STUCK_MAX_REPEAT,
+                                           STUCK_MIN_SAMPLES, TagRules, JUMP, flag_run, flag_spans, jump_sigmas,
+                                           tag_rules, true_spans)
 from optimizer_pipeline.data.ingest import RUN_ID, TIMESTAMP
 
 log = logging.getLogger(__name__)
@@ -99,6 +100,13 @@ def clean_runs(frame: pd.DataFrame, binding: BindingSpec, min_length: int,
                                   f"sample_period_s {period:g} s: grid points without samples are interpolated "
                                   f"(gaps <= {MAX_GAP_SAMPLES}) or split the runs")
         log.warning("%s", report["warnings"][-1])
+    for tag, repeats in zip(tags, rules.repeats):
+        if tag in binding.cv_tags and repeats > STUCK_MAX_REPEAT:
+            report["warnings"].append(
+                f"CV {tag!r} repeats its previous value in {repeats:.0%} of its samples (a dead transmitter, an "
+                f"analyzer holding between updates, the historian's compression or a coarse quantization): the "
+                f"stuck rule does not judge it; exclude a dead slice by hand (optimizer-pipeline exclude)")
+            log.warning("%s", report["warnings"][-1])
     log.info("cleaned %d runs into %d series (%d dropped, flagged %s)", len(runs_report), len(series),
              len(dropped), report["totals"]["flagged"] or "none")
     return series, report

@@ -28,7 +28,8 @@ first three: they are commanded values, and an MV held by an operator is not a f
   or compressed by the historian repeats values more often and is flagged only on a longer stretch (p
   0.5: 20 samples in 5 000); a tag that repeats its value more often than not (p > STUCK_MAX_REPEAT: a
   noise-free DV, a coarse quantization) has no noise that says it should move and is never flagged, nor
-  is a transmitter dead for most of the history (exclude such a slice by hand).
+  is a transmitter dead for most of the history (data/clean.py warns of such a CV; exclude a dead slice
+  by hand).
 * pinned (CVs and DVs with a transmitter `range` in the binding): a value within PIN_FRACTION of the
   range's span of either end, or beyond it: a transmitter at its end reads its end, not the process.
 * excluded: the samples of an exclusion recorded by hand (`optimizer-pipeline exclude`, the ledger's
