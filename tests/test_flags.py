@@ -104,6 +104,20 @@ def test_a_spike_of_two_samples_is_flagged_and_a_step_of_two_is_not():
     assert np.flatnonzero(spikes(opposite[:, None], noise_sigma(opposite[:, None]))[:, 0]).tolist() == [120, 121]
 
 
+def test_a_pair_next_to_a_runs_edge_and_a_burst_of_two_pairs():
+    """A pair two samples from either edge is flagged, and the edge sample whose one side runs through it is
+    not; two pairs with two clean samples between them (the clean ones look like a pair against them) are a
+    burst: nothing flagged rather than the clean samples (an exclusion by hand is for bursts)."""
+    base = np.random.default_rng(4).normal(0, 0.1, 60)
+    for pair in ([2, 3], [56, 57]):
+        y = base.copy()
+        y[pair] += 2.5
+        assert np.flatnonzero(spikes(y[:, None], noise_sigma(y[:, None]))[:, 0]).tolist() == pair
+    burst = base.copy()
+    burst[[8, 9, 12, 13]] -= 2.5
+    assert not spikes(burst[:, None], noise_sigma(burst[:, None]))[10:12].any()
+
+
 def test_white_noise_gets_no_spike_flag():
     """The threshold's false-flag rate on clean noise: none in 400 000 samples at 4 sigmas (two sides
     beyond it by chance: < 1e-6 per sample measured; one side alone would flag ~6e-5), single samples or

@@ -186,9 +186,11 @@ def test_two_workers_share_a_refresh_and_a_worker_killed_mid_run_fails_only_that
                 task_id = instance.get_run_by_id(run_id).tags[CELERY_TASK_ID_TAG]
                 [victim] = [name for name in ("worker-a", "worker-b")
                             if f"Task execute_job[{task_id}] received" in logs[name].read_text(errors="replace")]
-                if not instance.get_run_by_id(run_id).is_finished:
+                run = instance.get_run_by_id(run_id)
+                if not run.is_finished:
                     os.kill(_celery_child(procs[victim].pid), signal.SIGKILL)
                     break
+                assert run.status.value == "SUCCESS", f"run {run_id} ended {run.status.value} before the kill"
                 _wait_for(f"Task execute_job[{task_id}] succeeded", logs[victim])  # free for the next task
             else:
                 raise AssertionError(f"each of {KILL_ATTEMPTS} runs ended before its worker could be killed")

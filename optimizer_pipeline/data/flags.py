@@ -18,8 +18,10 @@ first three: they are commanded values, and an MV held by an operator is not a f
   A spike of two samples: each sample's other side runs through the other, so the pair is judged as
   one, by the line through the two samples before it and the line through the two after it: each
   line misses both samples the same way by more than the threshold; of such pairs up to 3 samples
-  apart, the one the lines miss most (a transient beside a spike would pass for one). A step moves one
-  side only, as before; three samples or more are a slice to exclude by hand.
+  apart missed the same way, the one the lines miss most (a transient beside a spike would pass for
+  one), missed opposite ways, none (a burst: the clean samples between two glitches look like a pair
+  against them). A run's first and last samples are judged after the pairs, not beside one. A step
+  moves one side only, as before; three samples or more, and bursts, are slices to exclude by hand.
 * stuck (CVs and DVs): a stretch of one value repeated, every sample after its first flagged, when
   chance cannot explain it: the tag repeats its previous value with frequency p over the history
   (`repeat_frequency`), so a stretch of L equal samples turns up by chance about
@@ -133,10 +135,13 @@ def spikes(values: np.ndarray, noise: np.ndarray, open_end: bool = False) -> np.
     with np.errstate(invalid="ignore"):
         off_f, off_b = np.abs(forward) > forward_limit, np.abs(backward) > backward_limit
         flagged = off_f & off_b & (np.sign(forward) == np.sign(backward))
-        # an edge's one side runs through its neighbours: not judged when the neighbour is a spike itself
-        flagged[0] = off_b[0] & ~flagged[1]
-        flagged[-1] = False if open_end else off_f[-1] & ~flagged[-2]
-    return flagged | _pairs(values, limit, flagged)
+        flagged[0] = flagged[-1] = False  # the edges are judged last, below
+        pairs = _pairs(values, limit, flagged)
+        near = flagged | pairs
+        # an edge's one side runs through its two neighbours: not judged when one of them is a spike itself
+        flagged[0] = off_b[0] & ~near[1] & ~near[2]
+        flagged[-1] = False if open_end else off_f[-1] & ~near[-2] & ~near[-3]
+    return flagged | pairs
 
 
 def _pairs(values: np.ndarray, limit: np.ndarray, single: np.ndarray) -> np.ndarray:
@@ -154,12 +159,16 @@ def _pairs(values: np.ndarray, limit: np.ndarray, single: np.ndarray) -> np.ndar
         up = np.logical_and.reduce([miss > limit for miss in misses])
         down = np.logical_and.reduce([miss < -limit for miss in misses])
     found = (up | down) & ~np.logical_or.reduce([single[i:n - 5 + i] for i in range(6)])
-    # a pair's lines run through the samples of a pair up to 3 samples away: of such neighbours the one the
-    # lines miss most is the spike (a transient next to a spike would pass for one otherwise)
+    # a pair's lines run through the samples of a pair up to 3 samples away: of such neighbours missed the
+    # same way, the one the lines miss most is the spike (a transient next to a spike would pass for one);
+    # missed opposite ways, none is told from the others (the clean samples between two glitches look like
+    # a pair against them): a burst, left to an exclusion by hand
     strength = np.where(found, np.min(np.abs(misses), axis=0), 0.0)
-    padded = np.pad(strength, ((3, 3), (0, 0)))
+    sign = np.where(found, np.where(up, 1.0, -1.0), 0.0)
     m = len(strength)
-    found &= np.logical_and.reduce([strength >= padded[3 + o:3 + o + m] for o in (-3, -2, -1, 1, 2, 3)])
+    padded_strength, padded_sign = np.pad(strength, ((3, 3), (0, 0))), np.pad(sign, ((3, 3), (0, 0)))
+    for o in (-3, -2, -1, 1, 2, 3):
+        found &= (strength >= padded_strength[3 + o:3 + o + m]) & (sign * padded_sign[3 + o:3 + o + m] >= 0)
     pairs[2:n - 3] |= found
     pairs[3:n - 2] |= found
     return pairs
