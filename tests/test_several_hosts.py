@@ -175,6 +175,8 @@ def test_two_workers_share_a_refresh_and_a_worker_killed_mid_run_fails_only_that
 
         # 2. the worker that takes the next run dies in the middle of it (a run that ends before the kill
         # could land, a few seconds after its step starts, is submitted again: the kill is the subject)
+        celery = {name: _celery_child(procs[name].pid) for name in ("worker-a", "worker-b")}  # found before:
+        # scanning /proc between the status read and the kill took long enough for a run to end in between
         with DagsterInstance.from_config(str(homes["submitter"] / "dagster")) as instance:
             for _ in range(KILL_ATTEMPTS):
                 proc = _submit(homes["submitter"], BINDINGS[0], BINDINGS[1], "--no-wait")
@@ -188,7 +190,7 @@ def test_two_workers_share_a_refresh_and_a_worker_killed_mid_run_fails_only_that
                             if f"Task execute_job[{task_id}] received" in logs[name].read_text(errors="replace")]
                 run = instance.get_run_by_id(run_id)
                 if not run.is_finished:
-                    os.kill(_celery_child(procs[victim].pid), signal.SIGKILL)
+                    os.kill(celery[victim], signal.SIGKILL)
                     break
                 assert run.status.value == "SUCCESS", f"run {run_id} ended {run.status.value} before the kill"
                 _wait_for(f"Task execute_job[{task_id}] succeeded", logs[victim])  # free for the next task
