@@ -520,7 +520,7 @@ def solve_and_decide(binding: BindingSpec, stored: StoredBinding, artifact: Mode
                       extra_conditions=consistency, max_band_fraction=settings.uq_max_band_fraction,
                       steady_gain=decided_with.steady_gain,
                       end_band=None if settled is None else uq.band_engineering(settled, artifact),
-                      end_step=held_rule(binding, artifact)[0] if settled is not None and ramping else None)
+                      end_step=settled.block_length if settled is not None and ramping else None)
     run = NewRun(binding.id, stored.revision, binding.profile.id, binding.profile.version, problem.hash,
                  {"live_run": live.run_id, "live_t": float(live.t[-1]), "calibration_id": calibration.calibration_id,
                   "model_artifact_hash": artifact.artifact_hash, "evidence_source": source,
