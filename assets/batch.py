@@ -137,8 +137,9 @@ class StepReport:
 @contextmanager
 def in_ledger_sessions(ledger: Ledger, items: Iterable[T], hold_s: float = SESSION_HOLD_S) -> Iterator[Iterator[T]]:
     """An iterator over `items` with a `ledger.session()` open around them: one connection for the
-    ledger calls of several bindings instead of one per call, released and re-taken after every
-    `hold_s` seconds so that the lock is never held for a whole 100-binding step. Leaving the `with`
+    ledger calls of several bindings instead of one per call, released after every `hold_s` seconds,
+    or after a binding when another process waits for the ledger (which then has it first,
+    Ledger.hand_over), so that the lock is never held for a whole 100-binding step. Leaving the `with`
     block (also by an exception) releases the session at once."""
 
     def sessions() -> Generator[T, None, None]:
@@ -148,8 +149,9 @@ def in_ledger_sessions(ledger: Ledger, items: Iterable[T], hold_s: float = SESSI
                 started = time.monotonic()
                 for item in itertools.chain([first], remaining):
                     yield item
-                    if time.monotonic() - started > hold_s:
+                    if time.monotonic() - started > hold_s or ledger.others_waiting():
                         break
+            ledger.hand_over(hold_s)
 
     iterator = sessions()
     try:

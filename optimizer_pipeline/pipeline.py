@@ -95,8 +95,9 @@ def prepare_split(ledger: Ledger, stored: StoredBinding) -> HistorySplit:
 def _split_of(ledger: Ledger, stored: StoredBinding, through: datetime, seed: int,
               exclusions: Sequence[Exclusion]) -> HistorySplit:
     spec = stored.spec
-    frame = validate_history_frame(ledger.history_frame(spec.id, spec.tags, through), spec,
-                                   f"stored history of {spec.id}")
+    stored_frame = ledger.history_frame(spec.id, spec.tags, through)
+    ledger.let_go()  # cleaning and splitting
+    frame = validate_history_frame(stored_frame, spec, f"stored history of {spec.id}")
     return prepare_history(frame, spec, seed=seed, exclusions=exclusions)
 
 
@@ -128,6 +129,7 @@ def load_split(ledger: Ledger, stored: StoredBinding) -> HistorySplit:
 
 
 def identify_model(ledger: Ledger, stored: StoredBinding, split: HistorySplit) -> ModelArtifact:
+    ledger.let_go()  # seconds of computation: the other processes need not wait for it
     artifact = identify(split, stored.spec, stored.revision)
     ledger.put_artifact(artifact)
     return artifact
@@ -180,6 +182,7 @@ def score_blocks(binding: BindingSpec, artifact: ModelArtifact, split: HistorySp
 
 def score_and_store(ledger: Ledger, binding: BindingSpec, artifact: ModelArtifact, split: HistorySplit) -> Scores:
     """Block scores of the val and test runs, written to the ledger in one transaction."""
+    ledger.let_go()
     scores = score_blocks(binding, artifact, split)
     with ledger.session():
         for segment, s in (("val", scores.val), ("test", scores.test)):
@@ -539,8 +542,10 @@ def recommend(stored: StoredBinding, artifact: ModelArtifact, split: HistorySpli
     expired, reconciled = ledger.housekeeping(stale_after_s=settings.solver_request_timeout_ms / 1000, now=now)
     if reconciled:
         log.warning("closed %d run(s) left running by a writer that died as interrupted", reconciled)
+    verdicts = ledger.list_verdicts(binding.id)
+    ledger.let_go()  # the solve (and the verifier) need no ledger
     solved = solve_and_decide(binding, stored, artifact, split, calibration, solve, settings, source, now,
-                              outcomes=ledger.list_verdicts(binding.id))
+                              outcomes=verdicts)
     ledger.record_solve(**solve_record(solved, artifact))
     rec = solved.decision.recommendation
     log.info("binding %s: recommendation %s is %s", binding.id, rec.id, rec.status.value)

@@ -11,6 +11,16 @@ from optimizer_pipeline.ledger import Ledger, LedgerBusyError, LedgerError
 
 from ledger_helpers import candidates, recommendation, run_row, solve
 
+# a second process that reads the ledger once and prints how long that took (s)
+TIMED_READ = """
+import sys, time
+from optimizer_pipeline.ledger import Ledger
+ledger = Ledger(sys.argv[1])
+started = time.monotonic()
+ledger.counts()
+print(time.monotonic() - started)
+"""
+
 # a second process: "busy" when the ledger is locked past its 0.2 s bound, else the number of runs
 OTHER_PROCESS = """
 import sys
@@ -62,9 +72,11 @@ def test_another_process_waits_during_a_session_and_reads_after_it(ledger):
     assert other_process_reads(ledger.path) == "1"
 
 
-def test_the_session_holds_the_file_open_against_other_processes_until_it_ends(ledger):
+def test_the_session_holds_the_file_open_against_other_processes_from_its_first_call_until_it_ends(ledger):
     opener = "import duckdb, sys; duckdb.connect(sys.argv[1]).close()"
     with ledger.session():
+        assert lock_is_free(ledger)  # nothing taken before the first call
+        ledger.counts()
         held = subprocess.run([sys.executable, "-c", opener, str(ledger.path)], capture_output=True, text=True)
     after = subprocess.run([sys.executable, "-c", opener, str(ledger.path)], capture_output=True, text=True)
     assert held.returncode != 0 and "lock" in held.stderr.lower()
@@ -121,14 +133,97 @@ def test_a_transaction_inside_a_transaction_of_a_session_is_refused_and_rolls_ba
     assert ledger.counts()["optimizer_runs"] == 1
 
 
-def test_a_session_that_cannot_take_the_lock_raises_ledger_busy(tmp_path):
+def test_a_session_that_cannot_take_the_lock_raises_ledger_busy_at_its_first_call(tmp_path):
     path = tmp_path / "l.duckdb"
     Ledger(path)
     impatient = Ledger(path, lock_timeout_s=0.2)
     with FileLock(str(path) + ".lock"):
         with pytest.raises(LedgerBusyError, match=r"stayed locked for 0\.2 s"):
             with impatient.session():
-                pass
+                impatient.counts()
     with impatient.session():  # nothing was left open by the failed attempt
         solve(impatient)
     assert impatient.counts()["optimizer_runs"] == 1
+
+
+def test_a_session_lets_the_ledger_go_to_a_waiting_process_after_its_current_call(ledger):
+    """The session keeps calling (a busy service); the other process, which finds the lock held, leaves its
+    waiter mark and gets the ledger after one call of the session, not after the session (60 s)."""
+    import threading
+    import time
+
+    done = threading.Event()
+    calls = []
+
+    def busy_session():
+        with ledger.session():
+            end = time.monotonic() + 60.0
+            while time.monotonic() < end and not done.is_set():
+                ledger.counts()
+                calls.append(time.monotonic())
+                time.sleep(0.02)
+
+    holder = threading.Thread(target=busy_session)
+    holder.start()
+    try:
+        while not calls:
+            time.sleep(0.01)
+        reader = subprocess.run([sys.executable, "-c", TIMED_READ, str(ledger.path)], capture_output=True, text=True,
+                                timeout=60)
+        session_went_on = holder.is_alive()
+    finally:
+        done.set()
+        holder.join(60)
+    assert reader.returncode == 0, reader.stderr
+    # it read while the session went on, within 2 s of asking (~0.05 s on a quiet machine)
+    assert session_went_on and float(reader.stdout) < 2.0
+    assert not ledger.others_waiting()  # its mark is gone
+
+
+def test_let_go_gives_the_file_up_until_the_sessions_next_call(ledger):
+    opener = "import duckdb, sys; duckdb.connect(sys.argv[1]).close()"
+    with ledger.session():
+        ledger.counts()
+        ledger.let_go()
+        free = subprocess.run([sys.executable, "-c", opener, str(ledger.path)], capture_output=True, text=True)
+        ledger.counts()
+        held_again = not lock_is_free(ledger)
+    assert free.returncode == 0, free.stderr
+    assert held_again
+
+
+def test_let_go_inside_a_transaction_keeps_it(ledger):
+    with ledger.session():
+        with ledger.transaction() as tx:
+            ledger.let_go()
+            assert not lock_is_free(ledger)
+            tx.execute("SELECT 1").fetchall()
+
+
+def test_a_waiter_mark_of_a_dead_process_is_not_waiting_and_is_removed(ledger, tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    marks = tmp_path / "optimizer.duckdb.waiting"
+    marks.mkdir()
+    (marks / f"{dead.stdout.strip()}-1").touch()
+    assert not ledger.others_waiting()
+    assert list(marks.iterdir()) == []
+    (marks / f"{subprocess.os.getpid()}-1").touch()  # a live one (this process's other thread)
+    assert ledger.others_waiting()
+
+
+def test_the_samples_stamp_changes_with_every_append_of_samples_and_only_then(ledger):
+    from conftest import BINDING_DOC
+    from optimizer_pipeline.contracts import binding_from_dict
+    import pandas as pd
+
+    before = ledger.samples_stamp()
+    spec = binding_from_dict(BINDING_DOC)
+    ledger.upsert_binding(spec)
+    after_binding = ledger.samples_stamp()
+    frame = pd.DataFrame({"run_id": ["r1"], "timestamp": [0.0], "v1": [1.0], "v2": [1.0], "y1": [5.0], "y2": [5.0]})
+    ledger.append_samples(spec.id, frame, spec.tags, "simulation")
+    first = ledger.samples_stamp()
+    ledger.append_samples(spec.id, frame.assign(timestamp=5.0), spec.tags, "simulation")
+    second = ledger.samples_stamp()
+    assert before == after_binding == ""
+    assert first not in ("", before) and second != first

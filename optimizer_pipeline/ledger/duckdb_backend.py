@@ -8,16 +8,32 @@ DuckDB's own lock conflicts (a process outside our lock, e.g. a user's shell) ar
 jittered back-off up to a bound; past it a LedgerBusyError says so.
 
 `session()` is the explicit exception for batch work (one Dagster step over many bindings, bulk
-CLI commands): it takes the lock and ONE connection for the `with` block, and every ledger call of
-that thread on the same file runs on it, each unit of work still its own transaction. Opening and
-closing a connection costs ~20 ms (connect ~12 ms, checkpoint on close ~6 ms); a write inside a
-session a few ms. Other processes wait for the whole session: keep it to one step's work.
+CLI commands, the live service's busy stretches): it takes the lock and ONE connection for the
+`with` block, and every ledger call of that thread on the same file runs on it, each unit of work
+still its own transaction. Opening and closing a connection costs ~20 ms (connect ~12 ms,
+checkpoint on close ~6 ms); a write inside a session a few ms. Other processes wait for the whole
+session: keep it to one step's work.
+
+Handing the ledger over. The file lock is not fair: a waiter tries again every LOCK_POLL_S while a
+holder that releases and re-takes it does so in microseconds, so a process that keeps coming back
+(the live service) could starve the others. A process whose first try fails therefore leaves a
+waiter mark (a file named after its pid and thread in `<ledger>.waiting/`) until it has the lock.
+A session looks for marks after each call (outside a transaction): when someone waits it lets the
+ledger go and `hand_over()` lets the waiters have their turn before its next call takes the lock
+again; before heavy computation (identification, scoring, a solve) its caller lets it go
+(`let_go`). So no process waits for a session longer than one of its calls.
+
+Change stamps. A writer of a kind of rows (samples) writes a new stamp beside the file, under the
+lock; a poller compares `stamp(kind)` with the one it read at its last query and opens the file
+only when it differs (opening costs ~20 ms, a stamp ~20 us).
 """
 
 import logging
+import os
 import random
 import threading
 import time
+import uuid
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -34,16 +50,21 @@ log = logging.getLogger(__name__)
 
 # ledger files whose schema this process has already brought up to date
 _SCHEMA_CHECKED: set[str] = set()
+LOCK_POLL_S = 0.05  # how often a waiter tries the lock again
+HAND_OVER_POLL_S = 0.005  # how often hand_over() looks whether the waiters had their turn
+HAND_OVER_MAX_S = 2.0  # the longest a session that let the ledger go to waiters lets them go first
 
 
 class _Session:
-    """The connection of an open `session()` and whether a transaction is open on it."""
+    """An open `session()`: its connection (None while it has let the ledger go: the lock is not held
+    then, and the next call takes it again) and whether a transaction is open on it."""
 
-    __slots__ = ("conn", "in_transaction")
+    __slots__ = ("conn", "in_transaction", "in_use")
 
-    def __init__(self, conn: duckdb.DuckDBPyConnection):
-        self.conn = conn
+    def __init__(self) -> None:
+        self.conn: duckdb.DuckDBPyConnection | None = None
         self.in_transaction = False
+        self.in_use = 0  # calls on the connection now (a call may run inside another's `connection()`)
 
 
 # open sessions of this thread by resolved ledger path: every backend of the same file in the same
@@ -69,6 +90,7 @@ class DuckDBBackend:
         self.connect_attempts = connect_attempts
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = FileLock(str(self.path) + ".lock", timeout=lock_timeout_s)
+        self._waiting = Path(str(self.path) + ".waiting")  # the waiter marks (module docstring)
         self._key = str(self.path.resolve())
         if self._key not in _SCHEMA_CHECKED:
             with self.transaction() as conn:
@@ -86,36 +108,68 @@ class DuckDBBackend:
 
     @contextmanager
     def session(self) -> Iterator[None]:
-        """Hold the lock and one connection for a batch of transactions of this thread; a nested
-        session joins the open one. A failing unit of work rolls back alone."""
+        """Hold the lock and one connection for a batch of calls of this thread, from its first call to
+        its end; a nested session joins the open one. A failing unit of work rolls back alone. Between
+        two calls (no transaction open) the session lets the ledger go when another process waits for
+        it, and lets that process have it first (hand_over), or when told to (`let_go`: heavy
+        computation ahead); its next call takes the ledger again."""
         sessions = _sessions()
         if self._key in sessions:
             yield
             return
-        with self._locked_connection() as conn:
-            sessions[self._key] = _Session(conn)
-            try:
-                yield
-            finally:
-                del sessions[self._key]
+        session = sessions[self._key] = _Session()
+        try:
+            yield
+        finally:
+            del sessions[self._key]
+            self._detach(session)
 
     @contextmanager
     def connection(self) -> Iterator[duckdb.DuckDBPyConnection]:
         """The open session's connection, else the lock and a connection closed at the end."""
         session = _sessions().get(self._key)
-        if session is not None:
-            yield session.conn
+        if session is None:
+            with self._locked_connection() as conn:
+                yield conn
             return
-        with self._locked_connection() as conn:
-            yield conn
+        if session.conn is None:
+            self._attach(session)
+        session.in_use += 1
+        try:
+            yield session.conn
+        finally:
+            session.in_use -= 1
+        if not session.in_use and not session.in_transaction and self.others_waiting():
+            self._detach(session)
+            self.hand_over(HAND_OVER_MAX_S)
+
+    def let_go(self) -> None:
+        """Give the open session's lock and connection up until its next call (nothing to do outside a
+        session, or inside a transaction)."""
+        session = _sessions().get(self._key)
+        if session is not None and not session.in_use and not session.in_transaction:
+            self._detach(session)
+
+    def _attach(self, session: _Session) -> None:
+        self._acquire()
+        try:
+            session.conn = self._open()
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def _detach(self, session: _Session) -> None:
+        if session.conn is None:
+            return
+        try:
+            session.conn.close()
+        finally:
+            session.conn = None
+            self._lock.release()
 
     @contextmanager
     def _locked_connection(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        try:
-            self._lock.acquire()
-        except Timeout:
-            raise LedgerBusyError(f"ledger {self.path} stayed locked for {self.lock_timeout_s:g} s by other "
-                                  f"processes; retry later or raise the bound") from None
+        self._acquire()
         try:
             conn = self._open()
             try:
@@ -124,6 +178,65 @@ class DuckDBBackend:
                 conn.close()
         finally:
             self._lock.release()
+
+    def _acquire(self) -> None:
+        """Take the file lock; when it is held, as a waiter others can see (module docstring)."""
+        try:
+            self._lock.acquire(blocking=False)
+            return
+        except Timeout:
+            pass
+        self._waiting.mkdir(exist_ok=True)
+        mark = self._waiting / f"{os.getpid()}-{threading.get_ident()}"
+        mark.touch()
+        started = time.monotonic()
+        try:
+            self._lock.acquire(poll_interval=LOCK_POLL_S)
+        except Timeout:
+            raise LedgerBusyError(f"ledger {self.path} stayed locked for {self.lock_timeout_s:g} s by other "
+                                  f"processes; retry later or raise the bound") from None
+        finally:
+            mark.unlink(missing_ok=True)
+        log.debug("ledger %s: waited %.3f s for the lock", self.path, time.monotonic() - started)
+
+    def others_waiting(self) -> bool:
+        """Whether another process or thread waits for the lock (a mark of a process that died is
+        removed)."""
+        try:
+            marks = os.listdir(self._waiting)
+        except FileNotFoundError:
+            return False
+        waiting = False
+        for mark in marks:
+            pid = int(mark.split("-")[0]) if mark.split("-")[0].isdigit() else 0
+            if pid == os.getpid() or _alive(pid):
+                waiting = True
+            else:
+                (self._waiting / mark).unlink(missing_ok=True)
+        return waiting
+
+    def hand_over(self, max_s: float) -> float:
+        """After a session: wait while others wait for the lock (each takes it within LOCK_POLL_S of
+        its release), at most `max_s`; returns how long it waited."""
+        started = time.monotonic()
+        while self.others_waiting() and time.monotonic() - started < max_s:
+            time.sleep(HAND_OVER_POLL_S)
+        return time.monotonic() - started
+
+    def touch(self, kind: str) -> None:
+        """A new change stamp for rows of `kind` (inside the transaction that writes them: under the
+        lock, so a poller's stamp read before its query is older than any write it did not see)."""
+        self._stamp_path(kind).write_text(uuid.uuid4().hex)
+
+    def stamp(self, kind: str) -> str | None:
+        """The change stamp of rows of `kind` ("" before the first write of them)."""
+        try:
+            return self._stamp_path(kind).read_text()
+        except FileNotFoundError:
+            return ""
+
+    def _stamp_path(self, kind: str) -> Path:
+        return Path(f"{self.path}.{kind}-stamp")
 
     def _open(self) -> duckdb.DuckDBPyConnection:
         """Connect, retrying DuckDB's own lock conflicts (a process outside our lock)."""
@@ -219,3 +332,16 @@ class DuckDBBackend:
             yield
         finally:
             conn.execute("RESET checkpoint_threshold")
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process with this pid runs on this host (signal 0 checks without signalling)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it runs, as another user
+        return True
+    return True

@@ -116,6 +116,29 @@ class PostgresBackend:
     def close(self) -> None:
         self._pool.close()
 
+    # ------------------------------------------------------------------ sharing (the embedded backend's
+    # lock hand-over and change stamps; PostgreSQL needs neither: a session holds no lock, a poll is cheap)
+
+    @staticmethod
+    def others_waiting() -> bool:
+        return False
+
+    @staticmethod
+    def hand_over(max_s: float) -> float:
+        return 0.0
+
+    @staticmethod
+    def let_go() -> None:
+        """Nothing to give up: a session's pooled connection blocks no other process."""
+
+    @staticmethod
+    def touch(kind: str) -> None:
+        """No stamps: pollers query the server."""
+
+    @staticmethod
+    def stamp(kind: str) -> str | None:
+        return None
+
     # ------------------------------------------------------------------ connections
 
     def _session(self) -> _Session | None:

@@ -94,6 +94,26 @@ class Ledger(EvidenceRows, ExclusionRows, WhatIfRows, LiveRows, OverviewRows, Wi
         """One transaction on the backend's connection (for tests and tools that write raw SQL)."""
         return self.backend.transaction()
 
+    def others_waiting(self) -> bool:
+        """Whether another process waits for the ledger (DuckDB: for its lock; PostgreSQL: never, a
+        session holds no lock): a long session ends its stretch early then (ledger/duckdb_backend.py)."""
+        return self.backend.others_waiting()
+
+    def let_go(self) -> None:
+        """Inside a session, before heavy computation: give the ledger up (DuckDB: the lock and the
+        connection) until the session's next call, so that no other process waits for the computation."""
+        self.backend.let_go()
+
+    def hand_over(self, max_s: float) -> float:
+        """After a session: let the processes waiting for the ledger have it first, waiting at most
+        `max_s`; returns how long it waited."""
+        return self.backend.hand_over(max_s)
+
+    def samples_stamp(self) -> str | None:
+        """A stamp that changes with every append of samples, read without opening the ledger (None:
+        this backend has none, poll the ledger itself; it is cheap there)."""
+        return self.backend.stamp("samples")
+
     # ------------------------------------------------------------------ bindings
 
     @retried
@@ -188,6 +208,7 @@ class Ledger(EvidenceRows, ExclusionRows, WhatIfRows, LiveRows, OverviewRows, Wi
 
     def _insert_samples(self, tx: Any, parts: list[dict[str, np.ndarray]]) -> int:
         table = pd.DataFrame({name: np.concatenate([part[name] for part in parts]) for name in parts[0]})
+        self.backend.touch("samples")
         return self.backend.insert_table(tx, "plant_samples", table, skip_existing=True)
 
     @retried

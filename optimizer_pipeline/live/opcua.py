@@ -168,6 +168,12 @@ class OpcUaSource:
         now = self.clock()
         return any(now >= t + SETTLE_S for t in self._next.values())
 
+    def due_at(self) -> float:
+        """The next grid time of a binding, settled, on the monotonic clock."""
+        if not self._next:
+            return math.inf
+        return time.monotonic() + max(0.0, min(self._next.values()) + SETTLE_S - self.clock())
+
     def poll(self, ledger: Ledger) -> dict[str, list[pd.DataFrame]]:
         """Form the samples of every binding whose grid time passed (the newest grid time only: a poll
         late by periods does not invent the ones between), after the grid times missing since the

@@ -66,7 +66,8 @@ def serve(home: Path, ledger: Ledger, settings: Settings, bindings: Sequence[str
                         threads=settings.solver_threads, cache_entries=settings.solver_cache_entries) as pool:
             inbox = InboxSource(home, lambda b: service.ingests(b), lambda b: service.spec_of(b))
             opcua, writers = _opcua(ledger, settings, bindings, lambda b: b in service.held)
-            service = LiveService(ledger, settings, pool.solve, [inbox, LedgerSource(), *opcua], bindings=bindings,
+            service = LiveService(ledger, settings, pool.solve, [inbox, LedgerSource(ledger), *opcua],
+                                  bindings=bindings,
                                   reporter=Reporters([r for r in (reporter, *writers) if r is not None]),
                                   threads=settings.solver_pool_size)
             previous = {sig: signal.signal(sig, lambda *_: service.request_stop())

@@ -46,12 +46,16 @@ from optimizer_pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
 
-TICK_S = 0.05  # the loop's pause when it has nothing to do
+# while the loop has work it keeps the ledger through pauses up to KEEP_S (a longer one ends its session),
+# looking every TICK_S whether another process waits for it
+KEEP_S = 0.25
+TICK_S = 0.05
 # finished solves are published together at most this often: one ledger transaction for all of them (at
 # ~17 re-solves a second, one per solve cost the embedded ledger a commit each); a publication waits for
 # the next batch at most this long
 PUBLISH_S = 0.2
 HOLD_S = 1.0  # the longest the loop keeps the ledger while it has work (LiveService._work)
+HAND_OVER_MAX_S = 2.0  # the longest the loop lets waiting processes go first after a stretch of work
 # how often the service touches its row, renews (and rebalances) its leases and compares the bindings'
 # model fingerprints
 HEARTBEAT_S = 5.0
@@ -162,7 +166,8 @@ class LiveService:
     def run(self, until: Callable[[], bool] | None = None,
             on_serving: Callable[["LiveService"], None] | None = None) -> None:
         """Serve until a stop is requested (or `until()` holds), then stop cleanly; `on_serving` is
-        called once the bindings are loaded."""
+        called once the bindings are loaded. Between two stretches of work the loop sleeps until its
+        next event (a solve finishing, a source's next poll, the next publication or heartbeat)."""
         self.ledger.live_register(self.id, socket.gethostname(), os.getpid(),
                                   None if self.wanted is None else sorted(self.wanted))
         try:
@@ -175,7 +180,7 @@ class LiveService:
             backoff = 0.0
             while not self._stop.is_set() and not (until is not None and until()):
                 try:
-                    busy = self._work()
+                    self._work()
                     backoff = 0.0
                 except LedgerError as exc:  # unreachable or busy: retried; nothing solved is dropped
                     backoff = min(MAX_BACKOFF_S, max(TICK_S, 2 * backoff))
@@ -183,39 +188,66 @@ class LiveService:
                                 str(exc).splitlines()[0], backoff)
                     self._stop.wait(backoff)
                     continue
-                if not busy:
-                    self._stop.wait(TICK_S)
+                self._sleep(self._next_event() - time.monotonic())
         finally:
             self._shutdown()
 
-    def _work(self) -> bool:
-        """A tick; when it had work, more ticks in ONE ledger session (DuckDB: one connection and its
-        lock, instead of an open, a checkpoint and a close per tick) while there is work, for up to
-        HOLD_S, so the Dagster runs and sensors of the home get the ledger between two holds."""
-        if not self.tick():
-            return False
+    def _work(self) -> None:
+        """The ticks that have work now, in ONE ledger session (DuckDB: one connection and its lock,
+        instead of an open, a checkpoint and a close per tick) for up to HOLD_S, through pauses of up
+        to KEEP_S (slept in pieces of at most TICK_S); the stretch ends early when another process
+        waits for the ledger, and that process gets it before the next stretch (Ledger.hand_over): no
+        process waits for the ledger longer than one tick of this loop plus its own poll
+        (RELIABILITY.md)."""
+        if self._next_event() > time.monotonic():
+            return
         end = time.monotonic() + HOLD_S
         with self.ledger.session():
-            while time.monotonic() < end and not self._stop.is_set():
-                if not self.tick():
-                    if not self._in_flight and not self._unpublished:
-                        break
-                    running = [f for f, _ in self._in_flight.values() if not f.done()]
-                    pause = min(TICK_S, max(self._next_publish - time.monotonic(), 0.0))
-                    if running:
-                        wait(running, timeout=pause, return_when=FIRST_COMPLETED)
-                    else:
-                        self._stop.wait(pause)
-        return True
+            while not self._stop.is_set() and time.monotonic() < end and not self.ledger.others_waiting():
+                pause = self._next_event() - time.monotonic()
+                if pause <= 0:
+                    self.tick()
+                elif pause > KEEP_S:
+                    break
+                else:
+                    self._sleep(min(pause, TICK_S))
+        self.ledger.hand_over(HAND_OVER_MAX_S)
+
+    def _next_event(self) -> float:
+        """When the loop has work next (monotonic s): now while a binding not in flight has samples to
+        read or a solve to start; else the first of the sources' next polls, the heartbeat and, when a
+        solve finished (or a publication waits for the ledger), the next publication. A binding whose
+        solve is in flight waits, parked, for its solve: its samples go into its next one."""
+        now_m = time.monotonic()
+        if (self._dirty | set(self._pending)) - set(self._in_flight) or any(
+                b not in self._in_flight and served.wants_solve() for b, served in self.served.items()):
+            return now_m
+        events = [self._next_heartbeat, *(source.due_at() for source in self.sources)]
+        if self._unpublished or any(future.done() for future, _ in self._in_flight.values()):
+            events.append(self._next_publish)
+        return min(events)
+
+    def _sleep(self, seconds: float) -> None:
+        """Sleep up to `seconds`, woken early by a stop or by a solve finishing."""
+        if seconds <= 0:
+            return
+        running = [future for future, _ in self._in_flight.values() if not future.done()]
+        if running:
+            wait(running, timeout=seconds, return_when=FIRST_COMPLETED)
+        else:
+            self._stop.wait(seconds)
 
     def tick(self) -> bool:
-        """One pass of the loop; True when it did something (so the loop does not pause). The ledger
-        is opened (for DuckDB: its lock taken) only when there is something to read or write."""
+        """One pass of the loop; True when it opened the ledger (there was something to read or write:
+        a source's poll, samples of a binding not in flight, a solve to start or publish, the heartbeat).
+        The ledger is opened (for DuckDB: its lock taken) only then."""
         now_m = time.monotonic()
         due = [source for source in self.sources if source.ready(now_m)]
         done = now_m >= self._next_publish and (any(future.done() for future, _ in self._in_flight.values())
                                                 or bool(self._unpublished))
-        if not (due or done or self._dirty or self._pending or now_m >= self._next_heartbeat):
+        actionable = (self._dirty | set(self._pending)) - set(self._in_flight)
+        wants = [s for b, s in self.served.items() if b not in self._in_flight and s.wants_solve()]
+        if not (due or done or actionable or wants or now_m >= self._next_heartbeat):
             return False
         with self.ledger.session():
             if now_m >= self._next_heartbeat:
@@ -232,7 +264,8 @@ class LiveService:
             for binding_id in sorted((self._dirty | set(self._pending)) - set(self._in_flight)):
                 served = self.served.get(binding_id)
                 frames = self._pending.pop(binding_id, [])
-                if served is None:
+                if served is None:  # no longer served (its lease went to another service)
+                    self._dirty.discard(binding_id)
                     continue
                 added = served.add(frames) if frames else 0
                 if binding_id in self._dirty:

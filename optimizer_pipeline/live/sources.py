@@ -6,7 +6,8 @@ have new samples; the service then reads them into the binding's live window.
   `optimizer-pipeline ingest` and the `history_inbox` sensor (optimizer_pipeline/inbox.py): a good
   file moves to done/, a refused one to rejected/ with its one-line reason beside it.
 * LedgerSource: samples appended to the ledger by anyone (`ingest` from the CLI, another source),
-  found by their ingestion time.
+  found by their ingestion time; the ledger is opened only when its samples stamp changed
+  (Ledger.samples_stamp: an idle service does not open the embedded ledger every second).
 """
 
 import logging
@@ -27,14 +28,19 @@ MAX_BATCH_FILES = 500  # inbox files ingested per transaction (a backlog is work
 
 
 class SampleSource(Protocol):
-    """A source of samples: `ready` says (cheaply, without the ledger) whether a poll is due; `poll`
-    stores what arrived and returns the bindings with new samples, each with the frames it stored
-    (validated: run_id, timestamp, the binding's tags), or with the newest sample time stored when the
-    service must read them from the ledger."""
+    """A source of samples: `ready` says (cheaply, without the ledger) whether a poll is due, `due_at`
+    when it may next say so (the service sleeps until then); `poll` stores what arrived and returns the
+    bindings with new samples, each with the frames it stored (validated: run_id, timestamp, the
+    binding's tags), or with the newest sample time stored when the service must read them from the
+    ledger."""
 
     name: str
 
     def ready(self, now_m: float) -> bool:
+        ...
+
+    def due_at(self) -> float:
+        """The monotonic time (s) from which `ready` may answer True."""
         ...
 
     def poll(self, ledger: Ledger) -> dict[str, list[pd.DataFrame] | float]:
@@ -63,6 +69,9 @@ class InboxSource:
             self._next, self._found = now_m + self.interval_s, self._files()
         return bool(self._found)
 
+    def due_at(self) -> float:
+        return 0.0 if self._found else self._next
+
     def poll(self, ledger: Ledger) -> dict[str, list[pd.DataFrame] | float]:
         found, self._found = self._found or self._files(), []
         results, frames = ingest_inbox_batch(ledger, found[:MAX_BATCH_FILES], self.spec_of)
@@ -75,20 +84,31 @@ class InboxSource:
 
 
 class LedgerSource:
-    """Samples stored in the ledger since the last poll (by their ingestion time), looked for every
-    `interval_s`; the service reads them (a binding whose window already holds them is skipped)."""
+    """Samples stored in `ledger` since the last poll (by their ingestion time), looked for every
+    `interval_s` when its samples stamp changed since the last poll; the service reads them (a
+    binding whose window already holds them is skipped)."""
 
     name = "ledger"
 
-    def __init__(self, interval_s: float = 1.0) -> None:
-        self.interval_s = interval_s
+    def __init__(self, ledger: Ledger, interval_s: float = 1.0) -> None:
+        self.ledger, self.interval_s = ledger, interval_s
         self.since: datetime | None = None
         self._next = 0.0
+        self._seen: str | None = None  # the samples stamp read at the last poll (None: none yet, or no stamps)
 
     def ready(self, now_m: float) -> bool:
-        return now_m >= self._next
+        if now_m < self._next:
+            return False
+        if self._seen is not None and self.ledger.samples_stamp() == self._seen:
+            self._next = now_m + self.interval_s
+            return False
+        return True
+
+    def due_at(self) -> float:
+        return self._next
 
     def poll(self, ledger: Ledger) -> dict[str, list[pd.DataFrame] | float]:
         self._next = time.monotonic() + self.interval_s
+        self._seen = ledger.samples_stamp()  # under the lock: any append after it changes the stamp
         newest, self.since = ledger.samples_ingested_since(self.since)
         return dict(newest)
