@@ -13,6 +13,7 @@ folder not writable) stays where it is and is read again next tick, its samples 
 refused one refused again); the files after it are not held up.
 """
 
+import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -74,8 +75,16 @@ def waiting_files(home: Path) -> list[Path]:
     root = inbox_folder(home)
     if not root.is_dir():
         return []
-    return sorted(p for folder in root.iterdir() if folder.is_dir() for p in folder.iterdir()
-                  if p.is_file() and not p.name.startswith(".") and not p.name.endswith(IGNORED_SUFFIXES))
+    # scandir: the entries' types come with the listing (the live service lists every binding's folder
+    # five times a second; a stat per entry made that ~3x dearer)
+    with os.scandir(root) as folders:
+        bindings = [entry.path for entry in folders if entry.is_dir()]
+    found = []
+    for folder in bindings:
+        with os.scandir(folder) as entries:
+            found += [Path(e.path) for e in entries
+                      if e.is_file() and not e.name.startswith(".") and not e.name.endswith(IGNORED_SUFFIXES)]
+    return sorted(found)
 
 
 def ingest_inbox_file(ledger: Ledger, path: Path, source: str = "real") -> InboxResult:

@@ -9,7 +9,7 @@ sample changes the current state only (data.with_live_run), and a re-solve goes 
 `pipeline.solve_and_decide` as a Dagster solve.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Callable
 
@@ -61,6 +61,8 @@ class Served:
     window: pd.DataFrame  # raw samples of the live run, time order: run_id, timestamp, tags
     rows: int  # the window's length bound
     solved_t: float | None = None  # the newest sample time it was last solved from
+    _newest: float | None = field(default=None, repr=False, compare=False)
+    _newest_of: pd.DataFrame | None = field(default=None, repr=False, compare=False)
 
     @property
     def binding_id(self) -> str:
@@ -68,7 +70,11 @@ class Served:
 
     @property
     def newest_t(self) -> float | None:
-        return None if self.window.empty else float(self.window["timestamp"].iloc[-1])
+        # read once per window (a new frame each time it changes): the loop asks every binding each wake-up
+        if self._newest_of is not self.window:
+            self._newest = None if self.window.empty else float(self.window["timestamp"].iloc[-1])
+            self._newest_of = self.window
+        return self._newest
 
     def wants_solve(self) -> bool:
         """Samples newer than the last solve's (or no solve yet); a solve's live time is on the sample

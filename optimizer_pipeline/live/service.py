@@ -195,7 +195,7 @@ class LiveService:
     def _work(self) -> None:
         """The ticks that have work now, in ONE ledger session (DuckDB: one connection and its lock,
         instead of an open, a checkpoint and a close per tick) for up to HOLD_S, through pauses of up
-        to KEEP_S (slept in pieces of at most TICK_S); the stretch ends early when another process
+        to KEEP_S while solves are in flight (slept in pieces of at most TICK_S); the stretch ends early when another process
         waits for the ledger, and that process gets it before the next stretch (Ledger.hand_over): no
         process waits for the ledger longer than one tick of this loop plus its own poll
         (RELIABILITY.md)."""
@@ -207,8 +207,8 @@ class LiveService:
                 pause = self._next_event() - time.monotonic()
                 if pause <= 0:
                     self.tick()
-                elif pause > KEEP_S:
-                    break
+                elif pause > KEEP_S or not (self._in_flight or self._unpublished):
+                    break  # (nothing in flight: no work comes before the next event, slept outside)
                 else:
                     self._sleep(min(pause, TICK_S))
         self.ledger.hand_over(HAND_OVER_MAX_S)
