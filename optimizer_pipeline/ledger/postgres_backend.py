@@ -8,6 +8,10 @@ UPDATE), and a partial unique index on the open recommendations of a binding is 
 jittered back-off; a connection lost mid-transaction (a server restart) likewise. Nothing of a
 failed transaction is written.
 
+After a server restart the pool reconnects in rounds of RECONNECT_S (`_reconnect_for_waiters`), so a
+request that waits for a connection gets one within ~2 s of the server answering again, not after
+psycopg_pool's default back-off of up to minutes.
+
 The URL's password never appears in a message, a log line or the `location` shown to users.
 """
 
@@ -48,6 +52,13 @@ POOL_MAX = 4  # connections per process: a step, a sensor thread and the figure-
 # a retried transaction waits this long times 2**attempt (jittered) before the next attempt
 BACKOFF_S = 0.02
 SCHEMA_LOCK_KEY = 7_301_2026  # pg_advisory_xact_lock key of the schema migrations
+# psycopg_pool retries a failed connection after 1, 2, 4, 8 ... s (AttemptWithBackoff) for up to its
+# reconnect_timeout (default 300 s), and a request waiting for a connection cannot bring the next attempt
+# forward: after an outage of over 7 s (attempts 0, 1, 3, 7 s after the loss) the next came at 15 s,
+# past the 10 s a request waits, although the server was back (a binding of a refresh lost that way).
+# Rounds of RECONNECT_S keep the attempts 1-2 s apart: 0, 1, 3 s, give up, and `_reconnect_for_waiters`
+# starts the next round at once.
+RECONNECT_S = 3.0
 
 
 def _pg(sql: str) -> str:
@@ -82,7 +93,7 @@ class _Session:
     __slots__ = ("conn", "in_transaction")
 
     def __init__(self, conn: psycopg.Connection):
-        self.conn = conn
+        self.conn: psycopg.Connection | None = conn  # None: a lost one was given back, no new one came
         self.in_transaction = False
 
 
@@ -95,6 +106,9 @@ class PostgresBackend:
         self.url = url
         self.location = redact_url(url)
         self._sessions = threading.local()
+        # connections handed out and not yet returned: the pool's own size also counts connections it
+        # is still (re)connecting, so only this tells "all in use" from "reconnecting"
+        self._in_use, self._in_use_lock = 0, threading.Lock()
         try:
             # one direct connection first: an unreachable server or a bad login fails here at once,
             # with the driver's reason, instead of in the pool's background threads
@@ -102,7 +116,8 @@ class PostgresBackend:
             # check: a connection is tried before it is handed out, so that one left idle across a
             # server restart is replaced instead of failing the next write
             self._pool = ConnectionPool(url, min_size=1, max_size=pool_max, open=True, timeout=connect_timeout_s,
-                                        check=ConnectionPool.check_connection,
+                                        check=ConnectionPool.check_connection, reconnect_timeout=RECONNECT_S,
+                                        reconnect_failed=_reconnect_for_waiters,
                                         kwargs={"autocommit": False, "connect_timeout": int(connect_timeout_s)})
             self._pool.wait(timeout=connect_timeout_s)
         except (PoolTimeout, psycopg.Error) as exc:
@@ -156,27 +171,57 @@ class PostgresBackend:
             yield
         finally:
             self._sessions.current = None
-            self._pool.putconn(session.conn)
+            if session.conn is not None:
+                self._give(session.conn)
 
     def _take(self) -> psycopg.Connection:
-        try:
-            return self._pool.getconn()
-        except PoolTimeout:
-            raise LedgerBusyError(f"ledger {self.location}: {self._why_no_connection()}") from None
+        """A connection of the pool, waiting up to its timeout; once more when the server answers and
+        the pool is only reconnecting (the server came back late in the first wait: the pool's next
+        attempt is at most ~2 s away, RECONNECT_S)."""
+        for wait in (1, 2):
+            try:
+                conn = self._pool.getconn()
+                break
+            except PoolTimeout:
+                why, reconnecting = self._why_no_connection()
+                if not reconnecting or wait == 2:
+                    raise LedgerBusyError(f"ledger {self.location}: {why}") from None
+        with self._in_use_lock:
+            self._in_use += 1
+        return conn
 
-    def _why_no_connection(self) -> str:
-        """Why the pool gave no connection within its timeout: the server cannot be reached (one direct
-        connection tells, with the driver's reason), or every connection is in use."""
+    def _give(self, conn: psycopg.Connection) -> None:
+        """Return a connection of `_take` (a broken one: the pool replaces it)."""
+        with self._in_use_lock:
+            self._in_use -= 1
+        self._pool.putconn(conn)
+
+    def _why_no_connection(self) -> tuple[str, bool]:
+        """Why the pool gave no connection within its timeout, and whether it is only reconnecting: the
+        server cannot be reached (one direct connection tells, with the driver's reason), every
+        connection is in use, or the server answers but the pool has not reconnected yet."""
         try:
             psycopg.connect(self.url, connect_timeout=REACH_TIMEOUT_S).close()
         except psycopg.Error as exc:
-            return f"cannot be reached: {_reason(exc, self.url)}"
-        return f"all {self._pool.max_size} connections in use for {self._pool.timeout:g} s"
+            return f"cannot be reached: {_reason(exc, self.url)}", False
+        stats, max_size, timeout = self._pool.get_stats(), self._pool.max_size, self._pool.timeout
+        if self._in_use >= max_size:
+            return f"all {max_size} connections in use for {timeout:g} s", False
+        # pool_size counts the connections in use, the idle ones and those being (re)connected
+        idle = stats["pool_available"]
+        return (f"no connection within {timeout:g} s although the server answers: the pool is reconnecting "
+                f"after the server was unreachable ({self._in_use + idle} of {max_size} connections open, "
+                f"{self._in_use} in use; {stats.get('connections_errors', 0)} connection attempts failed); "
+                f"retry", True)
 
     def _renewed(self, session: _Session) -> None:
         """A session whose connection was lost (the server restarted) goes on with a new one; the
         pool discards the broken connection."""
-        self._pool.putconn(session.conn)
+        if session.conn is not None:
+            self._give(session.conn)
+            # given back once only: should `_take` fail, neither the session's end nor its next use
+            # returns it again (the pool would add a connection it does not count)
+            session.conn = None
         session.conn = self._take()
 
     @contextmanager
@@ -185,7 +230,7 @@ class PostgresBackend:
         try:
             yield conn
         finally:
-            self._pool.putconn(conn)
+            self._give(conn)
 
     @contextmanager
     def connection(self) -> Iterator[_Transaction]:
@@ -194,7 +239,7 @@ class PostgresBackend:
         a new connection on its next use)."""
         session = self._session()
         if session is not None:
-            if session.conn.broken and not session.in_transaction:
+            if (session.conn is None or session.conn.broken) and not session.in_transaction:
                 self._renewed(session)
             try:
                 yield _Transaction(session.conn)
@@ -220,7 +265,7 @@ class PostgresBackend:
         if session is not None and session.in_transaction:
             raise LedgerError(f"ledger {self.location}: a transaction is already open in this session; "
                               f"run the work inside it instead of opening another")
-        if session is not None and session.conn.broken:
+        if session is not None and (session.conn is None or session.conn.broken):
             self._renewed(session)
         conn_context = self._reuse(session) if session is not None else self._pooled()
         with conn_context as conn:
@@ -317,6 +362,16 @@ def shared_backend(url: str) -> "PostgresBackend":
         if key not in _SHARED:
             _SHARED[key] = PostgresBackend(url)
         return _SHARED[key]
+
+
+def _reconnect_for_waiters(pool: ConnectionPool) -> None:
+    """The pool's `reconnect_failed`: one connection's round of attempts (RECONNECT_S) failed and the
+    pool gave it up. While requests wait, `check()` starts the next round at once (it grows the pool by
+    one when it is not growing already); with no one waiting the pool stays smaller until the next
+    request grows it, instead of trying on through a long outage. (psycopg_pool counts a request that
+    timed out as waiting until its next connection comes: the rounds go on until then.)"""
+    if pool.get_stats()["requests_waiting"]:
+        pool.check()
 
 
 class RetryableError(LedgerError):
