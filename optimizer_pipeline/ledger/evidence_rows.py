@@ -32,6 +32,7 @@ class EvidenceRows(LedgerBase):
                   runs: Mapping[str, Sequence[str]], live_run: str | None, report: Mapping[str, Any]) -> str:
         split_id = new_id("hs")
         with self.backend.transaction() as tx:
+            self.backend.touch("models")
             tx.execute("INSERT INTO history_splits VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                        [split_id, binding_id, revision, naive(samples_through), seed, data_hash,
                         canonical_json(list(runs["train"])), canonical_json(list(runs["val"])),
@@ -48,6 +49,7 @@ class EvidenceRows(LedgerBase):
     def put_artifact(self, artifact: ModelArtifact) -> str:
         """Idempotent by content hash."""
         with self.backend.transaction() as tx:
+            self.backend.touch("models")
             tx.execute("INSERT INTO model_artifacts VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
                        [artifact.artifact_hash, artifact.binding_id, artifact.binding_revision, artifact.gates_passed,
                         canonical_json(artifact), naive_now()])
@@ -98,6 +100,7 @@ class EvidenceRows(LedgerBase):
                         reasons: Sequence[str], calibrated_at: datetime | None = None) -> str:
         cal_id = new_id("cal")
         with self.backend.transaction() as tx:
+            self.backend.touch("models")
             tx.execute("INSERT INTO uq_calibrations VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                        [cal_id, artifact.binding_id, artifact.binding_revision, artifact.artifact_hash,
                         naive(calibrated_at), has_evidence, method, coverage, threshold,

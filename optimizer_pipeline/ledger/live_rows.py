@@ -171,23 +171,26 @@ class LiveRows(LedgerBase):
         one gets it (PostgreSQL: the row lock and the primary key; DuckDB: the file lock)."""
         now = naive_now()
         until = now + timedelta(seconds=ttl_s)
-        held: set[str] = set()
         with self.backend.transaction() as tx:
-            for binding_id in keep:
-                if self.backend.changed(tx, "UPDATE live_leases SET expires_at = ? WHERE binding_id = ? AND "
-                                            "service_id = ?", [until, binding_id, service_id]):
-                    held.add(binding_id)
-            for binding_id in release:
-                self.backend.changed(tx, "UPDATE live_leases SET expires_at = ? WHERE binding_id = ? AND service_id = ?",
-                                     [now, binding_id, service_id])
-            for binding_id in take:
-                if self.backend.changed(tx, "UPDATE live_leases SET service_id = ?, expires_at = ? WHERE binding_id = ? "
-                                            "AND (expires_at <= ? OR service_id = ?)",
-                                        [service_id, until, binding_id, now, service_id]) or \
-                        self.backend.changed(tx, "INSERT INTO live_leases VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
-                                             [binding_id, service_id, until]):
-                    held.add(binding_id)
-        return held
+            # a statement per kind, not per binding: renewing 100 leases one UPDATE each held the embedded
+            # ledger ~0.5 s per heartbeat
+            renew = "UPDATE live_leases SET expires_at = ? WHERE service_id = ? AND binding_id IN "
+            if keep:
+                self.backend.changed(tx, f"{renew}({_marks(keep)})", [until, service_id, *keep])
+            if release:
+                self.backend.changed(tx, f"{renew}({_marks(release)})", [now, service_id, *release])
+            if take:
+                self.backend.changed(tx, f"UPDATE live_leases SET service_id = ?, expires_at = ? WHERE binding_id IN "
+                                         f"({_marks(take)}) AND (expires_at <= ? OR service_id = ?)",
+                                     [service_id, until, *take, now, service_id])
+                self.backend.changed(tx, f"INSERT INTO live_leases VALUES {', '.join('(?, ?, ?)' for _ in take)} "
+                                         f"ON CONFLICT DO NOTHING",
+                                     [value for binding_id in take for value in (binding_id, service_id, until)])
+            # what it renewed or took carries this call's expiry (its other leases, none of the lists', do not)
+            _, rows = self.backend.fetch(tx, "SELECT binding_id FROM live_leases WHERE service_id = ? "
+                                             "AND expires_at = ?", [service_id, until])
+        wanted = set(keep) | set(take)
+        return {row[0] for row in rows if row[0] in wanted}
 
     # ------------------------------------------------------------------ samples
 
@@ -333,3 +336,8 @@ class LiveRows(LedgerBase):
                                bool(doc["whole"]), doc["status"],
                                tuple(json.loads(doc["reasons_json"] or "[]")), json.loads(doc["advice_json"] or "{}"),
                                doc["cost"])
+
+
+def _marks(values: Sequence[str]) -> str:
+    """The placeholders of an IN list of `values`."""
+    return ", ".join("?" for _ in values)

@@ -109,6 +109,12 @@ class Ledger(EvidenceRows, ExclusionRows, WhatIfRows, LiveRows, OverviewRows, Wi
         `max_s`; returns how long it waited."""
         return self.backend.hand_over(max_s)
 
+    def models_stamp(self) -> str | None:
+        """A stamp that changes with every write of what a binding's fingerprint covers (a revision, a
+        split, an artifact, a calibration, an outcome), read without opening the ledger (None: no
+        stamps on this backend)."""
+        return self.backend.stamp("models")
+
     def samples_stamp(self) -> str | None:
         """A stamp that changes with every append of samples, read without opening the ledger (None:
         this backend has none, poll the ledger itself; it is cheap there)."""
@@ -137,6 +143,7 @@ class Ledger(EvidenceRows, ExclusionRows, WhatIfRows, LiveRows, OverviewRows, Wi
         revision = 1 if row is None else row[0] + 1
         if row is None:
             tx.execute("INSERT INTO bindings VALUES (?, ?)", [spec.id, now])
+        self.backend.touch("models")
         tx.execute("INSERT INTO binding_revisions VALUES (?, ?, ?, ?, ?)",
                    [spec.id, revision, spec.spec_hash, spec.canonical_json(), now])
         expired = 0 if row is None else self._expire(tx, "binding_id = ?", [spec.id],
@@ -498,6 +505,7 @@ class Ledger(EvidenceRows, ExclusionRows, WhatIfRows, LiveRows, OverviewRows, Wi
         if not self.backend.fetch(tx, "SELECT status FROM optimizer_recommendations WHERE id = ?",
                                   [outcome.recommendation_id])[1]:
             raise NotFoundError(f"recommendation {outcome.recommendation_id} is not in the ledger")
+        self.backend.touch("models")  # a verdict is part of a binding's fingerprint
         tx.execute("INSERT INTO optimizer_outcomes VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                    [outcome.id, outcome.recommendation_id, outcome.binding_id, naive(outcome.applied_at),
                     canonical_json(outcome.observed), canonical_json(outcome.delta),
