@@ -3,6 +3,8 @@
 import multiprocessing as mp
 import time
 
+import pytest
+
 from ledger_helpers import ledger_at, solve
 
 PROCESSES = 4
@@ -15,6 +17,7 @@ def _writer(path: str, index: int, queue) -> None:
     queue.put(ids)
 
 
+@pytest.mark.timeout(600)  # the waits below: 300 s for the writers' results, then 60 s for their exits
 def test_concurrent_writer_processes_keep_every_row(ledger_location):
     path = ledger_location
     ledger_at(path)  # the schema, before the writers race for it
@@ -23,7 +26,8 @@ def test_concurrent_writer_processes_keep_every_row(ledger_location):
     procs = [ctx.Process(target=_writer, args=(path, i, queue)) for i in range(PROCESSES)]
     for p in procs:
         p.start()
-    deadline = time.monotonic() + 120  # the writers run at once: one wait for them all, not one each
+    # the writers run at once: one wait for them all, not one each (a bound: the test takes ~16 s at load 2)
+    deadline = time.monotonic() + 300
     written = [run_id for _ in procs for run_id in queue.get(timeout=max(deadline - time.monotonic(), 0.1))]
     deadline = time.monotonic() + 60
     for p in procs:

@@ -197,6 +197,10 @@ def test_a_lease_is_taken_once_renewed_by_its_holder_and_free_again_when_release
     # live-a stops renewing: once its lease has expired, another service takes it
     assert any_ledger.live_lease("live-a", take=[], keep=["b1"], release=[], ttl_s=3.0) == {"b1"}
     assert any_ledger.live_lease("live-b", take=["b1"], keep=["b2", "b3"], release=[], ttl_s=60) == {"b2", "b3"}
+    # the lease's expiry is the event, and it is on the clock: live_lease stamps expires_at = now + ttl_s
+    # with this process's clock and live_leases compares it with the same clock, so 3.1 s after the
+    # renewal returned it has passed however slow the machine (the take just above needs to come within
+    # 3 s of the renewal: two ledger calls, milliseconds quiet)
     time.sleep(3.1)
     assert "b1" not in any_ledger.live_leases()
     assert any_ledger.live_lease("live-b", take=["b1"], keep=["b2", "b3"], release=[], ttl_s=60) == {"b1", "b2", "b3"}

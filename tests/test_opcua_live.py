@@ -79,6 +79,8 @@ def test_simulate_ingest_live_closes_the_loop_over_opcua_and_rides_out_a_server_
         _wait(moved, "the MV to follow the advice")
         assert _stop(first) == 0  # the server goes away ...
         down = time.time()
+        # the outage itself (the scenario's time): its checks below are against `down` and `up` as measured,
+        # so a longer pause on a loaded machine only widens the gap they look at
         time.sleep(3.0)
         up = time.time()
         second = _start(*simulate, log=logs["second"])  # ... and comes back, a new plant and history

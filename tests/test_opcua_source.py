@@ -16,7 +16,7 @@ from asyncua import ua
 
 from optimizer_pipeline.contracts import OpcUaWiring
 from optimizer_pipeline.ledger import Ledger
-from optimizer_pipeline.live.opcua import OpcUaSource
+from optimizer_pipeline.live.opcua import SETTLE_S, OpcUaSource
 from optimizer_pipeline.plants import get_plant
 
 from opcua_server import PlantServer
@@ -31,23 +31,61 @@ def _wired(server_url: str, binding_id: str = "heater-1", prefix: str = "", node
     return replace(HEATER, id=binding_id, sample_period_s=PERIOD_S, opcua=OpcUaWiring(server_url, nodes))
 
 
-def _until(condition, timeout_s: float = 20.0) -> None:
+# how long a test waits for an event (a connection, a value, a write): a bound, not a pause. A
+# connection to the loopback server takes well under 1 s quiet; a reconnection waits out the source's
+# back-off (BACKOFF_S: 1 s doubling up to 60 s) first.
+EVENT_TIMEOUT_S = 60.0
+
+
+def _until(condition, timeout_s: float = EVENT_TIMEOUT_S) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.05)
 
 
-def _drive(source: OpcUaSource, ledger: Ledger, seconds: float) -> dict[str, list]:
-    """Poll as the live service does, for `seconds`; every frame returned, by binding."""
+def _drive(source: OpcUaSource, ledger: Ledger, seconds: float, enough=lambda got: True,
+           timeout_s: float = EVENT_TIMEOUT_S) -> dict[str, list]:
+    """Poll as the live service does, for `seconds`, then on until `enough(got)` holds (at most
+    `timeout_s` in all); every frame returned, by binding. `seconds` is the scenario's span (a negative
+    check: nothing formed during it); `enough` what the test needs to have seen, which a loaded machine
+    may take longer to form (a poll writes to the ledger) than the span."""
     got: dict[str, list] = {}
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
+    started = time.monotonic()
+    end, deadline = started + seconds, started + max(seconds, timeout_s)
+    while time.monotonic() < end or not enough(got):
+        assert time.monotonic() < deadline, f"polled {time.monotonic() - started:.1f} s without enough: {got}"
         if source.ready(time.monotonic()):
             for binding_id, frames in source.poll(ledger).items():
                 got.setdefault(binding_id, []).extend(frames)
         time.sleep(0.02)
     return got
+
+
+def _frames_of(binding_id: str, n: int = 1):
+    """`enough` for _drive: at least `n` frames of the binding."""
+    return lambda got: len(got.get(binding_id, [])) >= n
+
+
+class _GridClock:
+    """The source's wall clock, moved by the test to each grid time + SETTLE_S in turn, as real time
+    reaches it. OpcUaSource.poll forms the newest grid time's sample only (a poll late by a period
+    skips that grid time, by design): with this clock every poll sees exactly its grid time, however
+    late a loaded machine runs the test's loop, while real time passes as it would."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+    def step(self, period_s: float) -> float:
+        """The next grid time after now; the clock set just past its settle time (10 ms: clear of the
+        rounding of grid_t + SETTLE_S - SETTLE_S) once real time is there."""
+        grid_t = (math.floor(self.now / period_s) + 1) * period_s
+        self.now = grid_t + SETTLE_S + 0.01
+        time.sleep(max(0.0, self.now - time.time()))
+        return grid_t
 
 
 def _connected(source: OpcUaSource, url: str) -> bool:
@@ -83,9 +121,14 @@ def ledger(tmp_path):
 def test_one_sample_per_period_on_the_grid_and_a_constant_value_keeps_giving_samples(server, ledger):
     spec = _wired(server.url)
     ledger.upsert_binding(spec)
-    with _serving(server.url, [spec]) as source:
+    clock = _GridClock()
+    with _serving(server.url, [spec], clock=clock) as source:
         _until(lambda: source.sample(spec) == [100.0, 45.0, 15.0])
-        frames = _drive(source, ledger, 6 * PERIOD_S)["heater-1"]
+        frames = []
+        for _ in range(6):  # six periods, each polled at its grid time as the live service does
+            clock.step(PERIOD_S)
+            assert source.ready(time.monotonic())
+            frames += source.poll(ledger).get("heater-1", [])
     rows = [frame.iloc[0] for frame in frames]
     times = [row["timestamp"] for row in rows]
     assert len(rows) >= 4 and all(len(frame) == 1 for frame in frames)
@@ -103,7 +146,7 @@ def test_samples_continue_the_bindings_newest_stored_run(server, ledger):
     ledger.ingest(spec, history, "real")
     newest = history.loc[history["timestamp"].idxmax(), "run_id"]
     with _serving(server.url, [spec]) as source:
-        frames = _drive(source, ledger, 3 * PERIOD_S)["heater-1"]
+        frames = _drive(source, ledger, 3 * PERIOD_S, _frames_of("heater-1"))["heater-1"]
     assert {frame["run_id"].iloc[0] for frame in frames} == {newest}
 
 
@@ -113,7 +156,12 @@ def test_good_gives_the_value_uncertain_only_when_accepted_bad_and_unknown_nodes
     server.set("q_heat", 120.0, ua.StatusCodes.UncertainLastUsableValue)
     server.set("t_out", 47.0, ua.StatusCodes.BadSensorFailure)
     with _serving(server.url, [spec], accept_uncertain=accept_uncertain) as source:
-        time.sleep(3 * PERIOD_S)
+        # the notifications of both served nodes arrived, with their qualities (t_in's node is refused
+        # by the server: it never gets one); was a 1.5 s sleep, after which a slow machine might have
+        # had none yet (all-NaN passes the check below without accept_uncertain)
+        readings = source.endpoints[server.url].readings
+        quality = lambda node: getattr(readings.get(node), "quality", None)  # noqa: E731
+        _until(lambda: (quality("ns=2;s=q_heat"), quality("ns=2;s=t_out")) == ("uncertain", "bad"))
         q_heat, t_out, t_in = source.sample(spec)
         assert math.isnan(t_out) and math.isnan(t_in)  # Bad, and a node the server does not have
         assert q_heat == 120.0 if accept_uncertain else math.isnan(q_heat)
@@ -127,18 +175,21 @@ def test_no_samples_while_the_server_is_down_and_samples_resume_when_it_is_back(
     spec = _wired(first.url)
     ledger.upsert_binding(spec)
     with _serving(first.url, [spec]) as source:
-        before = _drive(source, ledger, 3 * PERIOD_S)["heater-1"]
+        before = _drive(source, ledger, 3 * PERIOD_S, _frames_of("heater-1"))["heater-1"]
         first.close()
         _until(lambda: not _connected(source, first.url))
         down_at = time.time()
+        # a negative check over a fixed span: a slower machine polls less often in it, which can only
+        # find less, so load cannot make it fail
         during = _drive(source, ledger, 4 * PERIOD_S)
         assert during == {}  # nothing invented for the gap
         with PlantServer(HEATER.tags, port=port) as second:
             second.set("t_out", 52.0)
-            _until(lambda: _connected(source, second.url), timeout_s=60)
+            # the source retries after its back-off (1, 2, 4 ... s, at most 60 s): a bound past it
+            _until(lambda: _connected(source, second.url), timeout_s=120)
             up_at = time.time()
             _until(lambda: source.sample(spec)[1] == 52.0)
-            after = _drive(source, ledger, 3 * PERIOD_S)["heater-1"]
+            after = _drive(source, ledger, 3 * PERIOD_S, _frames_of("heater-1"))["heater-1"]
     assert before and after
     times = list(ledger.history_frame("heater-1", HEATER.tags)["timestamp"])
     assert not [t for t in times if down_at + PERIOD_S < t < up_at - PERIOD_S], (down_at, up_at, times)  # a gap
@@ -150,7 +201,7 @@ def test_an_unreachable_endpoint_is_said_once_and_the_others_keep_being_served(s
     good, lost = _wired(server.url), _wired(dead, binding_id="heater-2")
     caplog.set_level(logging.WARNING, logger="optimizer_pipeline.live.opcua")
     with _serving(server.url, [good, lost]) as source:
-        got = _drive(source, ledger, 4 * PERIOD_S)
+        got = _drive(source, ledger, 4 * PERIOD_S, _frames_of("heater-1"))
     assert set(got) == {"heater-1"}
     said = [r.getMessage() for r in caplog.records if dead in r.getMessage()]
     assert len(said) == 1 and "cannot connect" in said[0], said
@@ -193,7 +244,7 @@ def test_verified_advice_is_written_in_each_nodes_own_type_and_anything_else_wri
 
 
 def test_a_status_whose_recommendation_lapses_says_expired_unless_a_newer_one_came():
-    from optimizer_pipeline.contracts import AdvisoryWiring, iso_from_seconds
+    from optimizer_pipeline.contracts import AdvisoryWiring, iso_from_seconds, parse_iso_utc
     from optimizer_pipeline.live.advice import Advice, AdvisoryWriter
 
     with PlantServer([*HEATER.tags, *ADVICE_TYPES], types=ADVICE_TYPES) as plant:
@@ -208,7 +259,11 @@ def test_a_status_whose_recommendation_lapses_says_expired_unless_a_newer_one_ca
             later = iso_from_seconds(time.time() + 60.0)
             writer.write(Advice("heater-1", "verified", "rec-2", later, {"q_heat": 102.0}))
             _until(waiting.cancelled)  # one lapse waits per binding, not one per publication
-            time.sleep(1.5)  # rec-1's valid_until passed, but rec-2 is the one shown
+            _until(lambda: plant.get("advice.status")[0].startswith("status=verified recommendation=rec-2"))
+            # a negative check: rec-1's valid_until passes and nothing says it expired. The pause is
+            # counted from rec-1's valid_until (not from the writes), so it always covers it; on a slow
+            # machine a wrongly written "expired" could land after the look, never the other way round
+            time.sleep(max(0.0, parse_iso_utc(soon).timestamp() + 0.5 - time.time()))
             assert plant.get("advice.status")[0].startswith("status=verified recommendation=rec-2")
             lapsing = iso_from_seconds(time.time() + 1.0)
             writer.write(Advice("heater-1", "verified", "rec-3", lapsing, {"q_heat": 103.0}))
@@ -234,16 +289,21 @@ def test_the_samples_missed_since_the_newest_stored_one_are_filled_from_the_serv
     with PlantServer(HEATER.tags, historize=True) as plant:
         spec = _wired(plant.url)
         start = math.floor(time.time() / PERIOD_S) * PERIOD_S
-        ledger.ingest(spec, pd.DataFrame({"run_id": "r1", "timestamp": start - PERIOD_S * np.arange(3)[::-1],
-                                          "q_heat": 90.0, "t_out": 39.0, "t_in": 15.0}), "real")
         written = []  # (source timestamp, t_out) as the server recorded them
         first_write = plant.set("q_heat", 100.0)
         plant.set("t_in", 15.5)
+        # the plant's values change over 3 s: the scenario's own time (a slower machine spreads them
+        # more; every check below is against the stamps the server recorded, so none can flip)
         for k in range(6):
             written.append((plant.set("t_out", 40.0 + k), 40.0 + k))
             time.sleep(PERIOD_S)
+        # the newest stored sample at `start`, stored after the writes (the source is not running yet):
+        # the ledger's write (seconds on a loaded machine) used to sit between `start` and the first
+        # write, and put grid times without the written values at the head of the gap
+        ledger.ingest(spec, pd.DataFrame({"run_id": "r1", "timestamp": start - PERIOD_S * np.arange(3)[::-1],
+                                          "q_heat": 90.0, "t_out": 39.0, "t_in": 15.0}), "real")
         with _serving(plant.url, [spec]) as source:
-            frames = _drive(source, ledger, 2 * PERIOD_S)["heater-1"]
+            frames = _drive(source, ledger, 2 * PERIOD_S, _frames_of("heater-1"))["heater-1"]
     first = frames[0]
     assert len(first) > 4 and (first["run_id"] == "r1").all()  # the run continues
     times = first["timestamp"].to_numpy()
@@ -262,7 +322,7 @@ def test_without_a_server_history_the_gap_stays_and_it_is_said_once(server, ledg
     ledger.ingest(spec, pd.DataFrame({"run_id": "r1", "timestamp": [start], "q_heat": 90.0, "t_out": 39.0,
                                       "t_in": 15.0}), "real")
     with _serving(server.url, [spec]) as source:
-        frames = _drive(source, ledger, 3 * PERIOD_S)["heater-1"]
+        frames = _drive(source, ledger, 3 * PERIOD_S, _frames_of("heater-1"))["heater-1"]
     assert all(len(frame) == 1 for frame in frames)  # the current sample only
     said = [r.getMessage() for r in caplog.records if "history" in r.getMessage() and "warms up" in r.getMessage()]
     assert len(said) == 1 and server.url in said[0]

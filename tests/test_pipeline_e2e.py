@@ -18,7 +18,7 @@ from optimizer_pipeline.settings import Settings
 from optimizer_pipeline.solver.solve import SolverCache, solve_problem
 from optimizer_pipeline.solver.targets import compile_steered
 
-from pipeline_fixtures import SEED, DemoHome, seed_home
+from pipeline_fixtures import LIVE_AGE_S, SEED, DemoHome, allow_live_age, seed_home
 
 REC_KEYS = {"id", "binding_id", "binding_revision", "run_id", "candidate_id", "template", "status", "status_label",
             "reasons", "created_at", "valid_until", "mv_tags", "cv_tags", "controls", "predicted", "band", "cost",
@@ -29,6 +29,7 @@ REC_KEYS = {"id", "binding_id", "binding_revision", "run_id", "candidate_id", "t
 def demo(tmp_path_factory):
     home = tmp_path_factory.mktemp("home")
     plants = demo_plants()
+    allow_live_age(home)  # its tests decide again minutes after the seeding on a loaded machine
     ledger = seed_home(home, plants)
     with instance_for_test(temp_dir=str(tmp_path_factory.mktemp("dagster"))) as instance:
         instance.add_dynamic_partitions("bindings", [p.spec.id for p in plants])
@@ -361,7 +362,8 @@ def test_a_cv_missing_in_the_newest_sample_is_refused_or_predicted_as_the_settin
 
     def solved(allowed: int):
         decided = pipeline.solve_and_decide(spec, stored, artifact, split, calibration,
-                                            lambda p: solve_problem(p, cache), Settings(live_predict_missing=allowed),
+                                            lambda p: solve_problem(p, cache),
+                                            Settings(live_predict_missing=allowed, live_max_age_s=LIVE_AGE_S),
                                             "simulation", utc_now(), outcomes=())
         return decided.decision.recommendation, {c.name: c for c in decided.decision.conditions}
 

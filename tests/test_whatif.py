@@ -16,7 +16,7 @@ from optimizer_pipeline.economics import economic_value
 from optimizer_pipeline.outcomes import model_identity
 from optimizer_pipeline.plants import get_plant
 
-from pipeline_fixtures import DemoHome, seed_home
+from pipeline_fixtures import DemoHome, allow_live_age, seed_home
 
 TOL = 1e-6
 
@@ -26,6 +26,7 @@ def demo(tmp_path_factory):
     """tanks-1 (move plan) and blend-1 (steady target) refreshed through Dagster with the worker pool."""
     home = tmp_path_factory.mktemp("home")
     plants = [get_plant("tanks"), get_plant("blend")]
+    allow_live_age(home)  # its tests decide again minutes after the seeding on a loaded machine
     ledger = seed_home(home, plants)
     with instance_for_test(temp_dir=str(tmp_path_factory.mktemp("dagster"))) as instance:
         instance.add_dynamic_partitions("bindings", [p.spec.id for p in plants])
