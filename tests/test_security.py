@@ -4,6 +4,7 @@ the UI listens on loopback unless told otherwise. (Bad-input refusals: test_bad_
 """
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from optimizer_pipeline.settings import ledger_path
 from optimizer_pipeline.solver.pool import SolverPool
 from optimizer_pipeline.solver.process import CACHE_ENTRIES_VAR, ENV_PASS_THROUGH, ENV_WHITELIST, THREAD_VARS
 
+from conftest import BINDING_DOC
 from ledger_helpers import solve
 from reliability_helpers import heater_case, pool_solve
 
@@ -149,6 +151,9 @@ IDENTIFIERS = {
     "where": "_expire: every call site passes a literal or ' AND '.join of literal-column clauses",
     "placeholders": "_expire: ', '.join of a literal '?' per open status (a module constant)",
     "column": "list_candidates / expire: loop over a literal tuple of (column, value) pairs",
+    "alias": "duckdb_backend: 'ledger_' + a hex digest of the ledger file's path (test_the_attached_ledger_...)",
+    "path": "duckdb_backend: the ledger file's own path as an SQL string literal, quotes doubled (ATTACH takes "
+            "no parameters; test_the_attached_ledger_...)",
 }
 LEDGER_SOURCES = sorted(Path(ledger_package.__file__).parent.glob("*.py"))
 REPOSITORY = Path(ledger_package.__file__).parent / "repository.py"
@@ -278,6 +283,20 @@ def test_identifiers_spliced_into_sql_come_from_literals_at_every_call_site():
     assert isinstance(generator, ast.GeneratorExp) and isinstance(generator.elt, ast.Constant) \
         and generator.elt.value == "?" and _from_constant(generator.generators[0].iter, functions["_expire"]), \
         ast.unparse(placeholders)
+
+
+def test_the_attached_ledger_file_is_named_by_a_digest_and_its_path_quoted(tmp_path):
+    """The two names duckdb_backend splices into its ATTACH / USE / DETACH statements: an identifier of
+    hex digits, and the path as a literal that a quote in it cannot end."""
+    from optimizer_pipeline.ledger.duckdb_backend import DuckDBBackend
+
+    folder = tmp_path / "it's; DROP TABLE bindings; --"
+    ledger = Ledger(folder / "ledger.duckdb")
+    ledger.upsert_binding(binding_from_dict(BINDING_DOC))
+    assert [b.spec.id for b in Ledger(folder / "ledger.duckdb").list_bindings()] == [BINDING_DOC["id"]]
+    backend = ledger.backend
+    assert isinstance(backend, DuckDBBackend) and re.fullmatch(r"ledger_[0-9a-f]{16}", backend._alias)
+    assert backend._path_literal == "'" + str((folder / "ledger.duckdb").resolve()).replace("'", "''") + "'"
 
 
 # ---------------------------------------------------------------------------- UI
