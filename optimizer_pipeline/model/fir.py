@@ -68,7 +68,7 @@ hyperparameter it adds (Akaike's penalty: DC nests TC, so it never fits worse).
 Standard errors: the gains' posterior covariance under the fitted prior and noise (Sigma_post of the
 shape carried into K, plus K's own least-squares part in step coordinates), plus the spread the
 hyperparameters' own uncertainty gives them (Laplace: the marginal likelihood's curvature at its
-optimum, `_Evidence.hyper_spread`; leaving it out, the se were ~20 % small on a gain whose shape the
+optimum, `Evidence.hyper_spread`; leaving it out, the se were ~20 % small on a gain whose shape the
 data pin down poorly). Measured (tests/test_fir.py's plant, 150-200 noise draws): 0.67-0.72 of the
 truths within 1 se and 0.95-0.99 within 2 se at noise 0.1 and 0.02.
 
@@ -102,38 +102,25 @@ from typing import Mapping, Sequence
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
-from scipy.linalg import cholesky, solve_toeplitz, solve_triangular
-from scipy.optimize import minimize
 from scipy.signal import lfilter
 
-TC, DC = "TC", "DC"
+from optimizer_pipeline.model.kernel_evidence import DC, TC, Budget, Evidence, Posterior, maximise
+from optimizer_pipeline.model import long_run
+
 PRE_RUN = ("held", "skip")
 COORDINATES = ("step", "taps")
 INTEGRATING_NOISE = ("level", "increment")
-AR_MAX_ORDER = 10  # the residuals' AR model for the autocorrelation correction, order chosen by BIC
-# the AR model's autocovariance is summed to this many lags at most (and to the longest run)
-LONG_RUN_LAGS = 2000
 # Number of taps (`taps_for`): past the settling guess by this factor, at most the shortest run, at
 # most TAP_ROWS_SHARE of the rows per tap coefficient, at most MAX_COEFFICIENTS taps over all inputs
 SETTLING_MARGIN = 1.25
 TAP_ROWS_SHARE = 2
 MAX_COEFFICIENTS = 400
-# hyperparameter bounds (optimiser coordinates): lambda in [1e-3, 1 - 1e-6], rho in tanh(+-5)
-LOG_C_BOUNDS = (-25.0, 25.0)
-LOGIT_LAMBDA_BOUNDS = (math.log(1e-3 / (1 - 1e-3)), math.log((1 - 1e-6) / 1e-6))
-ATANH_RHO_BOUNDS = (-5.0, 5.0)
 # TC starts: prior impulse responses decaying with these time constants, as fractions of n
 TC_START_DECAYS = (0.25, 0.08)
 DC_PENALTY_PER_HYPER = 1.0  # Akaike: log marginal likelihood a DC fit must gain per added hyperparameter
 DEFAULT_TIME_BUDGET_S = 1.0
-# the hyperparameters' uncertainty (`_Evidence.hyper_spread`): forward-difference step in the optimiser
-# coordinates, and how close to a bound a coordinate counts as on it
-HYPER_STEP = 1e-4
-# L-BFGS-B's relative tolerance on -2 log p (values of thousands: 1e-10 is ~1e-6 in log p), and the looser
-# one of the fit that only gives the tail its decay
-SEARCH_FTOL = 1e-10
+# the looser tolerance of the fit that only gives the tail its decay (kernel_evidence.SEARCH_FTOL: the search's)
 TAIL_FTOL = 1e-6
-HYPER_BOUND_MARGIN = 1e-3
 
 
 @dataclass(frozen=True)
@@ -224,7 +211,7 @@ def fit_fir(runs: Sequence[tuple[np.ndarray, np.ndarray]], n_taps: int, integrat
     n_inputs = us[0].shape[1]
     shared = (us, ys, n_taps, integrating, pre_run, level, step)
     design = _Design(*shared, np.zeros(n_inputs), first_lag)
-    clock = _Budget(started, time_budget_s, reserve=3 * n_inputs + 1)  # the Laplace step's evaluations
+    clock = Budget(started, time_budget_s, reserve=3 * n_inputs + 1)  # the Laplace step's evaluations
     if hyper is not None:
         kernel, eta, noise_var = _fixed(hyper, n_inputs, design.phi_scale, design.y_scale)
         if tail:
@@ -237,7 +224,7 @@ def fit_fir(runs: Sequence[tuple[np.ndarray, np.ndarray]], n_taps: int, integrat
     else:
         starts = [design.problem.tc_start(decay) for decay in TC_START_DECAYS]
         if tail:  # the tail's decay from a first TC fit without it (module docstring)
-            first, _ = _maximise(design.problem, TC, starts[0], clock, TAIL_FTOL)
+            first, _ = maximise(design.problem, TC, starts[0], clock, TAIL_FTOL)
             lambdas = [lam for _, lam, _ in design.problem.unpack(TC, first)]
             design = _Design(*shared, _tail_poles(lambdas, n_taps), first_lag)
             starts = [first, *starts[1:]]
@@ -250,7 +237,7 @@ def fit_fir(runs: Sequence[tuple[np.ndarray, np.ndarray]], n_taps: int, integrat
     se_white = np.sqrt(np.diag(cov))
     inflation, noise_ar = np.ones(n_inputs), ()
     if autocorrelation:
-        inflation, noise_ar = _inflation(weights, residuals, design.run_of, design.n_runs)
+        inflation, noise_ar = long_run.inflation(weights, residuals, design.run_of, design.n_runs)
     offset = design.problem.log_scale(design.y_scale)
     log_marginals = {k: v + offset for k, v in log_marginals.items()}
     return FirGains(gains=gains, se=se_white * np.sqrt(inflation), taps=np.diff(response, axis=1, prepend=0.0),
@@ -307,9 +294,9 @@ class _Design:
             for i, block in enumerate(blocks):  # gain = the sum of the taps, the tail's as 1 / (1 - pole)
                 self.functional[block, i] = 1.0
                 self.functional[block.stop - 1, i] = 1.0 / (1.0 - tail[i])
-        self.problem = _Evidence(gram, cross, yy, self.rows - nuisance, self.n_inputs, n)
+        self.problem = Evidence(gram, cross, yy, self.rows - nuisance, self.n_inputs, n)
 
-    def estimate(self, post: "_Posterior") -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def estimate(self, post: Posterior) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Gains (n_inputs,) and their covariance (engineering units), the step responses (n_inputs, n),
         the rows' weights in the gains (rows, n_inputs: gains_n = weights' t_n) and the residuals
         (normalised)."""
@@ -338,7 +325,7 @@ def _tail_poles(lambdas: Sequence[float], n: int) -> np.ndarray:
     return np.minimum(np.sqrt(np.asarray(lambdas, float)), math.exp(-1.0 / n))
 
 
-def _search(problem: "_Evidence", kernels: Sequence[str], clock: "_Budget",
+def _search(problem: Evidence, kernels: Sequence[str], clock: Budget,
             starts: Sequence[np.ndarray]) -> tuple[str, np.ndarray, dict[str, float]]:
     """The kernel and hyperparameters of the highest marginal likelihood (module docstring): TC from
     each of `starts`, DC from the best TC optimum so far whenever it improves (the first start's DC fit
@@ -349,12 +336,12 @@ def _search(problem: "_Evidence", kernels: Sequence[str], clock: "_Budget",
     for start in starts:  # TC is fitted for DC's start even when only DC is asked for
         if clock.spent and TC in results:
             break
-        eta, value = _maximise(problem, TC, start, clock)
+        eta, value = maximise(problem, TC, start, clock)
         if TC in results and value >= results[TC][1] - 1e-6 * abs(results[TC][1]):
             continue
         results[TC] = (eta, value)
         if DC in kernels and not clock.spent:
-            dc = _maximise(problem, DC, problem.dc_from_tc(eta), clock)
+            dc = maximise(problem, DC, problem.dc_from_tc(eta), clock)
             if DC not in results or dc[1] < results[DC][1]:
                 results[DC] = dc
     log_marginals = {name: problem.log_marginal(value) for name, (_, value) in results.items()}
@@ -489,316 +476,3 @@ def _nuisance_free(values: np.ndarray, run_of: np.ndarray, times: np.ndarray, n_
         block = values[rows]
         out[rows] = block - q @ (q.T @ block)
     return out
-
-
-# --------------------------------------------------------------------------- kernels
-
-
-def _kernel_factor(kernel: str, n: int, c: float, lam: float, rho: float = 0.0) -> np.ndarray:
-    """L (n, n) with c K = L L' (module docstring), closed form: TC as the sum of independent increments
-    from the FIR's end, x_k = sum_{j >= k} w_j; DC as lambda^(k/2) times an AR(1) of coefficient rho."""
-    k = np.arange(n)
-    if kernel == TC:
-        powers = lam ** k
-        increments = np.append(powers[:-1] - powers[1:], powers[-1])  # var w_j
-        return np.triu(np.ones((n, n))) * np.sqrt(c * np.maximum(increments, 0.0))
-    lower = np.tril(rho ** np.maximum(k[:, None] - k[None, :], 0).astype(float))
-    lower[1:, 1:] *= math.sqrt(max(1.0 - rho * rho, 0.0))
-    return math.sqrt(c) * lam ** (k / 2.0)[:, None] * lower
-
-
-def _kernel_grads(kernel: str, n: int, c: float, lam: float, rho: float = 0.0) -> list[np.ndarray]:
-    """d(c K)/d(optimiser coordinates): log c, logit lambda[, atanh rho]."""
-    k = np.arange(n)
-    if kernel == TC:
-        top = np.maximum(k[:, None], k[None, :])
-        P = c * lam ** top
-        return [P, P * top * (1.0 - lam)]
-    gap = np.abs(k[:, None] - k[None, :])
-    base = c * lam ** ((k[:, None] + k[None, :]) / 2.0)
-    P = base * rho ** gap
-    d_rho = base * gap * np.where(gap > 0, rho ** np.maximum(gap - 1, 0), 0.0) * (1.0 - rho * rho)
-    return [P, P * (k[:, None] + k[None, :]) / 2.0 * (1.0 - lam), d_rho]
-
-
-def _sigmoid(x: float) -> float:
-    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
-
-
-@dataclass(frozen=True)
-class _Posterior:
-    """The posterior of the shape coefficients theta (normalised units): mean, the noise variance, and
-    its covariance noise_var x L B^-1 L' through L and R (B = I + L' G L = R' R)."""
-
-    mean: np.ndarray  # (p,)
-    noise_var: float
-    factor: np.ndarray  # L (p, p): prior covariance / noise variance = L L'
-    chol: np.ndarray  # R, upper triangular
-
-    def functional(self, E: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """For the linear functionals E' theta (E (p, k)): their posterior covariance (k, k) and H E,
-        H = L B^-1 L' (the posterior mean is H g)."""
-        S = solve_triangular(self.chol, self.factor.T @ E, trans="T", check_finite=False)  # R^-T L' E
-        return self.noise_var * S.T @ S, self.factor @ solve_triangular(self.chol, S, check_finite=False)
-
-
-class _Budget:
-    """The fit's time budget: spent once the time so far plus `reserve` more evaluations of the
-    objective (at their mean time so far: the hyperparameters' uncertainty after the search) exceed it."""
-
-    def __init__(self, started: float, budget: float | None, reserve: int = 0):
-        self.started, self.budget, self.reserve = started, budget, reserve
-        self.evaluations, self.evaluating = 0, 0.0
-
-    def timed(self, seconds: float) -> None:
-        self.evaluations += 1
-        self.evaluating += seconds
-
-    @property
-    def spent(self) -> bool:
-        if self.budget is None:
-            return False
-        ahead = self.reserve * self.evaluating / self.evaluations if self.evaluations else 0.0
-        return time.perf_counter() - self.started + ahead > self.budget
-
-
-class _OutOfTime(Exception):
-    pass
-
-
-class _Evidence:
-    """The marginal likelihood of the centred, normalised rows as a function of the kernel's
-    hyperparameters, from the normal equations alone: G = Phi' Phi (p, p), g = Phi' y, yy = y' y, m
-    rows beyond the offsets. With the prior covariance sigma^2 L L' (sigma^2 the noise variance,
-    profiled out) and B = I + L' G L = R' R: Q = yy - b' B^-1 b (b = L' g), sigma^2 = Q / m and
-    -2 log p(y) = m log(2 pi Q / m) + m + log det B."""
-
-    def __init__(self, gram: np.ndarray, cross: np.ndarray, yy: float, m: int, n_inputs: int, n: int):
-        self.gram, self.cross, self.yy, self.m, self.n_inputs, self.n = gram, cross, yy, m, n_inputs, n
-        self.blocks = [slice(i * n, (i + 1) * n) for i in range(n_inputs)]
-
-    def width(self, kernel: str) -> int:
-        return 2 if kernel == TC else 3
-
-    def unpack(self, kernel: str, eta: np.ndarray) -> list[tuple[float, float, float]]:
-        w = self.width(kernel)
-        out = []
-        for i in range(self.n_inputs):
-            part = eta[i * w:(i + 1) * w]
-            rho = math.tanh(part[2]) if kernel == DC else 0.0
-            out.append((math.exp(part[0]), _sigmoid(part[1]), rho))
-        return out
-
-    def bounds(self, kernel: str) -> list[tuple[float, float]]:
-        per = [LOG_C_BOUNDS, LOGIT_LAMBDA_BOUNDS] + ([ATANH_RHO_BOUNDS] if kernel == DC else [])
-        return per * self.n_inputs
-
-    def tc_start(self, decay: float) -> np.ndarray:
-        """Prior impulse responses decaying with time constant decay x n (std lambda^(k/2)); c such that
-        the prior explains ~10x the noise over the inputs together."""
-        lam = min(max(math.exp(-2.0 / max(decay * self.n, 0.5)), 1e-3), 1 - 1e-6)
-        c = 10.0 * (1.0 - lam) / self.n_inputs
-        return np.tile([math.log(c), math.log(lam / (1.0 - lam))], self.n_inputs)
-
-    def dc_from_tc(self, eta: np.ndarray) -> np.ndarray:
-        """DC at TC's optimum: the same c and lambda, rho = sqrt(lambda) (the kernels then agree)."""
-        out = []
-        for c, lam, _ in self.unpack(TC, eta):
-            rho = min(math.sqrt(lam), math.tanh(ATANH_RHO_BOUNDS[1]))
-            out += [math.log(c), math.log(lam / (1.0 - lam)), math.atanh(rho)]
-        return np.array(out)
-
-    def _factor(self, kernel: str, hyper) -> np.ndarray:
-        p = self.n * self.n_inputs
-        L = np.zeros((p, p))
-        for block, (c, lam, rho) in zip(self.blocks, hyper):
-            L[block, block] = _kernel_factor(kernel, self.n, c, lam, rho)
-        return L
-
-    def _solve(self, kernel: str, eta: np.ndarray):
-        hyper = self.unpack(kernel, eta)
-        L = self._factor(kernel, hyper)
-        LG, B = np.empty_like(self.gram), np.empty_like(self.gram)  # L' G and L' G L, block by block (L is
-        for block in self.blocks:  # block diagonal)
-            LG[block] = L[block, block].T @ self.gram[block]
-        for block in self.blocks:
-            B[:, block] = LG[:, block] @ L[block, block]
-        B[np.diag_indices_from(B)] += 1.0
-        R = cholesky(B, lower=False, check_finite=False)
-        b = L.T @ self.cross
-        z = solve_triangular(R, b, trans="T", check_finite=False)  # R^-T b
-        Q = max(self.yy - float(z @ z), 1e-300)
-        return hyper, L, LG, R, z, Q
-
-    def objective(self, kernel: str, eta: np.ndarray) -> tuple[float, np.ndarray]:
-        """-2 log p(y) up to constants, and its gradient over the optimiser coordinates (the noise
-        variance at its profile optimum: by the envelope theorem its own derivative is 0). With
-        Sigma = sigma^2 (I + Phi L L' Phi'), d(-2 log p)/dP = W - alpha alpha' where W = Phi' Sigma^-1 Phi
-        = (G - V' V) / sigma^2, V = R^-T L' G, alpha = (g - G theta) / sigma^2; P = sigma^2 c K."""
-        value, grad, _ = self.objective_and_mean(kernel, eta)
-        return value, grad
-
-    def objective_and_mean(self, kernel: str, eta: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
-        """`objective` and the posterior mean of the coefficients at `eta`."""
-        try:
-            hyper, L, LG, R, z, Q = self._solve(kernel, eta)
-        except np.linalg.LinAlgError:
-            return 1e300, np.zeros_like(eta), np.full(self.gram.shape[0], np.nan)
-        sigma2 = Q / self.m
-        value = self.m * math.log(Q) + 2.0 * float(np.sum(np.log(np.diag(R))))
-        V = solve_triangular(R, LG, trans="T", check_finite=False)
-        theta = L @ solve_triangular(R, z, check_finite=False)
-        alpha = (self.cross - self.gram @ theta) / sigma2
-        grad = []
-        for block, (c, lam, rho) in zip(self.blocks, hyper):
-            Vb = V[:, block]
-            M = (self.gram[block, block] - Vb.T @ Vb) / sigma2 - np.outer(alpha[block], alpha[block])
-            grad += [sigma2 * float(np.sum(M * d)) for d in _kernel_grads(kernel, self.n, c, lam, rho)]
-        return value, np.array(grad), theta
-
-    def hyper_spread(self, kernel: str, eta: np.ndarray, functional: np.ndarray) -> np.ndarray:
-        """The covariance (k, k) the hyperparameters' uncertainty adds to the functionals E' theta
-        (E = `functional` (p, k)) of the posterior mean (Laplace): J' C J, C the inverse of the Hessian
-        of -log p(y) over the optimiser coordinates at `eta` (its posterior under a flat prior there), J
-        the functionals' derivatives; both by forward differences of the analytic gradient and of the
-        posterior mean (HYPER_STEP). A coordinate at its bound (lambda near 1, rho near +-1) is left
-        out, and so are the Hessian's non-positive directions."""
-        lo, hi = (np.array(b) for b in zip(*self.bounds(kernel)))
-        free = np.flatnonzero((eta > lo + HYPER_BOUND_MARGIN) & (eta < hi - HYPER_BOUND_MARGIN))
-        _, grad, theta = self.objective_and_mean(kernel, eta)
-        hessian, slopes = np.zeros((free.size, free.size)), np.zeros((free.size, functional.shape[1]))
-        for a, j in enumerate(free):
-            moved = eta.copy()
-            moved[j] += HYPER_STEP
-            _, grad_j, theta_j = self.objective_and_mean(kernel, moved)
-            hessian[:, a] = 0.5 * (grad_j - grad)[free] / HYPER_STEP  # of -log p = objective / 2
-            slopes[a] = functional.T @ (theta_j - theta) / HYPER_STEP
-        if not free.size or not np.all(np.isfinite(hessian)) or not np.all(np.isfinite(slopes)):
-            return np.zeros((functional.shape[1], functional.shape[1]))
-        values, vectors = np.linalg.eigh(0.5 * (hessian + hessian.T))
-        keep = values > 1e-9 * max(float(values.max(initial=0.0)), 1e-300)
-        projected = slopes.T @ vectors[:, keep]
-        return (projected / values[keep]) @ projected.T
-
-    def log_marginal(self, value: float) -> float:
-        """log p(y) of the normalised rows from an objective value (module docstring of the class)."""
-        return -0.5 * (value + self.m * (math.log(2.0 * math.pi / self.m) + 1.0))
-
-    def log_scale(self, y_scale: float) -> float:
-        """log p of the rows in engineering units from that of the normalised ones (the Jacobian)."""
-        return -self.m * math.log(y_scale)
-
-    def posterior(self, kernel: str, eta: np.ndarray, noise: float | None = None) -> _Posterior:
-        """The coefficients' posterior: prior covariance noise x L L'; `noise` the profiled variance
-        unless given."""
-        _, L, _, R, z, Q = self._solve(kernel, eta)
-        mean = L @ solve_triangular(R, z, check_finite=False)
-        return _Posterior(mean, Q / self.m if noise is None else float(noise), L, R)
-
-    def log_marginal_at(self, kernel: str, eta: np.ndarray, noise: float) -> float:
-        """log p(y) with the noise variance given: -2 log p = m log(2 pi noise) + log det B + Q / noise."""
-        _, _, _, R, _, Q = self._solve(kernel, eta)
-        return -0.5 * (self.m * math.log(2.0 * math.pi * noise) + 2.0 * float(np.sum(np.log(np.diag(R)))) + Q / noise)
-
-    def hyper_record(self, kernel: str, eta: np.ndarray, noise_var: float, u_scale: np.ndarray,
-                     y_scale: float) -> dict[str, float]:
-        """Per input c (prior variance scale of its taps in (CV per input unit)^2, the prior being
-        noise variance x c' K in normalised units), lambda and rho (DC)."""
-        record = {}
-        for i, (c, lam, rho) in enumerate(self.unpack(kernel, eta)):
-            record[f"c{i}"] = float(c * noise_var * (y_scale / u_scale[i]) ** 2)
-            record[f"lambda{i}"] = float(lam)
-            if kernel == DC:
-                record[f"rho{i}"] = float(rho)
-        return record
-
-
-def _maximise(problem: _Evidence, kernel: str, start: np.ndarray, clock: _Budget,
-              ftol: float = SEARCH_FTOL) -> tuple[np.ndarray, float]:
-    """L-BFGS-B on the objective from `start`; on the budget's end, the best point evaluated so far."""
-    best = [start, math.inf]
-
-    def fun(eta: np.ndarray) -> tuple[float, np.ndarray]:
-        if clock.spent and np.isfinite(best[1]):
-            raise _OutOfTime
-        began = time.perf_counter()
-        value, grad = problem.objective(kernel, eta)
-        clock.timed(time.perf_counter() - began)
-        if value < best[1]:
-            best[0], best[1] = eta.copy(), value
-        return value, grad
-
-    try:
-        minimize(fun, start, jac=True, method="L-BFGS-B", bounds=problem.bounds(kernel),
-                 options={"maxiter": 200, "ftol": ftol, "gtol": 1e-6})
-    except _OutOfTime:
-        pass
-    return best[0], best[1]
-
-
-# --------------------------------------------------------------------------- coloured noise
-
-
-def _inflation(weights: np.ndarray, residuals: np.ndarray, run_of: np.ndarray,
-               n_runs: int) -> tuple[np.ndarray, tuple[float, ...]]:
-    """Per gain the long-run factor f_i (module docstring) and the residuals' AR coefficients. The gain
-    estimates are weights' y (weights (rows, n_inputs)); under noise of autocovariance gamma their
-    variance is sum_t sum_s w_t w_s gamma(t - s) within runs, gamma(0) w' w under white noise."""
-    runs = [residuals[run_of == r] for r in range(n_runs)]
-    longest = max(len(v) for v in runs)
-    order_cap = min(AR_MAX_ORDER, max(longest // 4, 0))
-    acov = _pooled_autocovariance(runs, order_cap)
-    coefficients = _ar_by_bic(acov, residuals.size, order_cap)
-    if not coefficients.size or acov[0] <= 0:
-        return np.ones(weights.shape[1]), ()
-    gamma = _ar_autocorrelation(coefficients, min(longest, LONG_RUN_LAGS))
-    white = np.sum(weights ** 2, axis=0)
-    coloured = sum(_weighted_sum(weights[run_of == r], gamma) for r in range(n_runs))
-    factor = np.where(white > 0, coloured / np.maximum(white, np.finfo(float).tiny), 1.0)
-    return np.maximum(factor, 1.0), tuple(float(a) for a in coefficients)
-
-
-def _pooled_autocovariance(runs: list[np.ndarray], lags: int) -> np.ndarray:
-    """gamma(0..lags) of the residuals pooled over runs (within each run, divided by all residuals)."""
-    total = sum(len(v) for v in runs)
-    return np.array([sum(float(v[:len(v) - k] @ v[k:]) for v in runs if len(v) > k) / total
-                     for k in range(lags + 1)])
-
-
-def _ar_by_bic(acov: np.ndarray, n: int, max_order: int) -> np.ndarray:
-    """Yule-Walker AR coefficients a (y_t = sum a_k y_{t-k} + e_t) of the order 0..max_order with the
-    lowest BIC, n log(innovation variance) + p log n; empty for white."""
-    if acov[0] <= 0:
-        return np.zeros(0)
-    best, best_bic = np.zeros(0), n * math.log(acov[0])
-    for p in range(1, max_order + 1):
-        try:
-            a = solve_toeplitz(acov[:p], acov[1:p + 1])
-        except np.linalg.LinAlgError:
-            break
-        innovation = acov[0] - float(a @ acov[1:p + 1])
-        if not innovation > 0:
-            break
-        bic = n * math.log(innovation) + p * math.log(n)
-        if bic < best_bic:
-            best, best_bic = a, bic
-    return best
-
-
-def _ar_autocorrelation(a: np.ndarray, lags: int) -> np.ndarray:
-    """rho(0..lags-1) of the AR process with coefficients a: the autocorrelation of its impulse response."""
-    psi = lfilter([1.0], np.concatenate([[1.0], -a]), np.eye(1, 2 * lags + 200)[0])
-    n = psi.size
-    spectrum = np.fft.rfft(psi, 2 * n)
-    auto = np.fft.irfft(spectrum * np.conj(spectrum), 2 * n)[:lags]
-    return auto / auto[0]
-
-
-def _weighted_sum(w: np.ndarray, gamma: np.ndarray) -> np.ndarray:
-    """Per column of w (T, k): sum_t sum_s w_t w_s gamma(|t - s|), gamma (lags,), 0 beyond."""
-    T = w.shape[0]
-    size = 1 << int(math.ceil(math.log2(max(2 * T, 2))))
-    spectrum = np.fft.rfft(w, size, axis=0)
-    auto = np.fft.irfft(spectrum * np.conj(spectrum), size, axis=0)[:T]  # sum_t w_t w_{t+k}
-    k = min(T, gamma.size)
-    return auto[0] * gamma[0] + 2.0 * gamma[1:k] @ auto[1:k]
