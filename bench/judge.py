@@ -182,13 +182,14 @@ def judge(plant, history, split, artifact, ledger: Ledger, cache: SolverCache, h
     band_hits = float(np.mean(hits))
     goals = (ratio <= GOAL_RATIO and violation <= GOAL_VIOLATION
              and (band_hits == 1.0 if steady else band_hits >= GOAL_BAND_HITS))
-    out.update(ratio=float(ratio), violation=violation, band_hits=band_hits, goals=bool(goals))
+    out.update(ratio=float(ratio), violation=violation, band_hits=band_hits, goals=bool(goals),
+               move=(controls[-1] - live.u).tolist())  # where the plan takes the MVs (bench/judge_zoo.py)
     return out
 
 
 def run_product(plant, seed: int, ledger: Ledger, cache: SolverCache, hold_after: bool = False) -> tuple:
     """The product's path on `plant`'s history of `seed`: its judged plan (with the identification's
-    seconds), the history and its split."""
+    seconds), the history, its split and the identified artifact."""
     spec = plant.spec
     history = plant.history(seed)
     split = prepare_history(validate_history_frame(history.frame, spec, "judge"), spec)
@@ -198,7 +199,7 @@ def run_product(plant, seed: int, ledger: Ledger, cache: SolverCache, hold_after
     product = judge(plant, history, split, artifact, ledger, cache, hold_after)
     product["seconds"] = seconds
     product["status_before"] = status_before(product, artifact)
-    return product, history, split
+    return product, history, split, artifact
 
 
 def status_before(product: dict, artifact) -> str:
@@ -215,7 +216,7 @@ def status_before(product: dict, artifact) -> str:
 
 
 def run(plant, seed: int, ledger: Ledger, cache: SolverCache) -> tuple[dict, dict]:
-    product, history, split = run_product(plant, seed, ledger, cache)
+    product, history, split, _ = run_product(plant, seed, ledger, cache)
     return product, judge(plant, history, split, reference_artifact(plant, split), ledger, cache)
 
 
@@ -225,7 +226,7 @@ def run_family_plan(plant, seed: int, ledger: Ledger, cache: SolverCache, hold_a
     The failure is what the families mode measures, so any exception of the product's path is one."""
     started = time.perf_counter()
     try:
-        product, _, _ = run_product(plant, seed, ledger, cache, hold_after)
+        product, _, _, _ = run_product(plant, seed, ledger, cache, hold_after)
     except Exception as error:  # reported as the plan's outcome (docstring)
         product = {"status": "failed", "reasons": (f"{type(error).__name__}: {error}",), "goals": False}
     product["wall"] = time.perf_counter() - started

@@ -124,7 +124,7 @@ def cleaning_before():
 def judged(plant, seed: int, ledger: Ledger, cache: SolverCache) -> dict:
     """The plan the product makes from `plant`'s history of `seed`, judged; a failure is a bad plan."""
     try:
-        product, _, split = run_product(plant, seed, ledger, cache)
+        product, _, split, _ = run_product(plant, seed, ledger, cache)
         product["flagged"] = split.report["cleaning"]["totals"]["flagged"]
     except Exception as error:  # reported as the plan's outcome
         product = {"status": "failed", "reasons": (f"{type(error).__name__}: {error}",), "goals": False}

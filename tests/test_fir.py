@@ -71,23 +71,25 @@ def test_fopdt_gains_are_recovered_within_a_few_standard_errors():
     assert fit.noise_std == pytest.approx(0.05, rel=0.1)
 
 
-def test_standard_errors_are_calibrated_under_white_noise():
-    """150 noise draws, two gains each (measured: 0.69 within 1 se, 0.967 within 2)."""
-    z, _ = coverage(noise=0.1, pole=0.0, draws=150)
-    within1, within2 = np.mean(z <= 1), np.mean(z <= 2)
-    assert 0.90 <= within2 <= 0.98, within2
-    assert 0.60 <= within1 <= 0.76, within1
+def test_standard_errors_are_not_far_from_calibrated_under_white_noise():
+    """A guard over 30 noise draws (60 gains): the se neither half nor twice what it should be (at half,
+    ~0.68 of the truths would lie within 2 se; at twice, ~0.38 within 1 se). The calibration itself,
+    150 draws, is bench/fir_calibration.py's (measured 0.69 within 1 se, 0.967 within 2)."""
+    z, _ = coverage(noise=0.1, pole=0.0, draws=30)
+    assert np.mean(z <= 2) >= 0.85, np.mean(z <= 2)
+    assert 0.50 <= np.mean(z <= 1) <= 0.85, np.mean(z <= 1)
 
 
-def test_autocorrelation_correction_brings_coverage_near_nominal_under_ar1_noise():
-    """AR(1) noise of pole 0.8: the white-noise posterior covers the truth within 2 se in under 60 % of
-    draws (measured 0.48); the corrected se in 85-99 % (measured 0.875: the residuals' AR model
-    underestimates the pole a little, 0.76 on average, and the hyperparameters fitted under the
-    white-noise likelihood add spread the correction does not see)."""
-    corrected, white = coverage(noise=0.1, pole=0.8, draws=80)
-    assert np.mean(white <= 2) < 0.60
-    assert 0.85 <= np.mean(corrected <= 2) <= 0.99
-    assert 0.50 <= np.mean(corrected <= 1) <= 0.80
+def test_autocorrelation_correction_widens_the_se_under_ar1_noise():
+    """AR(1) noise of pole 0.8, 30 draws: the white-noise posterior's se covers the truth within 2 se in
+    well under the nominal share (80 draws in bench/fir_calibration.py: 0.48), the corrected se in most
+    draws (bench: 0.875; near nominal, not at it: the residuals' AR model sees the pole a little low,
+    0.76 on average, and the hyperparameters fitted under the white-noise likelihood add spread the
+    correction does not see)."""
+    corrected, white = coverage(noise=0.1, pole=0.8, draws=30)
+    assert np.mean(white <= 2) < 0.65
+    assert np.mean(corrected <= 2) >= 0.80
+    assert np.all(corrected <= white)  # the correction only widens
 
 
 def test_correction_leaves_white_noise_alone():
