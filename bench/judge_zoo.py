@@ -7,8 +7,7 @@ Per plant (seed s) and its history (seed HISTORY_OFFSET + s):
   plan applied open-loop to the true plant from the live state (a plant with a level holds the plan's
   last move as long again before its error is measured); its status and err/hold;
 * steady gains, engineering units, MVs then DVs, an integrating CV's as its rate per sample: the
-  product's step-response view (`artifact.step_response`, its jackknife se, and `total`: with the gain
-  spread over the operating range added, as the steady-gain condition judges it), the regularised FIR,
+  product's step-response view (`artifact.step_response`, each gain with its own se `gain_se`), the regularised FIR,
   the MISO output-error fit and the oracle (output error of the true structure), each fitted to the
   history's runs (the live one included, as the references cannot tell it apart);
 * per method e = ||G_hat - G||_F / ||G||_F over the MV gains, and e_move = |(G_hat - G) du| / |G du|
@@ -73,8 +72,9 @@ class Judged:
 
 
 def product_gains(artifact) -> tuple[np.ndarray, np.ndarray]:
-    """The product's gains (ny, n_inputs) and their total se (jackknife and operating-range spread; inf
-    where the artifact records none) from its step-response view."""
+    """The product's gains (ny, n_inputs) and their se (the estimate's own, `gain_se`: the zoo's plants are
+    linear, so the gain's spread over the operating range, `gain_spread`, is not an error of the estimate;
+    inf where the artifact records none) from its step-response view."""
     record = artifact.step_response
     ny, m = len(record["cv_tags"]), len(record["input_tags"])
     gains, se = np.zeros((ny, m)), np.full((ny, m), np.inf)
@@ -82,7 +82,7 @@ def product_gains(artifact) -> tuple[np.ndarray, np.ndarray]:
         i, j = divmod(k, m)
         gains[i, j] = pair["gain"]
         if pair["gain_se"] is not None:
-            se[i, j] = np.hypot(pair["gain_se"], pair["gain_spread"] or 0.0)
+            se[i, j] = pair["gain_se"]
     return gains, se
 
 
