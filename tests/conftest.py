@@ -9,9 +9,10 @@ import pytest
 # `pytest --durations=0`), longest first. `make test` spreads files over two processes (pytest-xdist,
 # `-n 2 --dist loadfile`), each file whole on one of them, in collection order
 # (`--no-loadscope-reorder`); a long file that started last would run on alone at the end.
-LONG_FILES_FIRST = ("test_several_hosts.py", "test_postgres_restart.py", "test_cli.py", "test_ui_browser.py",
-                    "test_postgres_ledger.py", "test_definitions.py", "test_layout.py",
-                    "test_reliability_scaling.py", "test_process_hygiene.py", "test_batch_isolation.py")
+LONG_FILES_FIRST = ("test_several_hosts.py", "test_live_service.py", "test_postgres_restart.py", "test_layout.py",
+                    "test_ui_browser.py", "test_opcua_live.py", "test_automation.py", "test_readme_walk.py",
+                    "test_postgres_ledger.py", "test_definitions.py", "test_whatif_ledger.py", "test_whatif.py",
+                    "test_reliability_scaling.py", "test_process_hygiene.py")
 
 
 def pytest_collection_modifyitems(items):

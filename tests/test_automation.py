@@ -1,7 +1,14 @@
-"""Sensors and the schedule on a real Dagster instance (issue 5, "Sensors", "Schedule")."""
+"""Sensors and the schedule on a real Dagster instance (issue 5, "Sensors", "Schedule").
+
+The heater's home is seeded once per module, and refreshed once through Dagster; each test starts from a
+copy of one of the two (the ledger's DuckDB file and the Dagster instance's folder, copied while no
+instance is open on it: a real ledger and a real instance, this test's own)."""
 
 import json
+import shutil
+from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 from dagster import (RunRequest, SensorResult, SkipReason, build_schedule_context, build_sensor_context,
@@ -17,16 +24,63 @@ from optimizer_pipeline.plants import get_plant
 from optimizer_pipeline.resources.ledger import LedgerResource, SettingsResource
 from optimizer_pipeline.settings import ledger_path
 
-from pipeline_fixtures import SEED, DemoHome, seed_home
+from pipeline_fixtures import SEED, DemoHome, allow_live_age, seed_home
+
+
+@pytest.fixture(scope="module")
+def seeded_template(tmp_path_factory):
+    """The heater's home seeded (no partition, no run yet) and an empty Dagster instance folder."""
+    folder = tmp_path_factory.mktemp("seeded")
+    # the module's tests decide minutes after this seeding on a loaded machine; their subject is not
+    # the live state's age (pipeline_fixtures.LIVE_AGE_S)
+    allow_live_age(folder / "home")
+    seed_home(folder / "home", [get_plant("heater")])
+    (folder / "dagster").mkdir()
+    with instance_for_test(temp_dir=str(folder / "dagster")):
+        pass  # the instance's storage created once
+    return folder
+
+
+@pytest.fixture(scope="module")
+def refreshed_template(tmp_path_factory, seeded_template):
+    """The seeded home with heater-1's partition added and its refresh run: a verified recommendation."""
+    folder = tmp_path_factory.mktemp("refreshed")
+    for name in ("home", "dagster"):
+        shutil.copytree(seeded_template / name, folder / name)
+    with _demo_home(folder) as home:
+        home.instance.add_dynamic_partitions("bindings", ["heater-1"])
+        home.run("heater-1")
+        assert home.ledger.latest_recommendation("heater-1").status == "verified"
+    return folder
+
+
+@contextmanager
+def _demo_home(folder: Path):
+    plant = get_plant("heater")
+    with instance_for_test(temp_dir=str(folder / "dagster")) as instance:
+        yield DemoHome(folder / "home", Ledger(ledger_path(folder / "home")), instance, {plant.spec.id: plant},
+                       in_process_solver=True)
+
+
+def _copy_home(template: Path, tmp_path: Path):
+    for name in ("home", "dagster"):
+        shutil.copytree(template / name, tmp_path / name)
+    return _demo_home(tmp_path)
 
 
 @pytest.fixture
-def heater_home(tmp_path):
-    plant = get_plant("heater")
-    ledger = seed_home(tmp_path / "home", [plant])
-    (tmp_path / "dagster").mkdir()
-    with instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
-        yield DemoHome(tmp_path / "home", ledger, instance, {plant.spec.id: plant}, in_process_solver=True)
+def heater_home(tmp_path, seeded_template):
+    """This test's copy of the seeded home: no partition, no run yet."""
+    with _copy_home(seeded_template, tmp_path) as home:
+        yield home
+
+
+@pytest.fixture
+def refreshed_home(tmp_path, refreshed_template):
+    """This test's copy of the refreshed home: heater-1's partition added and its refresh run (the
+    tests that began with `add_dynamic_partitions` and `run("heater-1")`)."""
+    with _copy_home(refreshed_template, tmp_path) as home:
+        yield home
 
 
 def _tick(home: DemoHome, name: str, cursor: str | None = None):
@@ -54,27 +108,25 @@ def test_unchanged_binding_requests_nothing(heater_home):
     assert again.run_requests == [] and again.skip_reason is not None
 
 
-def test_changed_revision_expires_the_old_recommendation_and_requests_one_refresh(heater_home):
-    heater_home.instance.add_dynamic_partitions("bindings", ["heater-1"])
-    heater_home.run("heater-1")
-    old = heater_home.ledger.latest_recommendation("heater-1")
-    cursor = _tick(heater_home, "binding_changes").cursor  # revision 1 already solved: no request
+def test_changed_revision_expires_the_old_recommendation_and_requests_one_refresh(refreshed_home):
+    old = refreshed_home.ledger.latest_recommendation("heater-1")
+    cursor = _tick(refreshed_home, "binding_changes").cursor  # revision 1 already solved: no request
     assert json.loads(cursor)["heater-1"][0] == 1
 
-    doc = heater_home.plants["heater-1"].binding_doc()
+    doc = refreshed_home.plants["heater-1"].binding_doc()
     doc["cvs"][0]["target"] = 48.0
-    upsert = heater_home.ledger.upsert_binding(binding_from_dict(doc))
+    upsert = refreshed_home.ledger.upsert_binding(binding_from_dict(doc))
     assert (upsert.revision, upsert.expired) == (2, 1)
-    assert heater_home.ledger.get_recommendation(old.id).status == "expired"
+    assert refreshed_home.ledger.get_recommendation(old.id).status == "expired"
 
-    _append_live_samples(heater_home, "heater-1", 2)  # new samples: the new revision's refresh, not a solve
-    assert isinstance(_tick(heater_home, "new_samples"), SkipReason)
-    result = _tick(heater_home, "binding_changes", cursor)
+    _append_live_samples(refreshed_home, "heater-1", 2)  # new samples: the new revision's refresh, not a solve
+    assert isinstance(_tick(refreshed_home, "new_samples"), SkipReason)
+    result = _tick(refreshed_home, "binding_changes", cursor)
     assert [(r.partition_key, r.run_key) for r in result.run_requests] == [("heater-1", "heater-1@r2")]
-    assert _tick(heater_home, "binding_changes", result.cursor).run_requests == []
+    assert _tick(refreshed_home, "binding_changes", result.cursor).run_requests == []
 
-    heater_home.run("heater-1")  # what the requested run does
-    new = heater_home.ledger.latest_recommendation("heater-1")
+    refreshed_home.run("heater-1")  # what the requested run does
+    new = refreshed_home.ledger.latest_recommendation("heater-1")
     assert new.binding_revision == 2 and new.status == "verified"
     assert new.payload["predicted"][-1][0] == pytest.approx(48.0, abs=0.5)
 
@@ -238,28 +290,24 @@ def _drop(home: DemoHome, binding_id: str, name: str, steps: int, start: int = 1
     return float(rows["timestamp"].max())
 
 
-def test_a_dropped_history_file_is_ingested_and_re_solves_its_binding(heater_home):
-    heater_home.instance.add_dynamic_partitions("bindings", ["heater-1"])
-    heater_home.run("heater-1")
-    newest = _drop(heater_home, "heater-1", "export-1.csv", 3)
-    (heater_home.home / "inbox" / "heater-1" / "export-2.csv.part").write_text("still being written")
-    [request] = _tick(heater_home, "history_inbox")  # ingested, and its binding's re-solve requested at once
+def test_a_dropped_history_file_is_ingested_and_re_solves_its_binding(refreshed_home):
+    newest = _drop(refreshed_home, "heater-1", "export-1.csv", 3)
+    (refreshed_home.home / "inbox" / "heater-1" / "export-2.csv.part").write_text("still being written")
+    [request] = _tick(refreshed_home, "history_inbox")  # ingested, and its binding's re-solve requested at once
     assert (request.partition_key, request.run_key) == ("heater-1", f"heater-1@t{newest:.3f}")
-    folder = heater_home.home / "inbox" / "heater-1"
+    folder = refreshed_home.home / "inbox" / "heater-1"
     assert (folder / "done" / "export-1.csv").exists() and not (folder / "export-1.csv").exists()
     assert (folder / "export-2.csv.part").exists()  # unfinished: left alone
-    heater_home.run("heater-1", job="solve")
-    assert isinstance(_tick(heater_home, "new_samples"), SkipReason)  # solved from the file's newest sample
-    assert _tick(heater_home, "history_inbox").skip_message == "no history file waiting in the inbox"
+    refreshed_home.run("heater-1", job="solve")
+    assert isinstance(_tick(refreshed_home, "new_samples"), SkipReason)  # solved from the file's newest sample
+    assert _tick(refreshed_home, "history_inbox").skip_message == "no history file waiting in the inbox"
 
 
-def test_a_burst_of_five_files_gives_one_re_solve(heater_home):
-    heater_home.instance.add_dynamic_partitions("bindings", ["heater-1"])
-    heater_home.run("heater-1")
-    newest = max(_drop(heater_home, "heater-1", f"burst-{i}.csv", 2, start=1 + 2 * i) for i in range(5))
-    requests = _tick(heater_home, "history_inbox")
+def test_a_burst_of_five_files_gives_one_re_solve(refreshed_home):
+    newest = max(_drop(refreshed_home, "heater-1", f"burst-{i}.csv", 2, start=1 + 2 * i) for i in range(5))
+    requests = _tick(refreshed_home, "history_inbox")
     assert [r.run_key for r in requests] == [f"heater-1@t{newest:.3f}"]
-    assert len(list((heater_home.home / "inbox" / "heater-1" / "done").iterdir())) == 5
+    assert len(list((refreshed_home.home / "inbox" / "heater-1" / "done").iterdir())) == 5
 
 
 def test_a_file_for_a_binding_without_a_recommendation_is_ingested_and_left_to_binding_changes(heater_home):
@@ -288,26 +336,24 @@ def test_a_broken_or_unknown_binding_file_is_set_aside_with_its_reason_and_the_l
         {k: v for k, v in before.items() if k != "plant_samples"}
 
 
-def test_a_recalibration_ends_with_one_re_solve(heater_home):
+def test_a_recalibration_ends_with_one_re_solve(refreshed_home):
     """The `recalibrate` job (or a calibration materialized alone) makes a calibration the open
     recommendation was not solved with: new_samples requests one solve, keyed by the calibration."""
-    heater_home.instance.add_dynamic_partitions("bindings", ["heater-1"])
-    heater_home.run("heater-1")
-    assert isinstance(_tick(heater_home, "new_samples"), SkipReason)
-    heater_home.run("heater-1", job="recalibrate")
-    calibration = heater_home.ledger.latest_calibration("heater-1")
-    solved = heater_home.ledger.get_run(heater_home.ledger.latest_recommendation("heater-1").run_id)
+    assert isinstance(_tick(refreshed_home, "new_samples"), SkipReason)
+    refreshed_home.run("heater-1", job="recalibrate")
+    calibration = refreshed_home.ledger.latest_calibration("heater-1")
+    solved = refreshed_home.ledger.get_run(refreshed_home.ledger.latest_recommendation("heater-1").run_id)
     assert calibration.id != solved.context["calibration_id"]
-    [request] = _tick(heater_home, "new_samples")
+    [request] = _tick(refreshed_home, "new_samples")
     assert (request.partition_key, request.run_key) == ("heater-1", f"heater-1@{calibration.id}")
     assert "recalibrated" in request.tags["optimizer/reason"]
-    heater_home.run("heater-1", job="solve")
-    latest = heater_home.ledger.latest_recommendation("heater-1")
-    assert heater_home.ledger.get_run(latest.run_id).context["calibration_id"] == calibration.id
-    assert isinstance(_tick(heater_home, "new_samples"), SkipReason)
+    refreshed_home.run("heater-1", job="solve")
+    latest = refreshed_home.ledger.latest_recommendation("heater-1")
+    assert refreshed_home.ledger.get_run(latest.run_id).context["calibration_id"] == calibration.id
+    assert isinstance(_tick(refreshed_home, "new_samples"), SkipReason)
 
 
-def test_a_busy_ledger_leaves_the_files_in_the_inbox_for_the_next_tick(heater_home, monkeypatch):
+def test_a_busy_ledger_leaves_the_files_in_the_inbox_for_the_next_tick(refreshed_home, monkeypatch):
     """Not the files' fault: while another process holds the ledger's lock past the bound (0.3 s here,
     the sensor's ledger opened with it) the first file waits, the sensor stops there (the others wait
     too) and the tick ends with the reason; the next tick, the lock free, ingests them all."""
@@ -315,47 +361,43 @@ def test_a_busy_ledger_leaves_the_files_in_the_inbox_for_the_next_tick(heater_ho
 
     from optimizer_pipeline.ledger import Ledger
 
-    heater_home.instance.add_dynamic_partitions("bindings", ["heater-1"])
-    heater_home.run("heater-1")
-    _drop(heater_home, "heater-1", "a.csv", 2)
-    newest = _drop(heater_home, "heater-1", "b.csv", 2, start=3)
-    folder = heater_home.home / "inbox" / "heater-1"
-    path = ledger_path(heater_home.home)
+    _drop(refreshed_home, "heater-1", "a.csv", 2)
+    newest = _drop(refreshed_home, "heater-1", "b.csv", 2, start=3)
+    folder = refreshed_home.home / "inbox" / "heater-1"
+    path = ledger_path(refreshed_home.home)
     monkeypatch.setattr(LedgerResource, "ledger", lambda self: Ledger(path, lock_timeout_s=0.3))
     with FileLock(str(path) + ".lock"):
-        skipped = _tick(heater_home, "history_inbox")
+        skipped = _tick(refreshed_home, "history_inbox")
     assert "0 file(s) ingested, 0 rejected, 2 left in the inbox for the next tick; the ledger is busy" in \
         skipped.skip_message
     assert (folder / "a.csv").exists() and (folder / "b.csv").exists() and not (folder / "rejected").exists()
-    [request] = _tick(heater_home, "history_inbox")
+    [request] = _tick(refreshed_home, "history_inbox")
     assert request.run_key == f"heater-1@t{newest:.3f}"
     assert sorted(p.name for p in (folder / "done").iterdir()) == ["a.csv", "b.csv"]
 
 
-def test_a_file_that_cannot_be_moved_stays_and_does_not_hold_up_the_others(heater_home):
+def test_a_file_that_cannot_be_moved_stays_and_does_not_hold_up_the_others(refreshed_home):
     """done/ cannot be made (a dangling link has its name): the file's samples are stored, it stays in
     the inbox (read again next tick, its samples stored once), and the files after it are still read."""
-    heater_home.instance.add_dynamic_partitions("bindings", ["heater-1"])
-    heater_home.run("heater-1")
-    first = _drop(heater_home, "heater-1", "a.csv", 2)
-    folder = heater_home.home / "inbox" / "heater-1"
+    first = _drop(refreshed_home, "heater-1", "a.csv", 2)
+    folder = refreshed_home.home / "inbox" / "heater-1"
     (folder / "done").symlink_to(folder / "nowhere")
-    stray = heater_home.home / "inbox" / "no-such-binding"
+    stray = refreshed_home.home / "inbox" / "no-such-binding"
     stray.mkdir()
     (stray / "x.csv").write_text("run_id,timestamp\n")
-    [request] = _tick(heater_home, "history_inbox")
+    [request] = _tick(refreshed_home, "history_inbox")
     assert request.run_key == f"heater-1@t{first:.3f}"
     assert (folder / "a.csv").exists() and (stray / "rejected" / "x.csv.error.txt").exists()
-    samples = heater_home.ledger.counts()["plant_samples"]
-    _tick(heater_home, "history_inbox")  # read again: nothing stored twice
-    assert heater_home.ledger.counts()["plant_samples"] == samples and (folder / "a.csv").exists()
+    samples = refreshed_home.ledger.counts()["plant_samples"]
+    _tick(refreshed_home, "history_inbox")  # read again: nothing stored twice
+    assert refreshed_home.ledger.counts()["plant_samples"] == samples and (folder / "a.csv").exists()
     # a refused file that cannot be moved to rejected/ is still a refusal (not a file waiting for the ledger)
     from optimizer_pipeline.inbox import ingest_inbox_file
 
     (stray / "rejected").rename(stray / "kept")
     (stray / "rejected").symlink_to(stray / "nowhere")
     (stray / "y.csv").write_text("run_id,timestamp\n")
-    refused = ingest_inbox_file(heater_home.ledger, stray / "y.csv")
+    refused = ingest_inbox_file(refreshed_home.ledger, stray / "y.csv")
     assert not refused.ingested and not refused.waiting and (stray / "y.csv").exists()
     assert "is not in the ledger" in refused.detail and "cannot move it to rejected/" in refused.detail
 
@@ -398,29 +440,27 @@ def test_a_revision_whose_refresh_failed_is_refreshed_again_when_a_new_run_arriv
         assert ledger.latest_recommendation("heater-1").status == "verified"
 
 
-def test_while_a_live_service_serves_a_binding_the_sensors_leave_its_samples_and_files_to_it(heater_home):
-    heater_home.instance.add_dynamic_partitions("bindings", ["heater-1"])
-    heater_home.run("heater-1")
-    heater_home.ledger.live_register("live-x", "host-a", 123, ["heater-1"])
-    heater_home.ledger.live_heartbeat("live-x", "serving")
-    assert heater_home.ledger.live_lease("live-x", take=["heater-1"], keep=[], release=[], ttl_s=60) == {"heater-1"}
-    _append_live_samples(heater_home, "heater-1", 2)
-    assert isinstance(_tick(heater_home, "new_samples"), SkipReason)  # the service re-solves them
-    _drop(heater_home, "heater-1", "export.csv", 1, start=3)
-    assert _tick(heater_home, "history_inbox").skip_message == \
+def test_while_a_live_service_serves_a_binding_the_sensors_leave_its_samples_and_files_to_it(refreshed_home):
+    refreshed_home.ledger.live_register("live-x", "host-a", 123, ["heater-1"])
+    refreshed_home.ledger.live_heartbeat("live-x", "serving")
+    assert refreshed_home.ledger.live_lease("live-x", take=["heater-1"], keep=[], release=[], ttl_s=60) == {"heater-1"}
+    _append_live_samples(refreshed_home, "heater-1", 2)
+    assert isinstance(_tick(refreshed_home, "new_samples"), SkipReason)  # the service re-solves them
+    _drop(refreshed_home, "heater-1", "export.csv", 1, start=3)
+    assert _tick(refreshed_home, "history_inbox").skip_message == \
         "the history files waiting in the inbox are a live service's"
-    assert (heater_home.home / "inbox" / "heater-1" / "export.csv").exists()
+    assert (refreshed_home.home / "inbox" / "heater-1" / "export.csv").exists()
     assert "live service live-x on host-a (pid 123) serving, serving heater-1" in \
-        _tick(heater_home, "live_service").skip_message
+        _tick(refreshed_home, "live_service").skip_message
 
-    with heater_home.ledger.transaction() as tx:  # its heartbeat stops: killed, or its host is gone
+    with refreshed_home.ledger.transaction() as tx:  # its heartbeat stops: killed, or its host is gone
         tx.execute("UPDATE live_services SET heartbeat_at = heartbeat_at - INTERVAL 10 MINUTE")
         tx.execute("UPDATE live_leases SET expires_at = expires_at - INTERVAL 10 MINUTE")
     with pytest.raises(Exception, match=r"live service live-x on host-a \(pid 123\) has not sent a heartbeat for "
                                         r"6\d\d s: its bindings are re-solved by the sensors"):
-        _tick(heater_home, "live_service")
-    [request] = _tick(heater_home, "history_inbox")  # the sensors take over at once
+        _tick(refreshed_home, "live_service")
+    [request] = _tick(refreshed_home, "history_inbox")  # the sensors take over at once
     assert request.partition_key == "heater-1"
 
-    heater_home.ledger.live_heartbeat("live-x", "stopped")
-    assert _tick(heater_home, "live_service").skip_message.startswith("no live service is running")
+    refreshed_home.ledger.live_heartbeat("live-x", "stopped")
+    assert _tick(refreshed_home, "live_service").skip_message.startswith("no live service is running")

@@ -1,8 +1,12 @@
 """One store of truth (issue 13): a batch over several bindings isolates a failing binding, the values
-live in the ledger only, and a later one-binding run reads what a batch wrote from the ledger."""
+live in the ledger only, and a later one-binding run reads what a batch wrote from the ledger.
+
+The three bindings are seeded once per module; each test runs on a copy of that home (a copied DuckDB
+file is a real ledger; no Dagster folder yet: each test's commands make their own)."""
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -16,13 +20,20 @@ from optimizer_pipeline.settings import dagster_home, ledger_path
 STAGES = ("plant_history", "model_artifact", "uq_block_scores", "uq_calibration", "recommendation")
 
 
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory):
+    home = tmp_path_factory.mktemp("seeded") / "home"
+    seed_one_unidentifiable(home)
+    return home
+
+
 @pytest.fixture
-def home(tmp_path, monkeypatch):
+def home(tmp_path, monkeypatch, seeded):
     """Two good heater bindings and one whose history is a single short run (unidentifiable)."""
     for name in ("OPTIMIZER_HOME", "DAGSTER_HOME"):
         monkeypatch.delenv(name, raising=False)
     home = tmp_path / "home"
-    seed_one_unidentifiable(home)
+    shutil.copytree(seeded, home)
     yield home
     os.environ.pop("DAGSTER_HOME", None)
     os.environ.pop("OPTIMIZER_HOME", None)
@@ -33,7 +44,10 @@ def _materialized(instance: DagsterInstance, asset: str) -> set[str]:
     return {r.partition_key for r in records}
 
 
-def test_a_batch_with_one_unidentifiable_binding_gives_the_others_their_recommendations(home, capsys):
+def test_a_batch_with_one_unidentifiable_binding_gives_the_others_their_recommendations_and_ledger_shows_the_failure(
+        home, capsys):
+    """The batch, and then the `ledger` command on its home showing the failed binding's failure (one
+    test: the batch is the expensive setup of both)."""
     code = cli.main(["--home", str(home), "materialize", "--all"])
     out, err = capsys.readouterr()
 
@@ -80,10 +94,7 @@ def test_a_batch_with_one_unidentifiable_binding_gives_the_others_their_recommen
         assert check.severity == AssetCheckSeverity.WARN and check.metadata["reasons"].value == list(
             ledger.latest_recommendation(good).reasons)
 
-
-def test_ledger_command_shows_the_failure_of_a_binding(home, capsys):
-    cli.main(["--home", str(home), "materialize", "bad-c"])
-    capsys.readouterr()
+    # the ledger command shows the failure of a binding
     assert cli.main(["--home", str(home), "ledger", "--binding", "bad-c", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     [failure] = doc["failures"]

@@ -1,6 +1,8 @@
 """`optimizer-pipeline export` (issue 35, "Your own binding"): a binding's stored samples written as a
 history file that `ingest` reads back unchanged, CSV or Parquet, optionally a time window; bad input is
-one line and leaves no file."""
+one line and leaves no file. The home is ingested once for the module (its tests only read it); the
+round trip runs `export` and `ingest` as processes, the other commands run in this process (`cli_main`)
+but for one bad input, whose exit code a shell sees."""
 
 import json
 
@@ -16,12 +18,14 @@ from optimizer_pipeline.ledger import Ledger
 from optimizer_pipeline.plants import get_plant
 from optimizer_pipeline.settings import ledger_path
 
-from test_cli import assert_one_line_error, cli
+from test_cli import assert_one_line_error, cli, cli_main
 
 
-@pytest.fixture
-def stored(tmp_path):
-    """A home holding the heater's history with a missing value and sub-second timestamps in it."""
+@pytest.fixture(scope="module")
+def stored(tmp_path_factory):
+    """A home holding the heater's history with a missing value and sub-second timestamps in it
+    (ingested by a real `ingest` process; the tests export from it and write nothing into it)."""
+    tmp_path = tmp_path_factory.mktemp("stored")
     plant = get_plant("heater")
     binding = tmp_path / "heater.yaml"
     binding.write_text(yaml.safe_dump(plant.binding_doc()))
@@ -56,13 +60,13 @@ def test_export_then_ingest_in_a_new_home_gives_the_same_samples(tmp_path, store
     assert _stored_frame(again, spec)["t_in"].isna().sum() == 1
 
 
-def test_export_window_keeps_the_samples_between_since_and_until_inclusive(tmp_path, stored):
+def test_export_window_keeps_the_samples_between_since_and_until_inclusive(tmp_path, stored, capsys):
     home, _, spec = stored
     original = _stored_frame(home, spec)
     since, until = original["timestamp"].iloc[100], original["timestamp"].iloc[400]
     out = tmp_path / "window.csv"
-    done = cli(home, "export", spec.id, str(out), "--since", iso_from_seconds(since),
-               "--until", iso_from_seconds(until))
+    done = cli_main(capsys, home, "export", spec.id, str(out), "--since", iso_from_seconds(since),
+                    "--until", iso_from_seconds(until))
     assert done.returncode == 0, done.stderr
     written = pd.read_csv(out)
     expected = original[(original["timestamp"] >= since) & (original["timestamp"] <= until)]
@@ -83,15 +87,18 @@ def test_times_computed_in_floating_point_are_read_back_as_the_same_floats(tmp_p
 
 
 @pytest.mark.parametrize("args, fragment", [
-    (["heater-1", "{tmp}/out.txt"], "unknown history file type '.txt'"),
+    pytest.param(["heater-1", "{tmp}/out.txt"], "unknown history file type '.txt'", id="process"),
     (["heater-1", "{tmp}/no-folder/out.csv"], "does not exist"),
     (["heater-1", "{tmp}/out.csv", "--since", "yesterday"], "--since: 'yesterday' is not an ISO 8601"),
     (["heater-1", "{tmp}/out.csv", "--since", "2026-01-02", "--until", "2026-01-01"], "is after --until"),
     (["heater-1", "{tmp}/out.csv", "--since", "2099-01-01"], "no samples in that window; its samples span"),
     (["heatr-1", "{tmp}/out.csv"], "heater-1"),
 ])
-def test_export_bad_input_is_one_line_and_writes_no_file(tmp_path, stored, args, fragment):
+def test_export_bad_input_is_one_line_and_writes_no_file(request, tmp_path, stored, capsys, args, fragment):
     home = stored[0]
     before = sorted(p.name for p in tmp_path.iterdir())
-    assert_one_line_error(cli(home, "export", *(a.format(tmp=tmp_path) for a in args)), fragment)
+    argv = [a.format(tmp=tmp_path) for a in args]
+    process = request.node.callspec.id.startswith("process")  # one case as a process: the exit code a shell sees
+    assert_one_line_error(cli(home, "export", *argv) if process else cli_main(capsys, home, "export", *argv), fragment)
+    assert sorted(p.name for p in home.parent.iterdir()) == ["heater.yaml", "history.csv", "home"]
     assert sorted(p.name for p in tmp_path.iterdir()) == before

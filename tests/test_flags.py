@@ -11,7 +11,9 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from test_cli import assert_one_line_error, cli
+import shutil
+
+from test_cli import assert_one_line_error, cli, cli_main
 
 from optimizer_pipeline import pipeline
 from optimizer_pipeline.contracts import ContractError, binding_from_dict
@@ -277,9 +279,11 @@ def test_a_split_and_the_live_services_window_report_the_newest_sample_flagged()
 # --------------------------------------------------------------------------- reported, excluded by hand
 
 
-@pytest.fixture
-def damaged_files(tmp_path):
-    """The heater's history with a stuck transmitter in its second run and 5 spikes in its third."""
+@pytest.fixture(scope="module")
+def damaged_files(tmp_path_factory):
+    """The heater's history with a stuck transmitter in its second run and 5 spikes in its third (made
+    once: the tests read these files and write their changes elsewhere)."""
+    tmp_path = tmp_path_factory.mktemp("damaged")
     plant = get_plant("heater")
     doc = plant.binding_doc()
     path = tmp_path / "heater.yaml"
@@ -296,15 +300,32 @@ def damaged_files(tmp_path):
     return plant, path, csv, runs
 
 
-def test_ingest_counts_the_flags_per_tag_and_rule(tmp_path, damaged_files):
+@pytest.fixture(scope="module")
+def damaged_home(tmp_path_factory, damaged_files):
+    """A home the damaged files were ingested into by a real `ingest` process, and what it printed."""
+    _, binding_file, csv, _ = damaged_files
+    home = tmp_path_factory.mktemp("damaged-home") / "home"
+    return home, cli(home, "ingest", str(binding_file), str(csv))
+
+
+@pytest.fixture
+def ingested_home(tmp_path, damaged_home):
+    """This test's copy of the ingested home (a copied DuckDB file is a real ledger)."""
+    home, done = damaged_home
+    assert done.returncode == 0, done.stderr
+    shutil.copytree(home, tmp_path / "home")
+    return tmp_path / "home"
+
+
+def test_ingest_counts_the_flags_per_tag_and_rule(damaged_files, damaged_home):
     plant, binding_file, csv, _ = damaged_files
-    done = cli(tmp_path / "home", "ingest", str(binding_file), str(csv))
+    _, done = damaged_home  # the ingest of the damaged files, in a process of its own
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
     assert summary["flagged"] == {plant.spec.cv_tags[0]: {"stuck": 59, "spike": 5}} and summary["warnings"] == []
 
 
-def test_ingest_warns_of_a_cv_dead_for_most_of_the_file(tmp_path, damaged_files):
+def test_ingest_warns_of_a_cv_dead_for_most_of_the_file(tmp_path, damaged_files, capsys):
     """The heater's CV reading one value in 11 of its 12 runs: not flagged stuck (it repeats more often than
     not), named in ingest's warnings, exit 0 (a warning, not a refusal)."""
     plant, binding_file, csv, runs = damaged_files
@@ -312,20 +333,20 @@ def test_ingest_warns_of_a_cv_dead_for_most_of_the_file(tmp_path, damaged_files)
     cv = plant.spec.cv_tags[0]
     dead = history["run_id"].isin(runs[:-1])
     history.loc[dead, cv] = history.loc[dead, cv].iloc[0]
+    csv = tmp_path / "dead.csv"
     history.to_csv(csv, index=False)
-    done = cli(tmp_path / "home", "ingest", str(binding_file), str(csv))
+    done = cli_main(capsys, tmp_path / "home", "ingest", str(binding_file), str(csv))
     assert done.returncode == 0, done.stderr
     [warning] = json.loads(done.stdout)["warnings"]
     assert warning.startswith(f"CV {cv!r} repeats its previous value in ")
 
 
-def test_an_exclusion_is_recorded_listed_applied_and_revoked(tmp_path, damaged_files):
+def test_an_exclusion_is_recorded_listed_applied_and_revoked(damaged_files, ingested_home, capsys):
     """exclude writes one append-only record; the next split applies it (its samples flagged `excluded`, the
     artifact's cleaning record names it); revoked, the split after that no longer does, while the split that
     applied it still loads (load_split rebuilds it with the exclusions it applied)."""
     plant, binding_file, csv, runs = damaged_files
-    home = tmp_path / "home"
-    assert cli(home, "ingest", str(binding_file), str(csv)).returncode == 0
+    home = ingested_home
     ledger = Ledger(ledger_path(home))
     samples = ledger.history_frame(plant.spec.id, plant.spec.tags)
     start = samples.loc[samples["run_id"] == runs[3], "timestamp"].min()
@@ -344,23 +365,23 @@ def test_an_exclusion_is_recorded_listed_applied_and_revoked(tmp_path, damaged_f
     assert artifact.cleaning["exclusions"] == [record["exclusion_id"]]
     assert {s["rule"] for s in artifact.cleaning["flags"]} >= {"stuck", "excluded"}
 
-    listing = cli(home, "ledger", "--binding", plant.spec.id)
+    listing = cli_main(capsys, home, "ledger", "--binding", plant.spec.id)
     assert f"{record['exclusion_id']}  {plant.spec.id}" in listing.stdout and "valve maintenance" in listing.stdout
     assert f"{plant.spec.cv_tags[0]}  stuck" in listing.stdout
 
-    revoked = cli(home, "exclude", plant.spec.id, "--revoke", record["exclusion_id"], "--reason", "was fine")
+    revoked = cli_main(capsys, home, "exclude", plant.spec.id, "--revoke", record["exclusion_id"],
+                       "--reason", "was fine")
     assert revoked.returncode == 0, revoked.stderr
     assert pipeline.load_split(ledger, stored).data_hash == split.data_hash  # the applied one still loads
     again = pipeline.prepare_split(ledger, stored)
     assert not [s for s in again.report["cleaning"]["flags"] if s["rule"] == "excluded"]
     assert again.data_hash != split.data_hash
-    assert "(revoked by" in cli(home, "ledger", "--binding", plant.spec.id).stdout
+    assert "(revoked by" in cli_main(capsys, home, "ledger", "--binding", plant.spec.id).stdout
 
 
-def test_bad_exclusions_are_refused_with_one_line_and_write_nothing(tmp_path, damaged_files):
+def test_bad_exclusions_are_refused_with_one_line_and_write_nothing(damaged_files, ingested_home, capsys):
     plant, binding_file, csv, _ = damaged_files
-    home = tmp_path / "home"
-    assert cli(home, "ingest", str(binding_file), str(csv)).returncode == 0
+    home = ingested_home
     b = plant.spec.id
     cases = [
         (("--from", "2026-01-02", "--to", "2026-01-03", "--tags", "TI-1O1", "--reason", "x"), "has no tag 'TI-1O1'"),
@@ -372,7 +393,7 @@ def test_bad_exclusions_are_refused_with_one_line_and_write_nothing(tmp_path, da
         (("--to", "2026-01-03", "--reason", "x"), "--from and --to are required"),
     ]
     for args, fragment in cases:
-        assert_one_line_error(cli(home, "exclude", b, *args), fragment)
+        assert_one_line_error(cli_main(capsys, home, "exclude", b, *args), fragment)
     assert Ledger(ledger_path(home)).list_exclusions() == []
     missing_reason = subprocess.run([sys.executable, "-m", "optimizer_pipeline.cli", "--home", str(home), "exclude", b,
                                      "--from", "2026-01-02", "--to", "2026-01-03"], capture_output=True, text=True)

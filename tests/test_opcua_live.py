@@ -53,7 +53,8 @@ def test_simulate_ingest_live_closes_the_loop_over_opcua_and_rides_out_a_server_
     recommendations and writes the advice, which the simulated operator follows: the heat input leaves
     its held value. Then the simulator stops and starts again on its port (its plant and history anew):
     the service reconnects, forms no sample while the server was gone, publishes "warming up: n of N"
-    (unverified, n rising with each sample) until the samples since the gap hold the model's window, and
+    (unverified, n rising with each sample; the samples the new server stamped before the service came
+    back, filled from its history, counted) until the samples since the gap hold the model's window, and
     verified recommendations again. SIGTERM stops every process cleanly."""
     endpoint = f"opc.tcp://127.0.0.1:{free_port()}/plant"
     history, binding, home = tmp_path / "history.csv", tmp_path / "heater.yaml", tmp_path / "home"
@@ -100,8 +101,15 @@ def test_simulate_ingest_live_closes_the_loop_over_opcua_and_rides_out_a_server_
     warming = [re.search(r"warming up: (\d+) of (\d+) samples", reasons) for reasons in after["reasons_json"]]
     counts = [int(m.group(1)) for m in warming if m]
     first_verified = int(np.argmax(after["status"].to_numpy() == "verified"))
-    assert len(counts) >= 3 and counts == sorted(counts) and len(set(counts)) == len(counts)  # each sample counted
+    assert counts == sorted(counts) and len(set(counts)) == len(counts)  # each sample counted
     assert (after["status"][:first_verified] == "unverified").all() and all(warming[:first_verified])
     text = (tmp_path / "live.log").read_text()
+    # The service retries the lost server after 1, 3, 7, 15, 31 s: back in time, it warms up sample by sample;
+    # later (a slow start of the second server on a loaded machine), the samples the new server stamped since
+    # it started come from its history first and count toward the window (live/opcua.py, `_backfill`)
+    after_restart = text[text.find("reconnected"):] if "reconnected" in text else ""
+    filled = [int(n) for n in re.findall(r"(\d+) of \d+ missed sample\(s\) filled from the server's history",
+                                         after_restart)]
+    assert len(counts) >= 3 or (filled and (not counts or counts[0] > filled[-1])), (counts, filled)
     assert "opcua " + endpoint + ": connected" in text and "reconnected" in text
     assert "Traceback" not in text and " ERROR " not in text  # a lost connection is said once, a stop is clean

@@ -19,7 +19,7 @@ from optimizer_pipeline.ledger import Ledger
 from optimizer_pipeline.live.opcua import SETTLE_S, OpcUaSource
 from optimizer_pipeline.plants import get_plant
 
-from opcua_server import PlantServer
+from opcua_server import INITIAL, PlantServer
 from servers import free_port
 
 PERIOD_S = 0.5
@@ -105,12 +105,30 @@ def _serving(url: str, specs, **options):
         source.stop()
 
 
-@pytest.fixture
-def server():
-    with PlantServer(HEATER.tags) as plant:
-        for tag, value in zip(HEATER.tags, (100.0, 45.0, 15.0)):
-            plant.set(tag, value)
+ADVICE_TYPES = {"q_heat.advice": ua.VariantType.Float, "advice.status": ua.VariantType.String}
+
+
+@pytest.fixture(scope="module")
+def plant_server():
+    """One real asyncua server for the module's tests that need no server of their own (its start, asyncua
+    building its standard address space, takes 3-4 s quiet and twice that loaded): the heater's nodes and
+    advisory nodes. Each test gets it reset (`server`)."""
+    with PlantServer([*HEATER.tags, *ADVICE_TYPES], types=ADVICE_TYPES) as plant:
         yield plant
+
+
+@pytest.fixture
+def server(plant_server):
+    """The module's server with its values as a fresh one's: the heater's Good (100, 45, 15), the advisory
+    nodes at their initial values (a client of an earlier test is gone: OpcUaSource.stop disconnects it)."""
+    for tag, value in zip(HEATER.tags, (100.0, 45.0, 15.0)):
+        plant_server.set(tag, value)
+    for name, kind in ADVICE_TYPES.items():  # PlantServer.set writes Doubles only: these in their own type
+        initial = ua.Variant(INITIAL.get(kind, 0), kind)
+        plant_server._call(plant_server.nodes[name].write_value(initial))
+    assert [plant_server.get(name) for name in ADVICE_TYPES] == [(0.0, ua.VariantType.Float),
+                                                                ("", ua.VariantType.String)]
+    yield plant_server
 
 
 @pytest.fixture
@@ -207,9 +225,6 @@ def test_an_unreachable_endpoint_is_said_once_and_the_others_keep_being_served(s
     assert len(said) == 1 and "cannot connect" in said[0], said
 
 
-ADVICE_TYPES = {"q_heat.advice": ua.VariantType.Float, "advice.status": ua.VariantType.String}
-
-
 VALID_UNTIL = "2099-12-06T04:00:00+00:00"
 
 
@@ -219,56 +234,56 @@ def _advice(status: str, values: dict | None):
     return Advice("heater-1", status, "rec-1", VALID_UNTIL, values)
 
 
-def test_verified_advice_is_written_in_each_nodes_own_type_and_anything_else_writes_the_status_only():
+def test_verified_advice_is_written_in_each_nodes_own_type_and_anything_else_writes_the_status_only(server):
     from optimizer_pipeline.contracts import AdvisoryWiring
     from optimizer_pipeline.live.advice import AdvisoryWriter
 
-    with PlantServer([*HEATER.tags, *ADVICE_TYPES], types=ADVICE_TYPES) as plant:
-        nodes = {tag: plant.node_id(tag) for tag in HEATER.tags}
-        spec = replace(_wired(plant.url), opcua=OpcUaWiring(plant.url, nodes, AdvisoryWiring(
-            {"q_heat": plant.node_id("q_heat.advice")}, plant.node_id("advice.status"))))
-        plant.set("q_heat", 100.0)
-        with _serving(plant.url, [spec]) as source:
-            writer = AdvisoryWriter(source)
-            writer.write(_advice("verified", {"q_heat": 108.25}))
-            _until(lambda: plant.get("advice.status")[0].startswith("status=verified"))
-            assert plant.get("q_heat.advice") == (108.25, ua.VariantType.Float)  # a Float node gets a Float
-            assert plant.get("advice.status")[0] == f"status=verified recommendation=rec-1 valid_until={VALID_UNTIL}"
-            writer.write(_advice("unverified", None))
-            _until(lambda: plant.get("advice.status")[0].startswith("status=unverified"))
-            assert plant.get("q_heat.advice")[0] == 108.25  # the advice stays as it was: not overwritten
-            assert plant.get("q_heat")[0] == 100.0  # the measurement is never written
-            writer.offline()
-            assert plant.get("advice.status")[0] == "status=offline"
-            assert writer.failures == 0
+    plant = server
+    nodes = {tag: plant.node_id(tag) for tag in HEATER.tags}
+    spec = replace(_wired(plant.url), opcua=OpcUaWiring(plant.url, nodes, AdvisoryWiring(
+        {"q_heat": plant.node_id("q_heat.advice")}, plant.node_id("advice.status"))))
+    plant.set("q_heat", 100.0)
+    with _serving(plant.url, [spec]) as source:
+        writer = AdvisoryWriter(source)
+        writer.write(_advice("verified", {"q_heat": 108.25}))
+        _until(lambda: plant.get("advice.status")[0].startswith("status=verified"))
+        assert plant.get("q_heat.advice") == (108.25, ua.VariantType.Float)  # a Float node gets a Float
+        assert plant.get("advice.status")[0] == f"status=verified recommendation=rec-1 valid_until={VALID_UNTIL}"
+        writer.write(_advice("unverified", None))
+        _until(lambda: plant.get("advice.status")[0].startswith("status=unverified"))
+        assert plant.get("q_heat.advice")[0] == 108.25  # the advice stays as it was: not overwritten
+        assert plant.get("q_heat")[0] == 100.0  # the measurement is never written
+        writer.offline()
+        assert plant.get("advice.status")[0] == "status=offline"
+        assert writer.failures == 0
 
 
-def test_a_status_whose_recommendation_lapses_says_expired_unless_a_newer_one_came():
+def test_a_status_whose_recommendation_lapses_says_expired_unless_a_newer_one_came(server):
     from optimizer_pipeline.contracts import AdvisoryWiring, iso_from_seconds, parse_iso_utc
     from optimizer_pipeline.live.advice import Advice, AdvisoryWriter
 
-    with PlantServer([*HEATER.tags, *ADVICE_TYPES], types=ADVICE_TYPES) as plant:
-        nodes = {tag: plant.node_id(tag) for tag in HEATER.tags}
-        spec = replace(_wired(plant.url), opcua=OpcUaWiring(plant.url, nodes, AdvisoryWiring(
-            {"q_heat": plant.node_id("q_heat.advice")}, plant.node_id("advice.status"))))
-        with _serving(plant.url, [spec]) as source:
-            writer = AdvisoryWriter(source)
-            soon = iso_from_seconds(time.time() + 1.0)
-            writer.write(Advice("heater-1", "verified", "rec-1", soon, {"q_heat": 101.0}))
-            waiting = writer._lapse["heater-1"]
-            later = iso_from_seconds(time.time() + 60.0)
-            writer.write(Advice("heater-1", "verified", "rec-2", later, {"q_heat": 102.0}))
-            _until(waiting.cancelled)  # one lapse waits per binding, not one per publication
-            _until(lambda: plant.get("advice.status")[0].startswith("status=verified recommendation=rec-2"))
-            # a negative check: rec-1's valid_until passes and nothing says it expired. The pause is
-            # counted from rec-1's valid_until (not from the writes), so it always covers it; on a slow
-            # machine a wrongly written "expired" could land after the look, never the other way round
-            time.sleep(max(0.0, parse_iso_utc(soon).timestamp() + 0.5 - time.time()))
-            assert plant.get("advice.status")[0].startswith("status=verified recommendation=rec-2")
-            lapsing = iso_from_seconds(time.time() + 1.0)
-            writer.write(Advice("heater-1", "verified", "rec-3", lapsing, {"q_heat": 103.0}))
-            _until(lambda: plant.get("advice.status")[0].startswith("status=expired recommendation=rec-3"))
-            assert plant.get("q_heat.advice")[0] == 103.0
+    plant = server
+    nodes = {tag: plant.node_id(tag) for tag in HEATER.tags}
+    spec = replace(_wired(plant.url), opcua=OpcUaWiring(plant.url, nodes, AdvisoryWiring(
+        {"q_heat": plant.node_id("q_heat.advice")}, plant.node_id("advice.status"))))
+    with _serving(plant.url, [spec]) as source:
+        writer = AdvisoryWriter(source)
+        soon = iso_from_seconds(time.time() + 1.0)
+        writer.write(Advice("heater-1", "verified", "rec-1", soon, {"q_heat": 101.0}))
+        waiting = writer._lapse["heater-1"]
+        later = iso_from_seconds(time.time() + 60.0)
+        writer.write(Advice("heater-1", "verified", "rec-2", later, {"q_heat": 102.0}))
+        _until(waiting.cancelled)  # one lapse waits per binding, not one per publication
+        _until(lambda: plant.get("advice.status")[0].startswith("status=verified recommendation=rec-2"))
+        # a negative check: rec-1's valid_until passes and nothing says it expired. The pause is
+        # counted from rec-1's valid_until (not from the writes), so it always covers it; on a slow
+        # machine a wrongly written "expired" could land after the look, never the other way round
+        time.sleep(max(0.0, parse_iso_utc(soon).timestamp() + 0.5 - time.time()))
+        assert plant.get("advice.status")[0].startswith("status=verified recommendation=rec-2")
+        lapsing = iso_from_seconds(time.time() + 1.0)
+        writer.write(Advice("heater-1", "verified", "rec-3", lapsing, {"q_heat": 103.0}))
+        _until(lambda: plant.get("advice.status")[0].startswith("status=expired recommendation=rec-3"))
+        assert plant.get("q_heat.advice")[0] == 103.0
 
 
 def test_a_write_that_fails_is_counted_and_does_not_raise(server, caplog):

@@ -1,8 +1,5 @@
 """End to end through real Dagster, DuckDB, solver workers and the demo plants (issue 5)."""
 
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 from dagster import AssetKey, AssetRecordsFilter, instance_for_test
@@ -15,6 +12,7 @@ from optimizer_pipeline.model.local import REGION_FRACTION, OperatingPoint
 from optimizer_pipeline.plants import demo_plants
 from optimizer_pipeline.recommend import improvement_conditions
 from optimizer_pipeline.settings import Settings
+from optimizer_pipeline.solver.shared import kept_alive
 from optimizer_pipeline.solver.solve import SolverCache, solve_problem
 from optimizer_pipeline.solver.targets import compile_steered
 
@@ -31,7 +29,8 @@ def demo(tmp_path_factory):
     plants = demo_plants()
     allow_live_age(home)  # its tests decide again minutes after the seeding on a loaded machine
     ledger = seed_home(home, plants)
-    with instance_for_test(temp_dir=str(tmp_path_factory.mktemp("dagster"))) as instance:
+    # the module's runs share their started worker pool (`kept_alive`, as the CLI's runs of one process do)
+    with kept_alive(), instance_for_test(temp_dir=str(tmp_path_factory.mktemp("dagster"))) as instance:
         instance.add_dynamic_partitions("bindings", [p.spec.id for p in plants])
         demo = DemoHome(home, ledger, instance, {p.spec.id: p for p in plants})
         ids = [p.spec.id for p in plants]
@@ -276,7 +275,7 @@ def test_the_tank_move_plan_is_solved_with_the_model_refitted_midway_to_its_p_th
     assert np.linalg.norm((y_plan[-1] - target) / scale) <= 0.1 * np.linalg.norm((y_hold[-1] - target) / scale)
 
 
-def test_the_economic_binding_earns_most_of_the_true_optimum_within_its_limits(demo):
+def test_the_economic_binding_earns_most_of_the_true_optimum_within_its_limits(demo, capsys):
     """blend-econ-1: conc held at 7 g/L, level only kept under 1.4 m, both feeds earn (negative
     costs). The true optimum of the nonlinear tank, from its balance equations: the level at its
     limit (throughput 6 sqrt(1.4) = 7.1 m3/h) with the feed ratio that gives 7 g/L."""
@@ -300,9 +299,11 @@ def test_the_economic_binding_earns_most_of_the_true_optimum_within_its_limits(d
     (record,) = demo.instance.fetch_materializations(
         AssetRecordsFilter(asset_key=AssetKey("recommendation"), asset_partitions=["blend-econ-1"]), limit=1).records
     assert record.asset_materialization.metadata["economic_value"].value == pytest.approx(planned, rel=1e-12)
-    # ... and so does the CLI's description of the recommendation
-    shown = subprocess.run([sys.executable, "-m", "optimizer_pipeline.cli", "--home", str(demo.home), "recommendation",
-                            "blend-econ-1"], capture_output=True, text=True, timeout=120)
+    # ... and so does the CLI's description of the recommendation (its `main`, in this process: the
+    # command as a process of its own is tests/test_cli.py's round trip)
+    from test_cli import cli_main
+
+    shown = cli_main(capsys, demo.home, "recommendation", "blend-econ-1")
     assert shown.returncode == 0, shown.stderr
     assert f"economic cost J at the plan's end: {planned:.6g}" in shown.stdout
 

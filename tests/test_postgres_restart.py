@@ -284,16 +284,16 @@ def test_a_server_restart_during_a_refresh_retries_the_write_in_flight_and_the_n
     url = postgres.new_database()
     ledger = ledger_at(url)
     plant = get_plant("heater")
-    bindings = [f"heater-{i}" for i in range(4)]
+    bindings = [f"heater-{i}" for i in range(3)]  # one published before the held one and one after it
+    history = plant.history(1).frame
     for binding_id in bindings:
-        ledger.ingest(binding_from_dict({**plant.binding_doc(), "id": binding_id}), plant.history(1).frame,
-                      "simulation")
+        ledger.ingest(binding_from_dict({**plant.binding_doc(), "id": binding_id}), history, "simulation")
     home = tmp_path / "home"
     home.mkdir()
     (home / "settings.yaml").write_text(yaml.safe_dump({"ledger": {"url": url}}))
     command = [sys.executable, "-m", "optimizer_pipeline.cli", "--home", str(home), "materialize", "--all"]
     env = {k: v for k, v in os.environ.items() if k not in ("OPTIMIZER_HOME", "DAGSTER_HOME")}
-    held = bindings[2]  # a binding in the middle: others are published before it and after it
+    held = bindings[1]  # the binding in the middle: another is published before it and another after it
     holder = _holding_the_binding_lock(url, held)
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -1,7 +1,9 @@
 """README.md's section "Your own binding" runs as written (issue 35): its commands, taken from the
 README itself, on a home that holds the demo heater's history (made two hours old, as a history is by
 the time a newcomer reads on), give `unverified` for the live state's age; the relaxation the section
-gives for offline work then gives `verified`."""
+gives for offline work then gives `verified`. The section's commands run as a user runs them, a process
+each; the `materialize` after the relaxation, whose subject is the setting, runs the CLI's `main` in this
+process (Dagster and the solver workers as in a CLI's process; tests/test_cli.py keeps that process)."""
 
 import json
 import os
@@ -16,6 +18,8 @@ import pytest
 from optimizer_pipeline.ledger import Ledger
 from optimizer_pipeline.plants import get_plant
 from optimizer_pipeline.settings import ledger_path
+
+from test_cli import cli_main
 
 ROOT = Path(__file__).resolve().parents[1]
 HOURS_OLD = 2
@@ -40,7 +44,7 @@ def _run(cwd: Path, words: list[str]) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.timeout(6 * 300 + 60)  # the section's five commands and one more, each waited for up to 300 s
-def test_the_readme_walk_to_a_binding_of_ones_own(tmp_path):
+def test_the_readme_walk_to_a_binding_of_ones_own(tmp_path, capsys, monkeypatch):
     (tmp_path / "examples").symlink_to(ROOT / "examples")
     heater = get_plant("heater")
     history = heater.history(1).frame
@@ -58,6 +62,7 @@ def test_the_readme_walk_to_a_binding_of_ones_own(tmp_path):
 
     relax = re.search(r"`(echo [^`]+ > my-home/settings\.yaml)`", _section()).group(1)
     subprocess.run(relax, shell=True, cwd=tmp_path, check=True)
-    again = _run(tmp_path, ["optimizer-pipeline", "--home", "my-home", "materialize", "my-heater"])
+    monkeypatch.chdir(tmp_path)  # where the section's commands ran
+    again = cli_main(capsys, "my-home", "materialize", "my-heater")
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["status"] == "verified"

@@ -15,6 +15,7 @@ from optimizer_pipeline.contracts import Outcome, OutcomeVerdict, binding_from_d
 from optimizer_pipeline.economics import economic_value
 from optimizer_pipeline.outcomes import model_identity
 from optimizer_pipeline.plants import get_plant
+from optimizer_pipeline.solver.shared import kept_alive
 
 from pipeline_fixtures import DemoHome, allow_live_age, seed_home
 
@@ -23,12 +24,14 @@ TOL = 1e-6
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    """tanks-1 (move plan) and blend-1 (steady target) refreshed through Dagster with the worker pool."""
+    """tanks-1 (move plan) and blend-1 (steady target) refreshed through Dagster with the worker pool.
+    The module's solves share started worker pools (`kept_alive`, as the CLI's runs of one process do):
+    real worker processes, started once per pool size rather than once per what-if or run."""
     home = tmp_path_factory.mktemp("home")
     plants = [get_plant("tanks"), get_plant("blend")]
     allow_live_age(home)  # its tests decide again minutes after the seeding on a loaded machine
     ledger = seed_home(home, plants)
-    with instance_for_test(temp_dir=str(tmp_path_factory.mktemp("dagster"))) as instance:
+    with kept_alive(), instance_for_test(temp_dir=str(tmp_path_factory.mktemp("dagster"))) as instance:
         instance.add_dynamic_partitions("bindings", [p.spec.id for p in plants])
         demo = DemoHome(home, ledger, instance, {p.spec.id: p for p in plants})
         for plant in plants:
