@@ -170,7 +170,7 @@ def test_runs_never_mix_a_jump_between_runs_changes_nothing():
     rng = np.random.default_rng(13)
     runs = small_plant(rng, 0.1, runs=4)
     jumped = [(u + 50.0 * r, y - 300.0 * r) for r, (u, y) in enumerate(runs)]  # each run at a level of its own
-    plain, moved = fit_fir(runs, 50), fit_fir(jumped, 50)
+    plain, moved = fit_fir(runs, 50, time_budget_s=None), fit_fir(jumped, 50, time_budget_s=None)  # equal searches
     np.testing.assert_allclose(moved.gains, plain.gains, rtol=1e-7)
     np.testing.assert_allclose(moved.se, plain.se, rtol=1e-7)
     assert np.all(np.abs(moved.gains - GAINS) <= 3 * moved.se)
