@@ -182,19 +182,16 @@ class RidgeProblem:
     def n_runs(self) -> int:
         return len(self.run_rows)
 
-    def fit(self, structure: Structure | Orders, ridge: float, without: int | None = None,
-            steady: np.ndarray | None = None) -> ArxModel:
+    def fit(self, structure: Structure | Orders, ridge: float, without: int | None = None) -> ArxModel:
         """The ridge fit of `structure` (Orders: the common structure); `without`: leave that train
-        run of the plant (index among the runs with rows, pieces together) out; `steady` (ny, nu + nd):
-        the steady gains the model must have (normalised units; `steady_constraints`)."""
+        run of the plant (index among the runs with rows, pieces together) out."""
         if isinstance(structure, Orders):
             structure = Structure.common(structure, self.dims[0], self.dims[1] + self.dims[2])
         keep = np.ones(self.n_runs, bool)
         if without is not None:
             keep[without] = False
         n = max(float(self.run_rows[keep].sum()), MIN_WEIGHT)
-        return self._solve(structure, ridge, self.run_gram[keep].sum(axis=0) / n, self.run_cross[keep].sum(axis=0) / n,
-                           steady)
+        return self._solve(structure, ridge, self.run_gram[keep].sum(axis=0) / n, self.run_cross[keep].sum(axis=0) / n)
 
     def effective_params(self, structure: Structure, ridge: float) -> float:
         """The fit's effective degrees of freedom: per CV the trace of its ridge hat matrix,
@@ -230,11 +227,8 @@ class RidgeProblem:
         gram, cross = (gram / total).reshape(-1, p, p), (cross / total).reshape(-1, p, ny)
         return [self._solve(structure, ridge, g, c) for g, c in zip(gram, cross)]
 
-    def _solve(self, structure: Structure, ridge: float, gram: np.ndarray, cross: np.ndarray,
-               steady: np.ndarray | None = None) -> ArxModel:
-        """The ridge solution of `structure` from the mean normal equations (gram (p, p), cross (p, ny)),
-        with `steady` the steady gains it is constrained to (`steady_constraints`; an integrating CV's
-        equation is left free)."""
+    def _solve(self, structure: Structure, ridge: float, gram: np.ndarray, cross: np.ndarray) -> ArxModel:
+        """The ridge solution of `structure` from the mean normal equations (gram (p, p), cross (p, ny))."""
         ny, nu, nd = self.dims
         orders = structure.orders
         theta = np.zeros((orders.n_params(ny, nu, nd) // ny, ny))
@@ -245,46 +239,12 @@ class RidgeProblem:
                 block, target = T.T @ block @ T, T.T @ (target - block[:, 0])
             penalty = np.full(block.shape[0], ridge)
             penalty[-1] = 0.0  # the intercept is not shrunk
-            if steady is not None and not structure.integrates(i):
-                theta[rows, i] = _constrained(block + np.diag(penalty + SOLVE_FLOOR), target,
-                                              *steady_constraints(cols, i, steady, self.dims, self.na_full,
-                                                                  self.lag_full))
-                continue
             coefficients = np.linalg.solve(block + np.diag(penalty + SOLVE_FLOOR), target)
             if structure.integrates(i):
                 coefficients = T @ coefficients
                 coefficients[0] += 1.0
             theta[rows, i] = coefficients
         return ArxModel.from_theta(orders, theta, nu, nd)
-
-
-def steady_constraints(cols: np.ndarray, i: int, steady: np.ndarray, dims: tuple[int, int, int], na_full: int,
-                       lag_full: int) -> tuple[np.ndarray, np.ndarray]:
-    """(E (nv, len(cols)), K_i (nv,)) with E theta = K_i exactly when the equation of CV i, coefficients
-    theta over its regressors `cols` (`layout`), has the steady gains K = `steady` (ny, nv): at rest
-    y_i = sum_l Abar_il y_l + sum_v Bbar_iv v + c_i with y = K v + y0, so Bbar_iv + sum_l Abar_il K_lv = K_iv
-    for every input v (Abar, Bbar the coefficients summed over their lags): linear in theta for a given
-    K, for a MIMO equation reading other CVs' past too."""
-    ny, nu, nd = dims
-    first_u, first_d = na_full * ny, na_full * ny + lag_full * nu
-    E = np.zeros((nu + nd, cols.size))
-    for k, col in enumerate(cols):
-        if col < first_u:
-            E[:, k] = steady[col % ny]
-        elif col < first_d:
-            E[(col - first_u) % nu, k] = 1.0
-        elif col < first_d + lag_full * nd:
-            E[nu + (col - first_d) % nd, k] = 1.0
-    return E, np.asarray(steady[i], float)
-
-
-def _constrained(M: np.ndarray, g: np.ndarray, E: np.ndarray, k: np.ndarray) -> np.ndarray:
-    """argmin theta' M theta / 2 - g' theta subject to E theta = k (M positive definite): theta = M^-1 (g -
-    E' lambda) with (E M^-1 E') lambda = E M^-1 g - k."""
-    solved = np.linalg.solve(M, np.column_stack([g, E.T]))
-    inv_g, inv_e = solved[:, 0], solved[:, 1:]
-    lam = np.linalg.lstsq(E @ inv_e, E @ inv_g - k, rcond=None)[0]
-    return inv_g - inv_e @ lam
 
 
 # --------------------------------------------------------------------------- multi-step refinement
