@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import psycopg
 import pytest
 import yaml
 from dagster import DagsterInstance
@@ -34,7 +35,6 @@ OPEN = {"verified", "unverified", "rejected"}
 # the simulated histories end when they are seeded; these tests take minutes, and the live state's
 # age is not their subject (tests/test_decision_matrix.py has it)
 LIVE_AGE_S = 86_400
-KILL_ATTEMPTS = 3  # runs submitted to be killed mid-run (one that ends first is not killed)
 
 
 @pytest.fixture(scope="module")
@@ -128,15 +128,26 @@ def _wait_for_event(instance, run_id: str, event_type: str, timeout_s: float) ->
     raise AssertionError(f"no {event_type} in run {run_id} after {timeout_s:g} s")
 
 
+def _wait_for_blocked_write(url: str, table: str, timeout_s: float) -> None:
+    """Until a session of the server waits for a lock on `table` (a statement blocked by the test's own)."""
+    deadline = time.monotonic() + timeout_s
+    with psycopg.connect(url, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            if conn.execute("SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation "
+                            "WHERE c.relname = %s AND NOT l.granted", [table]).fetchone()[0]:
+                return
+            time.sleep(0.2)
+    raise AssertionError(f"no write to {table} waited for the test's lock after {timeout_s:g} s")
+
+
 def _submit(home: Path, *args: str, timeout_s: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "optimizer_pipeline.cli", "--home", str(home), "materialize", *args],
                           env=_env(), capture_output=True, text=True, timeout=timeout_s)
 
 
-# its waits: submits 300 + 300 + 900 s, workers ready 2 x 120 s, runs 900 + 120 s, a step start 600 s, the
-# killed worker 120 s, the stop 60 s: 3540 s, and per run that ends before its kill 300 + 600 + 120 s more
-# (it takes about 2 minutes)
-@pytest.mark.timeout(3600 + (KILL_ATTEMPTS - 1) * 1020)
+# its waits: submits 300 + 300 + 900 s, workers ready 2 x 120 s, runs 900 + 120 s, a step start 600 s, a
+# blocked write 300 s, the killed worker 120 s, the stop 60 s: 3840 s (it takes about 2 minutes)
+@pytest.mark.timeout(3900)
 def test_two_workers_share_a_refresh_and_a_worker_killed_mid_run_fails_only_that_run(postgres, redis, tmp_path):
     ledger_url, dagster_url = postgres.new_database(), postgres.new_database()
     settings = {"ledger": {"url": ledger_url}, "live": {"max_age_s": LIVE_AGE_S},
@@ -173,29 +184,25 @@ def test_two_workers_share_a_refresh_and_a_worker_killed_mid_run_fails_only_that
         assert sorted(r.binding_id for r in runs) == BINDINGS  # one solve each: the sensor left them to these runs
         assert {r.context["worker"] for r in runs} == {"a", "b"}  # both workers ran bindings
 
-        # 2. the worker that takes the next run dies in the middle of it (a run that ends before the kill
-        # could land, a few seconds after its step starts, is submitted again: the kill is the subject)
-        celery = {name: _celery_child(procs[name].pid) for name in ("worker-a", "worker-b")}  # found before:
-        # scanning /proc between the status read and the kill took long enough for a run to end in between
-        with DagsterInstance.from_config(str(homes["submitter"] / "dagster")) as instance:
-            for _ in range(KILL_ATTEMPTS):
-                proc = _submit(homes["submitter"], BINDINGS[0], BINDINGS[1], "--no-wait")
-                assert proc.returncode == 0, proc.stderr[-3000:]
-                [run_id] = {d["dagster_run_id"] for d in json.loads(proc.stdout)}
-                _wait_for_event(instance, run_id, "STEP_START", timeout_s=600)
-                # the worker that received this run's Celery task (not any "Task execute_job" line: the
-                # "succeeded" line of a phase-1 run may be written after that run's status was read)
-                task_id = instance.get_run_by_id(run_id).tags[CELERY_TASK_ID_TAG]
-                [victim] = [name for name in ("worker-a", "worker-b")
-                            if f"Task execute_job[{task_id}] received" in logs[name].read_text(errors="replace")]
-                run = instance.get_run_by_id(run_id)
-                if not run.is_finished:
-                    os.kill(celery[victim], signal.SIGKILL)
-                    break
-                assert run.status.value == "SUCCESS", f"run {run_id} ended {run.status.value} before the kill"
-                _wait_for(f"Task execute_job[{task_id}] succeeded", logs[victim])  # free for the next task
-            else:
-                raise AssertionError(f"each of {KILL_ATTEMPTS} runs ended before its worker could be killed")
+        # 2. the worker that takes the next run dies in the middle of it. The test holds the run there:
+        # it locks optimizer_runs against writes (reads go on) before submitting, waits until the run's
+        # step has started and a write is blocked on that lock (the step's, before its solve), kills the worker and only then lets the lock go
+        celery = {name: _celery_child(procs[name].pid) for name in ("worker-a", "worker-b")}
+        with psycopg.connect(ledger_url) as hold, DagsterInstance.from_config(str(homes["submitter"] / "dagster")) as instance:
+            hold.execute("LOCK TABLE optimizer_runs IN EXCLUSIVE MODE")
+            proc = _submit(homes["submitter"], BINDINGS[0], BINDINGS[1], "--no-wait")
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            [run_id] = {d["dagster_run_id"] for d in json.loads(proc.stdout)}
+            _wait_for_event(instance, run_id, "STEP_START", timeout_s=600)
+            _wait_for_blocked_write(ledger_url, "optimizer_runs", timeout_s=300)
+            # the worker that received this run's Celery task (not any "Task execute_job" line: the
+            # "succeeded" line of a phase-1 run may be written after that run's status was read)
+            task_id = instance.get_run_by_id(run_id).tags[CELERY_TASK_ID_TAG]
+            [victim] = [name for name in ("worker-a", "worker-b")
+                        if f"Task execute_job[{task_id}] received" in logs[name].read_text(errors="replace")]
+            assert not instance.get_run_by_id(run_id).is_finished
+            os.kill(celery[victim], signal.SIGKILL)
+            hold.rollback()
             survivor = ({"worker-a", "worker-b"} - {victim}).pop()
             assert procs[victim].wait(120) != 0  # the command reports the death and ends
             assert _group_gone(procs[victim].pid), "the killed worker's step processes were left running"
