@@ -13,7 +13,8 @@ import time
 import numpy as np
 
 from optimizer_pipeline.contracts import HistorySplit, Normalisation, RunSeries, binding_from_dict
-from optimizer_pipeline.data import prepare_history, validate_history_frame
+from optimizer_pipeline.data.prepare import prepare_history
+from optimizer_pipeline.data.ingest import validate_history_frame
 from optimizer_pipeline.model import arx_of, identify
 from optimizer_pipeline.model.arx import Orders, rollout_nrmse, stack_runs
 from optimizer_pipeline.model.fit import RidgeProblem

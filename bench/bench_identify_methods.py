@@ -31,7 +31,8 @@ import optimizer_pipeline.model.artifact as artifact_module  # noqa: E402
 from judge import REFERENCE_RIDGE, reference_orders  # noqa: E402
 from judge_plants import DeadTimeColumn, IllConditionedDeadTimeColumn  # noqa: E402
 
-from optimizer_pipeline.data import prepare_history, validate_history_frame  # noqa: E402
+from optimizer_pipeline.data.prepare import prepare_history  # noqa: E402
+from optimizer_pipeline.data.ingest import validate_history_frame  # noqa: E402
 from optimizer_pipeline.model import identify  # noqa: E402
 from optimizer_pipeline.model.arx import stack_runs  # noqa: E402
 from optimizer_pipeline.model.fit import RidgeProblem, Structure  # noqa: E402

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from optimizer_pipeline import pipeline, plots
 from optimizer_pipeline.contracts import utc_now
-from optimizer_pipeline.data import prepare_history
+from optimizer_pipeline.data.prepare import prepare_history
 from optimizer_pipeline.ledger import Ledger
 from optimizer_pipeline.model import identify
 from optimizer_pipeline.plants import demo_plants

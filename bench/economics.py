@@ -29,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from optimizer_pipeline import pipeline  # noqa: E402
 from optimizer_pipeline.contracts import Template, utc_now  # noqa: E402
-from optimizer_pipeline.data import prepare_history, validate_history_frame  # noqa: E402
+from optimizer_pipeline.data.prepare import prepare_history  # noqa: E402
+from optimizer_pipeline.data.ingest import validate_history_frame  # noqa: E402
 from optimizer_pipeline.economics import economic_value  # noqa: E402
 from optimizer_pipeline.ledger import Ledger, StoredBinding  # noqa: E402
 from optimizer_pipeline.model import identify  # noqa: E402

@@ -31,7 +31,8 @@ from judge import variants  # noqa: E402
 from linear_floor import local_gain  # noqa: E402
 from scipy.optimize import fsolve  # noqa: E402
 
-from optimizer_pipeline.data import prepare_history, validate_history_frame  # noqa: E402
+from optimizer_pipeline.data.prepare import prepare_history  # noqa: E402
+from optimizer_pipeline.data.ingest import validate_history_frame  # noqa: E402
 from optimizer_pipeline.model import identify  # noqa: E402
 from optimizer_pipeline.model.artifact import local_artifact, local_fitter  # noqa: E402
 from optimizer_pipeline.model.local import LOCAL, OperatingPoint, settle_limit, steady_procedure  # noqa: E402

@@ -46,7 +46,8 @@ from judge_plants import (BlendMidTransient, DeadTimeColumn, HeaterMidTransient,
 
 from optimizer_pipeline import pipeline  # noqa: E402
 from optimizer_pipeline.contracts import Template, utc_now  # noqa: E402
-from optimizer_pipeline.data import prepare_history, validate_history_frame  # noqa: E402
+from optimizer_pipeline.data.prepare import prepare_history  # noqa: E402
+from optimizer_pipeline.data.ingest import validate_history_frame  # noqa: E402
 from optimizer_pipeline.ledger import Ledger, StoredBinding  # noqa: E402
 from optimizer_pipeline.model import identify  # noqa: E402
 from optimizer_pipeline.model.arx import Orders, stack_runs  # noqa: E402

@@ -23,7 +23,8 @@ from typing import Any, Callable
 import pandas as pd
 
 from optimizer_pipeline.contracts import BindingSpec, ContractError
-from optimizer_pipeline.data import clean_runs, read_history
+from optimizer_pipeline.data.clean import clean_runs
+from optimizer_pipeline.data.ingest import read_history
 from optimizer_pipeline.ledger import Ledger, LedgerBusyError, LedgerError, NotFoundError
 
 INBOX = "inbox"

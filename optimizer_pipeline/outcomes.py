@@ -63,7 +63,7 @@ from optimizer_pipeline.contracts import (
     iso_utc,
     parse_iso_utc,
 )
-from optimizer_pipeline.data import read_history
+from optimizer_pipeline.data.ingest import read_history
 from optimizer_pipeline.ledger import Ledger, NotFoundError, RecommendationRecord, VerdictRecord, new_id
 from optimizer_pipeline.model.arx import Orders, spectral_radius
 from optimizer_pipeline.model.statespace import integrating_outputs

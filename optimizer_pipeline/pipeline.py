@@ -36,7 +36,8 @@ from optimizer_pipeline.contracts import (
     iso_from_seconds,
     iso_utc,
 )
-from optimizer_pipeline.data import prepare_history, validate_history_frame
+from optimizer_pipeline.data.prepare import prepare_history
+from optimizer_pipeline.data.ingest import validate_history_frame
 from optimizer_pipeline.data.flags import SPIKE_SIGMAS
 from optimizer_pipeline.deployment import WORKER_ENV
 from optimizer_pipeline.ledger import Ledger, LedgerError, NewRun, RunStatus, VerdictRecord, new_id

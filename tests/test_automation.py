@@ -19,7 +19,7 @@ from optimizer_pipeline.automation import partition_ranges
 from optimizer_pipeline.contracts import binding_from_dict, utc_now
 from optimizer_pipeline.ledger import Ledger
 from optimizer_pipeline.model import identify
-from optimizer_pipeline.data import prepare_history
+from optimizer_pipeline.data.prepare import prepare_history
 from optimizer_pipeline.plants import get_plant
 from optimizer_pipeline.resources.ledger import LedgerResource, SettingsResource
 from optimizer_pipeline.settings import ledger_path

@@ -16,7 +16,8 @@ from optimizer_pipeline.contracts import (CVTransform, ContractError, ModelArtif
                                           utc_now)
 from optimizer_pipeline.ledger import Ledger
 from optimizer_pipeline.settings import Settings
-from optimizer_pipeline.data import HistoryError, split_runs
+from optimizer_pipeline.data.ingest import HistoryError
+from optimizer_pipeline.data.split import split_runs
 from optimizer_pipeline.data.ingest import validate_history_frame
 from optimizer_pipeline.model import current_state, identify
 from optimizer_pipeline.model.artifact import stack_for

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from optimizer_pipeline.contracts import binding_from_dict
-from optimizer_pipeline.data import clean_runs
+from optimizer_pipeline.data.clean import clean_runs
 
 PERIOD = 5.0
 

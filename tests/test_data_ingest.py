@@ -8,7 +8,8 @@ import pandas as pd
 import pytest
 
 from optimizer_pipeline.contracts import ContractError, binding_from_dict
-from optimizer_pipeline.data import HistoryError, ingest, read_history, validate_history_frame
+from optimizer_pipeline.data.ingest import HistoryError, read_history, validate_history_frame
+from optimizer_pipeline.data import ingest
 from optimizer_pipeline.data.ingest import CLOCK_SKEW_ALLOWANCE_S
 
 JAN1_2024 = 1704067200.0  # 2024-01-01T00:00:00Z in seconds since the epoch

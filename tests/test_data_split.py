@@ -5,7 +5,9 @@ import pandas as pd
 import pytest
 
 from optimizer_pipeline.contracts import ContractError, RunSeries, binding_from_dict
-from optimizer_pipeline.data import HistoryError, default_min_length, prepare_history, split_runs
+from optimizer_pipeline.data.ingest import HistoryError
+from optimizer_pipeline.data.prepare import default_min_length, prepare_history
+from optimizer_pipeline.data.split import split_runs
 from optimizer_pipeline.data.split import SPLIT_FRACTIONS, split_counts
 
 

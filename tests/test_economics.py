@@ -281,7 +281,8 @@ def test_a_problem_without_economics_keeps_its_json_and_an_economic_one_round_tr
 @pytest.fixture(scope="module")
 def steered_tank():
     """The quadruple tank (demo plant) run for the cheapest pumping as a move plan: y2 has no target."""
-    from optimizer_pipeline.data import prepare_history, validate_history_frame
+    from optimizer_pipeline.data.prepare import prepare_history
+    from optimizer_pipeline.data.ingest import validate_history_frame
     from optimizer_pipeline.model import identify
     from optimizer_pipeline.plants import QuadrupleTank
 

@@ -17,7 +17,8 @@ from test_cli import assert_one_line_error, cli, cli_main
 
 from optimizer_pipeline import pipeline
 from optimizer_pipeline.contracts import ContractError, binding_from_dict
-from optimizer_pipeline.data import clean_newest_run, clean_runs, prepare_history
+from optimizer_pipeline.data.clean import clean_newest_run, clean_runs
+from optimizer_pipeline.data.prepare import prepare_history
 from optimizer_pipeline.data.flags import (SPIKE_SIGMAS, STUCK_MIN_SAMPLES, noise_sigma, repeat_frequency, spikes,
                                            stuck)
 from optimizer_pipeline.ledger import Ledger
@@ -266,7 +267,7 @@ def test_the_newest_sample_flagged_or_off_its_trend_is_named_and_a_plan_from_it_
 
 def test_a_split_and_the_live_services_window_report_the_newest_sample_flagged():
     """prepare_history (a Dagster solve) and with_live_run (the live service's window) name the same flag."""
-    from optimizer_pipeline.data import with_live_run
+    from optimizer_pipeline.data.prepare import with_live_run
 
     history = frame(np.random.default_rng(12).normal(50, 0.5, 200), run="r0", t0=-1000)
     split = prepare_history(pd.concat([history, live_frame([50.0, 49.8, 65.0])], ignore_index=True), binding())

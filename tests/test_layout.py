@@ -58,6 +58,17 @@ def test_importing_the_domain_library_loads_no_dagster():
     assert proc.stdout.strip() == "[]"
 
 
+def test_the_solver_worker_imports_only_what_a_solve_needs():
+    """A pool starts its workers on every materialize and live service: none loads pandas, the model
+    fitting code (scipy.optimize), matplotlib or dagster."""
+    code = ("import sys, optimizer_pipeline.solver.worker\n"
+            "print(sorted(m for m in ('pandas', 'scipy.optimize', 'scipy.stats', 'matplotlib', 'dagster', "
+            "'optimizer_pipeline.model.fit') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[]"
+
+
 def test_private_dagster_imports_live_only_in_the_compatibility_module_each_with_its_reason():
     private = {str(p.relative_to(ROOT)): sorted(n for n in _imports(p) if n.startswith("dagster._"))
                for p in _modules(PACKAGE, ROOT / "assets", ROOT / "resources")}

@@ -11,7 +11,7 @@ import pytest
 
 from ledger_helpers import candidates, recommendation, run_row
 from optimizer_pipeline.contracts import ContractError
-from optimizer_pipeline.data import prepare_history, with_live_run
+from optimizer_pipeline.data.prepare import prepare_history, with_live_run
 from optimizer_pipeline.ledger import Publication, new_id
 from optimizer_pipeline.ledger.records import naive_now
 from optimizer_pipeline.plants import get_plant

@@ -187,7 +187,7 @@ def test_applied_at_that_is_not_iso_8601_is_refused(heater, capsys):
 
 def test_outcome_deltas_judges_a_pending_observation_once(heater):
     spec = heater.plant.spec
-    from optimizer_pipeline.data import read_history
+    from optimizer_pipeline.data.ingest import read_history
 
     frame = read_history(observed_file(heater, "pending"), spec)
     observation = Observation.from_frame(frame, spec, "pending.csv")

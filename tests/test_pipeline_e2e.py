@@ -6,7 +6,8 @@ from dagster import AssetKey, AssetRecordsFilter, instance_for_test
 
 from optimizer_pipeline import pipeline, uq
 from optimizer_pipeline.contracts import CandidateKind, Template, utc_now
-from optimizer_pipeline.data import prepare_history, validate_history_frame
+from optimizer_pipeline.data.prepare import prepare_history
+from optimizer_pipeline.data.ingest import validate_history_frame
 from optimizer_pipeline.model.artifact import current_state, local_artifact, local_fitter
 from optimizer_pipeline.model.local import REGION_FRACTION, OperatingPoint
 from optimizer_pipeline.plants import demo_plants

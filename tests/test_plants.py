@@ -10,7 +10,7 @@ from scipy.integrate import solve_ivp
 from scipy.optimize import least_squares
 
 from optimizer_pipeline.contracts import ContractError, Template, binding_from_dict, load_binding_file
-from optimizer_pipeline.data import prepare_history
+from optimizer_pipeline.data.prepare import prepare_history
 from optimizer_pipeline.plants import (PLANTS, DeadTimeHeater, LiveState, PlantInputError, UnknownPlantError,
                                        demo_plants, get_plant)
 

@@ -18,7 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from zoo import MAX_DELAY, MIN_RUN_SAMPLES, RUN_FACTOR, ZooPlant, draw, draw_set  # noqa: E402
 
 from optimizer_pipeline.contracts import Template, binding_from_dict  # noqa: E402
-from optimizer_pipeline.data import prepare_history, validate_history_frame  # noqa: E402
+from optimizer_pipeline.data.prepare import prepare_history  # noqa: E402
+from optimizer_pipeline.data.ingest import validate_history_frame  # noqa: E402
 from optimizer_pipeline.model import identify  # noqa: E402
 from optimizer_pipeline.plants.base import PlantInputError  # noqa: E402
 

@@ -25,7 +25,7 @@ from optimizer_pipeline.contracts import (
     SolveResult,
     StoredBinding,
 )
-from optimizer_pipeline.data import default_min_length
+from optimizer_pipeline.data.prepare import default_min_length
 from optimizer_pipeline.ledger import Ledger, Publication, VerdictRecord
 from optimizer_pipeline.ledger.live_rows import Fingerprint
 from optimizer_pipeline.model.artifact import local_fitter

@@ -39,7 +39,7 @@ from optimizer_pipeline import pipeline
 from optimizer_pipeline.contracts import BindingSpec, HistorySplit, SolveResult, utc_now
 from optimizer_pipeline.ledger import Ledger, LedgerError, NotFoundError, Publication, new_id
 from optimizer_pipeline.ledger.live_rows import Fingerprint
-from optimizer_pipeline.data import with_live_run
+from optimizer_pipeline.data.prepare import with_live_run
 from optimizer_pipeline.live.served import Served, load, resolve
 from optimizer_pipeline.live.sources import SampleSource
 from optimizer_pipeline.settings import Settings
