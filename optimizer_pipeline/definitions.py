@@ -1,5 +1,6 @@
 """The Dagster code location: assets, checks, resources, jobs, schedule and sensors wired for one home."""
 
+import gc
 import os
 from pathlib import Path
 
@@ -58,3 +59,7 @@ def build_definitions(home: Path, solver: SolverResource | None = None) -> Defin
 
 
 defs = build_definitions(resolve_home(os.environ.get("OPTIMIZER_HOME")))
+# Every process that loads the code location (a run, the daemon, the UI's code server, a CLI command)
+# keeps what the imports allocated until it ends: moved out of the collector's reach, it is not
+# scanned again by each full collection nor at exit (about 1 s of a command's 5-6 s on one core)
+gc.freeze()
