@@ -12,7 +12,7 @@ from optimizer_pipeline import automation, cli
 from optimizer_pipeline.contracts import ContractError, binding_from_dict, wiring_from_json
 from optimizer_pipeline.inbox import ingest_history
 from optimizer_pipeline.ledger import open_ledger
-from optimizer_pipeline.plants import get_plant
+from optimizer_pipeline.plants import demo_plants, get_plant
 
 from ledger_helpers import solve
 
@@ -375,9 +375,10 @@ def test_a_refused_ingest_stores_no_wiring(ledger, binding_doc, wired, tmp_path)
 
 
 @pytest.mark.parametrize("seeded", [False, True], ids=["before-its-history", "after-its-history"])
-def test_demo_keeps_the_wiring_a_user_gave_a_demo_binding(tmp_path, monkeypatch, seeded):
+def test_demo_keeps_the_wiring_a_user_gave_a_demo_binding(tmp_path, monkeypatch, capsys, seeded):
     """`demo` stores the demo specs, which have no `opcua` section, again: a demo binding wired through
-    ingest keeps its wiring, whether `demo` then seeds its history or finds it seeded."""
+    ingest keeps its wiring, whether `demo` then seeds its history or finds it seeded (a second demo on
+    a home keeps its history: no second copy of it)."""
     monkeypatch.setattr(automation, "run_partitions", lambda home, binding_ids: [])  # Dagster's refresh: not under test
     home = tmp_path / "home"
     if seeded:
@@ -385,6 +386,14 @@ def test_demo_keeps_the_wiring_a_user_gave_a_demo_binding(tmp_path, monkeypatch,
     ledger = open_ledger(home)
     wired = binding_from_dict({**get_plant("tanks").binding_doc(), "opcua": OPCUA})
     ledger.upsert_binding(wired)
+    samples = ledger.counts()["plant_samples"]
+    capsys.readouterr()
     assert cli.main(["--home", str(home), "demo"]) == 0
+    out = capsys.readouterr().out
+    if seeded:
+        assert out.count("already seeded") == len(demo_plants()) and "new samples" not in out
+        assert ledger.counts()["plant_samples"] == samples
+    else:
+        assert out.count("new samples") == len(demo_plants()) and ledger.counts()["plant_samples"] > samples
     assert ledger.get_binding("tanks-1").spec.opcua == wired.opcua
     assert ledger.counts()["binding_wiring"] == 1  # no row unwiring it in between
