@@ -4,6 +4,8 @@ import copy
 
 import pytest
 
+import optimizer_pipeline  # noqa: F401  (before any test module loads numpy: the package's thread budget)
+
 
 # The files whose tests take longest (servers, daemons, workers, CLI subprocesses; measured with
 # `pytest --durations=0`), longest first. `make test` spreads files over two processes (pytest-xdist,

@@ -69,6 +69,18 @@ def test_the_solver_worker_imports_only_what_a_solve_needs():
     assert proc.stdout.strip() == "[]"
 
 
+@pytest.mark.parametrize("environment, threads", [({}, 1), ({"OPENBLAS_NUM_THREADS": "2"}, 2)])
+def test_a_process_of_the_product_runs_blas_on_one_thread_unless_its_environment_names_more(environment, threads):
+    """Importing the package sets the thread budget before numpy starts OpenBLAS's threads (counted in
+    /proc: the process's tasks after numpy's import); a budget of the environment's own is kept."""
+    code = ("import os, optimizer_pipeline, numpy\n"
+            "print(os.environ['OPENBLAS_NUM_THREADS'], len(os.listdir('/proc/self/task')))")
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")} | environment
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == [str(threads), str(threads)]
+
+
 def test_private_dagster_imports_live_only_in_the_compatibility_module_each_with_its_reason():
     private = {str(p.relative_to(ROOT)): sorted(n for n in _imports(p) if n.startswith("dagster._"))
                for p in _modules(PACKAGE, ROOT / "assets", ROOT / "resources")}

@@ -12,12 +12,13 @@ import yaml
 
 from optimizer_pipeline import ledger as ledger_package
 from optimizer_pipeline.cli import build_parser, main
+from optimizer_pipeline import THREAD_VARS
 from optimizer_pipeline.contracts import ContractError, binding_from_dict
 from optimizer_pipeline.ledger import Ledger, NotFoundError
 from optimizer_pipeline.plants import get_plant
 from optimizer_pipeline.settings import ledger_path
 from optimizer_pipeline.solver.pool import SolverPool
-from optimizer_pipeline.solver.process import CACHE_ENTRIES_VAR, ENV_PASS_THROUGH, ENV_WHITELIST, THREAD_VARS
+from optimizer_pipeline.solver.process import CACHE_ENTRIES_VAR, ENV_PASS_THROUGH, ENV_WHITELIST
 
 from conftest import BINDING_DOC
 from ledger_helpers import solve

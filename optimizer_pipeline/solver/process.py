@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from optimizer_pipeline import THREAD_VARS
 from optimizer_pipeline.solver import codec, errors
 from optimizer_pipeline.solver.errors import PROTOCOL_VERSION, SolverError
 
@@ -41,9 +42,6 @@ ENV_WHITELIST = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "TEMP",
 # test suite sets it in its own process); OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE override OpenBLAS's
 # CPU detection, which crashes or picks slow kernels on some VMs and ARM boards. None is a secret.
 ENV_PASS_THROUGH = ("OPTIMIZER_WORKER_TEST_OPS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
-# Thread budget: each worker's BLAS / OpenMP pools get `threads` threads, so size x threads bounds
-# the CPU the pool can take.
-THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS")
 # How many problem structures (their OSQP objects, factorised) a worker keeps (solver.solve.SolverCache).
 CACHE_ENTRIES_VAR = "OPTIMIZER_SOLVER_CACHE_ENTRIES"
 DEFAULT_CACHE_ENTRIES = 32
@@ -52,7 +50,8 @@ DEFAULT_CACHE_ENTRIES = 32
 def worker_env(threads: int, parent: Mapping[str, str] | None = None,
                cache_entries: int = DEFAULT_CACHE_ENTRIES) -> dict[str, str]:
     """The environment of a worker: whitelist + pass-through from `parent` (default os.environ) + budget
-    + the size of its solver cache."""
+    + the size of its solver cache. The budget: each worker's BLAS / OpenMP pools get `threads` threads
+    (THREAD_VARS), so size x threads bounds the CPU the pool can take."""
     parent = os.environ if parent is None else parent
     env = {k: parent[k] for k in ENV_WHITELIST + ENV_PASS_THROUGH if k in parent}
     env.update({k: str(threads) for k in THREAD_VARS})
