@@ -57,11 +57,11 @@ LEAVE_FRACTION = 0.05  # the FIR step response has left zero at this fraction of
 RISE_FRACTION = 1.0 - math.exp(-1.0)  # 63 %: one time constant after the dead time
 INVERSE_FRACTION = 0.10  # an initial move the other way beyond this fraction: a right-half-plane zero
 MISO_STARTS = ("one lag", "two equal lags", "slower lag")
-# The judge's FIR may be longer and slower than the product's cross-check (model/fir.py: 400 taps, 1 s):
-# 600 taps over the inputs (a 4-input plant settling in 150 samples), 5 s per CV (~0.05 s per
-# marginal-likelihood evaluation at 600 taps on one core)
+# The judge's FIR may be longer and searched further than model/fir.py's defaults (400 taps over the
+# inputs, 150 evaluations): 600 taps over the inputs (a 4-input plant settling in 150 samples), 400
+# evaluations per CV (~0.05 s each at 600 taps on one core)
 FIR_MAX_COEFFICIENTS = 600
-FIR_TIME_BUDGET_S = 5.0
+FIR_MAX_EVALUATIONS = 400
 FIR_SETTLING_DEFAULT = None  # no settling guess: the FIR as long as `taps_for` allows for the shortest run
 DERIVATIVE_STEP = 1e-4  # central differences of the responses for the Gauss-Newton covariance
 START_NFEV, POLISH_NFEV = 30, 150  # least_squares evaluations per start, and for the best start's polish
@@ -371,10 +371,10 @@ def _fit_from_starts(problem: _OutputError, starts: Sequence[np.ndarray]) -> tup
 def regularised_fir(runs: Sequence[tuple[np.ndarray, np.ndarray]], integrating: Sequence[bool] | None = None, *,
                     n_taps: int | None = None, settling: int | None = FIR_SETTLING_DEFAULT,
                     max_coefficients: int = FIR_MAX_COEFFICIENTS, autocorrelation: bool = True,
-                    time_budget_s: float | None = FIR_TIME_BUDGET_S) -> Estimate:
+                    max_evaluations: int | None = FIR_MAX_EVALUATIONS) -> Estimate:
     """model/fir.py's fit for each CV (module docstring). Taps: `n_taps`, else `taps_for(settling)`
     with the settling guess, else as many as the shortest run and `taps_for`'s other caps allow, with
-    `max_coefficients` taps over the inputs (the FIR's cost grows as its cube). `time_budget_s` per CV."""
+    `max_coefficients` taps over the inputs (the FIR's cost grows as its cube). `max_evaluations` per CV."""
     started = time.perf_counter()
     runs = _validated(runs)
     ny = runs[0][1].shape[1]
@@ -385,7 +385,7 @@ def regularised_fir(runs: Sequence[tuple[np.ndarray, np.ndarray]], integrating: 
     fits: list[FirGains] = []
     for cv in range(ny):
         fits.append(fit_fir([(u, y[:, cv]) for u, y in runs], n_taps, flags[cv], autocorrelation=autocorrelation,
-                            time_budget_s=time_budget_s))
+                            max_evaluations=max_evaluations))
     return Estimate(np.array([f.gains for f in fits]), np.array([f.se for f in fits]),
                     time.perf_counter() - started, tuple(fits))
 

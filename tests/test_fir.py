@@ -54,7 +54,7 @@ def coverage(noise: float, pole: float, draws: int, **options) -> tuple[np.ndarr
     """|gain error| / se over noise draws (draws, 2), with and without the autocorrelation correction."""
     corrected, white = [], []
     for draw in range(draws):
-        fit = fit_fir(small_plant(np.random.default_rng(1000 + draw), noise, pole), 50, time_budget_s=None, **options)
+        fit = fit_fir(small_plant(np.random.default_rng(1000 + draw), noise, pole), 50, max_evaluations=None, **options)
         corrected.append(np.abs(fit.gains - GAINS) / fit.se)
         white.append(np.abs(fit.gains - GAINS) / fit.se_white)
     return np.array(corrected), np.array(white)
@@ -170,7 +170,7 @@ def test_runs_never_mix_a_jump_between_runs_changes_nothing():
     rng = np.random.default_rng(13)
     runs = small_plant(rng, 0.1, runs=4)
     jumped = [(u + 50.0 * r, y - 300.0 * r) for r, (u, y) in enumerate(runs)]  # each run at a level of its own
-    plain, moved = fit_fir(runs, 50, time_budget_s=None), fit_fir(jumped, 50, time_budget_s=None)  # equal searches
+    plain, moved = fit_fir(runs, 50, max_evaluations=None), fit_fir(jumped, 50, max_evaluations=None)  # equal searches
     np.testing.assert_allclose(moved.gains, plain.gains, rtol=1e-7)
     np.testing.assert_allclose(moved.se, plain.se, rtol=1e-7)
     assert np.all(np.abs(moved.gains - GAINS) <= 3 * moved.se)
@@ -235,12 +235,15 @@ def test_a_fixed_prior_reproduces_the_fit_it_came_from_without_the_hyperparamete
     assert np.all(again.se < fit.se)  # a fixed prior is taken as known; a fitted one adds its own spread
 
 
-def test_a_spent_time_budget_still_returns_a_fit_and_says_so():
+def test_a_spent_evaluation_budget_still_returns_a_fit_and_says_so():
     runs = small_plant(np.random.default_rng(37), 0.1)
-    fit = fit_fir(runs, 50, time_budget_s=0.0)
-    assert fit.budget_spent
+    fit = fit_fir(runs, 50, max_evaluations=5)
+    assert fit.budget_spent and 5 <= fit.evaluations <= 6  # the search after the tail's fit evaluates its start
     assert np.all(np.isfinite(fit.gains)) and np.all(fit.se > 0)
-    assert fit_fir(runs, 50, time_budget_s=None).budget_spent is False
+    unbounded = fit_fir(runs, 50, max_evaluations=None)
+    assert not unbounded.budget_spent and unbounded.evaluations > 5
+    # counted, not timed: the same budget gives the same fit
+    np.testing.assert_array_equal(fit_fir(runs, 50, max_evaluations=5).gains, fit.gains)
 
 
 def test_taps_follow_the_settling_guess_capped_by_the_data():

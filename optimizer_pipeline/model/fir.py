@@ -88,11 +88,9 @@ the inputs (closed loop with an unmodelled noise path), and a drift slower than 
 
 Cost: forming the normal equations (rows x (n_inputs n)^2, twice with the tail), then per
 marginal-likelihood evaluation a Cholesky factor and a triangular solve of the (n_inputs n)^2
-matrix; no evaluation touches the rows. `time_budget_s` stops the search (a running optimisation at
-its best point) when the time spent plus the Laplace step's evaluations would exceed it;
-`FirGains.budget_spent` says so. Measured on one core: 4 inputs x 80 taps x 5000 rows in ~1.0 s with
-the default 1 s budget (the first TC fit, TC and DC with the tail, the Laplace step), ~2.5 s without
-a budget.
+matrix; no evaluation touches the rows. `max_evaluations` bounds the search's evaluations (a running
+optimisation stops at its best point; the Laplace step's 2 n_inputs + 1 or so come after it);
+`FirGains.budget_spent` says so. Counted, not timed: the same data give the same fit on any machine.
 """
 
 import math
@@ -118,7 +116,9 @@ MAX_COEFFICIENTS = 400
 # TC starts: prior impulse responses decaying with these time constants, as fractions of n
 TC_START_DECAYS = (0.25, 0.08)
 DC_PENALTY_PER_HYPER = 1.0  # Akaike: log marginal likelihood a DC fit must gain per added hyperparameter
-DEFAULT_TIME_BUDGET_S = 1.0
+# the search's objective evaluations (kernel_evidence.Budget): an unbounded search of tests/test_fir.py's plant
+# takes ~85 (the tail's first TC fit, TC from two starts, DC from each TC optimum)
+DEFAULT_MAX_EVALUATIONS = 150
 # the looser tolerance of the fit that only gives the tail its decay (kernel_evidence.SEARCH_FTOL: the search's)
 TAIL_FTOL = 1e-6
 
@@ -143,7 +143,8 @@ class FirGains:
     `integrating_noise` says);
     log_marginal: the log marginal likelihood of the centred rows; noise_ar: the residuals' AR
     coefficients (empty: white); rows: regression rows; log_marginals: per kernel tried; budget_spent:
-    the time budget stopped the search; seconds: wall time of the fit.
+    the evaluation budget stopped the search; evaluations: the search's objective evaluations; seconds:
+    wall time of the fit.
     """
 
     gains: np.ndarray
@@ -165,6 +166,7 @@ class FirGains:
     rows: int = 0
     log_marginals: dict[str, float] = field(default_factory=dict)
     budget_spent: bool = False
+    evaluations: int = 0
     seconds: float = 0.0
 
 
@@ -191,7 +193,7 @@ def fit_fir(runs: Sequence[tuple[np.ndarray, np.ndarray]], n_taps: int, integrat
             pre_run: str = "held", integrating_noise: str = "level", coordinates: str = "step",
             tail: bool = True, first_lag: int = 1, kernels: Sequence[str] = (TC, DC), autocorrelation: bool = True,
             hyper: Mapping[str, float] | None = None,
-            time_budget_s: float | None = DEFAULT_TIME_BUDGET_S) -> FirGains:
+            max_evaluations: int | None = DEFAULT_MAX_EVALUATIONS) -> FirGains:
     """The regularised FIR of one CV from `runs`, each (u (T, n_inputs), y (T,)) in engineering units,
     with `n_taps` taps per input (`taps_for`); module docstring for the model, the prior, the noise
     model, `pre_run`, `integrating_noise`, `coordinates`, `tail` and `first_lag`. `hyper`: a fixed
@@ -211,7 +213,7 @@ def fit_fir(runs: Sequence[tuple[np.ndarray, np.ndarray]], n_taps: int, integrat
     n_inputs = us[0].shape[1]
     shared = (us, ys, n_taps, integrating, pre_run, level, step)
     design = _Design(*shared, np.zeros(n_inputs), first_lag)
-    clock = Budget(started, time_budget_s, reserve=3 * n_inputs + 1)  # the Laplace step's evaluations
+    budget = Budget(max_evaluations)
     if hyper is not None:
         kernel, eta, noise_var = _fixed(hyper, n_inputs, design.phi_scale, design.y_scale)
         if tail:
@@ -224,11 +226,11 @@ def fit_fir(runs: Sequence[tuple[np.ndarray, np.ndarray]], n_taps: int, integrat
     else:
         starts = [design.problem.tc_start(decay) for decay in TC_START_DECAYS]
         if tail:  # the tail's decay from a first TC fit without it (module docstring)
-            first, _ = maximise(design.problem, TC, starts[0], clock, TAIL_FTOL)
+            first, _ = maximise(design.problem, TC, starts[0], budget, TAIL_FTOL)
             lambdas = [lam for _, lam, _ in design.problem.unpack(TC, first)]
             design = _Design(*shared, _tail_poles(lambdas, n_taps), first_lag)
             starts = [first, *starts[1:]]
-        kernel, eta, log_marginals = _search(design.problem, kernels, clock, starts)
+        kernel, eta, log_marginals = _search(design.problem, kernels, budget, starts)
         post = design.problem.posterior(kernel, eta)
     gains, cov, response, weights, residuals = design.estimate(post)
     if hyper is None:
@@ -248,7 +250,8 @@ def fit_fir(runs: Sequence[tuple[np.ndarray, np.ndarray]], n_taps: int, integrat
                     se_white=se_white, inflation=inflation, cov=cov, integrating=bool(integrating),
                     step=response, tail=design.tail, coordinates=coordinates, first_lag=first_lag, noise_ar=noise_ar,
                     rows=design.rows,
-                    log_marginals=log_marginals, budget_spent=clock.spent, seconds=time.perf_counter() - started)
+                    log_marginals=log_marginals, budget_spent=budget.spent, evaluations=budget.evaluations,
+                    seconds=time.perf_counter() - started)
 
 
 class _Design:
@@ -325,7 +328,7 @@ def _tail_poles(lambdas: Sequence[float], n: int) -> np.ndarray:
     return np.minimum(np.sqrt(np.asarray(lambdas, float)), math.exp(-1.0 / n))
 
 
-def _search(problem: Evidence, kernels: Sequence[str], clock: Budget,
+def _search(problem: Evidence, kernels: Sequence[str], budget: Budget,
             starts: Sequence[np.ndarray]) -> tuple[str, np.ndarray, dict[str, float]]:
     """The kernel and hyperparameters of the highest marginal likelihood (module docstring): TC from
     each of `starts`, DC from the best TC optimum so far whenever it improves (the first start's DC fit
@@ -334,14 +337,14 @@ def _search(problem: Evidence, kernels: Sequence[str], clock: Budget,
     likelihood of each kernel fitted (normalised rows)."""
     results: dict[str, tuple[np.ndarray, float]] = {}
     for start in starts:  # TC is fitted for DC's start even when only DC is asked for
-        if clock.spent and TC in results:
+        if budget.spent and TC in results:
             break
-        eta, value = maximise(problem, TC, start, clock)
+        eta, value = maximise(problem, TC, start, budget)
         if TC in results and value >= results[TC][1] - 1e-6 * abs(results[TC][1]):
             continue
         results[TC] = (eta, value)
-        if DC in kernels and not clock.spent:
-            dc = maximise(problem, DC, problem.dc_from_tc(eta), clock)
+        if DC in kernels and not budget.spent:
+            dc = maximise(problem, DC, problem.dc_from_tc(eta), budget)
             if DC not in results or dc[1] < results[DC][1]:
                 results[DC] = dc
     log_marginals = {name: problem.log_marginal(value) for name, (_, value) in results.items()}

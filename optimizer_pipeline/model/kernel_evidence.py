@@ -12,7 +12,6 @@ them (Laplace).
 """
 
 import math
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -81,26 +80,21 @@ class Posterior:
 
 
 class Budget:
-    """The fit's time budget: spent once the time so far plus `reserve` more evaluations of the
-    objective (at their mean time so far: the hyperparameters' uncertainty after the search) exceed it."""
+    """The search's budget of objective evaluations (None: unbounded): spent once `evaluations`
+    reach it. Counted, not timed, so that a fit comes out the same on a fast machine and a loaded one."""
 
-    def __init__(self, started: float, budget: float | None, reserve: int = 0):
-        self.started, self.budget, self.reserve = started, budget, reserve
-        self.evaluations, self.evaluating = 0, 0.0
+    def __init__(self, evaluations: int | None):
+        self.limit, self.evaluations = evaluations, 0
 
-    def timed(self, seconds: float) -> None:
+    def count(self) -> None:
         self.evaluations += 1
-        self.evaluating += seconds
 
     @property
     def spent(self) -> bool:
-        if self.budget is None:
-            return False
-        ahead = self.reserve * self.evaluating / self.evaluations if self.evaluations else 0.0
-        return time.perf_counter() - self.started + ahead > self.budget
+        return self.limit is not None and self.evaluations >= self.limit
 
 
-class _OutOfTime(Exception):
+class _Spent(Exception):
     pass
 
 
@@ -251,17 +245,16 @@ class Evidence:
         return record
 
 
-def maximise(problem: Evidence, kernel: str, start: np.ndarray, clock: Budget,
+def maximise(problem: Evidence, kernel: str, start: np.ndarray, budget: Budget,
               ftol: float = SEARCH_FTOL) -> tuple[np.ndarray, float]:
     """L-BFGS-B on the objective from `start`; on the budget's end, the best point evaluated so far."""
     best = [start, math.inf]
 
     def fun(eta: np.ndarray) -> tuple[float, np.ndarray]:
-        if clock.spent and np.isfinite(best[1]):
-            raise _OutOfTime
-        began = time.perf_counter()
+        if budget.spent and np.isfinite(best[1]):
+            raise _Spent
         value, grad = problem.objective(kernel, eta)
-        clock.timed(time.perf_counter() - began)
+        budget.count()
         if value < best[1]:
             best[0], best[1] = eta.copy(), value
         return value, grad
@@ -269,6 +262,6 @@ def maximise(problem: Evidence, kernel: str, start: np.ndarray, clock: Budget,
     try:
         minimize(fun, start, jac=True, method="L-BFGS-B", bounds=problem.bounds(kernel),
                  options={"maxiter": 200, "ftol": ftol, "gtol": 1e-6})
-    except _OutOfTime:
+    except _Spent:
         pass
     return best[0], best[1]
