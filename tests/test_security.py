@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from optimizer_pipeline import THREAD_VARS
 from optimizer_pipeline import ledger as ledger_package
 from optimizer_pipeline.cli import build_parser, main
-from optimizer_pipeline import THREAD_VARS
 from optimizer_pipeline.contracts import ContractError, binding_from_dict
 from optimizer_pipeline.ledger import Ledger, NotFoundError
 from optimizer_pipeline.plants import get_plant
