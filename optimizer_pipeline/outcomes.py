@@ -45,7 +45,6 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from optimizer_pipeline.contracts import (
     BindingSpec,
@@ -159,6 +158,8 @@ class Evaluation:
 
 def hit_rate_p_value(hits: int, trials: int, promised: float) -> float:
     """One-sided binomial p-value of H0 "hit probability >= promised": P(X <= hits), X ~ Bin(trials, promised)."""
+    from scipy import stats  # here, not at the top: ~0.6 s of import every CLI command and Dagster process paid
+
     return float(stats.binom.cdf(hits, trials, promised)) if trials else 1.0
 
 

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy.optimize import least_squares
 
 from optimizer_pipeline.model.arx import ArxModel, Orders, Stacked, stride_for, window_rows
 
@@ -329,6 +328,8 @@ def refine_multistep(model: ArxModel, train: Stacked, h: int, ridge: float, free
         return np.vstack([jac.reshape(-1, p * ny)[:, free_flat] * scale, np.diag(shrink_flat)])
 
     start = theta0.ravel()[free_flat]
+    from scipy.optimize import least_squares  # here: ~0.4 s of import the processes that never fit need not pay
+
     started = time.perf_counter()
     with np.errstate(over="ignore", invalid="ignore"):
         sol = least_squares(residuals, start, jac=jacobian, method="lm", max_nfev=max_nfev)
