@@ -158,7 +158,7 @@ class Evaluation:
 
 def hit_rate_p_value(hits: int, trials: int, promised: float) -> float:
     """One-sided binomial p-value of H0 "hit probability >= promised": P(X <= hits), X ~ Bin(trials, promised)."""
-    from scipy import stats  # here, not at the top: ~0.6 s of import every CLI command and Dagster process paid
+    from scipy import stats  # here, not at the top: ~0.6 s of import every Dagster process paid at load
 
     return float(stats.binom.cdf(hits, trials, promised)) if trials else 1.0
 
